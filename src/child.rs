@@ -1,0 +1,344 @@
+//! Child processes: the same binary re-executed in a hidden role (`outbox-lab child ROLE`), so
+//! that a writer, relay or consumer can die for real at a crash point while the parent watches.
+//!
+//! The parent side builds the command line ([`ChildCommand`]), waits with a bound, and
+//! classifies how the child ended ([`ChildEnd`], in Jepsen's terms: a crash is an `info`, the
+//! parent does not know what the child got done). The child side ([`run_role`]) arms its crash
+//! plan and runs one component.
+
+use std::fmt;
+use std::io::Write;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::{Child, Command};
+use uuid::Uuid;
+
+use crate::consumer::{self, ConsumerKind, Faults};
+use crate::crash::{self, CrashPlan};
+use crate::db::Database;
+use crate::relay::{Relay, RelayConfig};
+use crate::sink::HttpSink;
+use crate::writer::{self, DualWriteOrder, Ending};
+
+/// Exit status of a child that died at its crash point (`_exit(1)`).
+const CRASH_EXIT_CODE: i32 = 1;
+/// How long a consumer may take to say where it listens.
+const CONSUMER_READY_TIMEOUT: Duration = Duration::from_secs(15);
+
+// ---------------------------------------------------------------------------------------------
+// Child side
+
+#[derive(Debug, Args)]
+pub struct ChildArgs {
+    #[command(subcommand)]
+    role: Role,
+}
+
+/// The database a child works in.
+#[derive(Debug, Args)]
+struct Target {
+    #[arg(long)]
+    database_url: String,
+    #[arg(long)]
+    dbname: String,
+    /// Die at this crash point (NAME@PASS).
+    #[arg(long)]
+    crash_at: Option<CrashPlan>,
+}
+
+impl Target {
+    async fn connect(&self) -> Result<tokio_postgres::Client> {
+        self.database().connect().await
+    }
+
+    fn database(&self) -> Database {
+        Database { server_url: self.database_url.clone(), name: self.dbname.clone() }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Role {
+    /// Creates orders, each with its outbox row in the same transaction.
+    Writer {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long, default_value_t = 1)]
+        orders: u32,
+        #[arg(long, value_enum, default_value = "commit")]
+        ending: Ending,
+    },
+    /// The naive app: INSERT the order and POST the event itself.
+    NaiveApp {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        sink: String,
+        #[arg(long)]
+        customer_id: i64,
+        #[arg(long)]
+        event_id: Uuid,
+        #[arg(long, value_enum)]
+        order: DualWriteOrder,
+        #[arg(long, value_enum, default_value = "commit")]
+        ending: Ending,
+    },
+    /// The article's relay, until the outbox is drained.
+    Relay {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        sink: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        batch: i64,
+        #[arg(long)]
+        max_attempts: i32,
+        #[arg(long)]
+        backoff_ms: u64,
+        #[arg(long)]
+        deadline_ms: u64,
+    },
+    /// The HTTP consumer; prints `listening URL` and serves until killed.
+    Consumer {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long, value_enum)]
+        kind: ConsumerKind,
+        #[arg(long, default_value_t = 0)]
+        fail_next: u32,
+        #[arg(long)]
+        fail_first_delivery_of: Option<i64>,
+    },
+}
+
+impl Role {
+    fn target(&self) -> &Target {
+        match self {
+            Role::Writer { target, .. }
+            | Role::NaiveApp { target, .. }
+            | Role::Relay { target, .. }
+            | Role::Consumer { target, .. } => target,
+        }
+    }
+}
+
+pub async fn run_role(args: ChildArgs) -> Result<()> {
+    // A child must not outlive the run that started it.
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+    if let Some(plan) = args.role.target().crash_at {
+        crash::arm(plan);
+    }
+    match args.role {
+        Role::Writer { target, orders, ending } => {
+            let mut client = target.connect().await?;
+            for customer_id in 1..=i64::from(orders) {
+                writer::create_order_with_event(&mut client, customer_id, ending).await?;
+            }
+        }
+        Role::NaiveApp { target, sink, customer_id, event_id, order, ending } => {
+            let mut client = target.connect().await?;
+            let sink = HttpSink::new(&sink)?;
+            writer::dual_write(&mut client, &sink, customer_id, event_id, order, ending).await?;
+        }
+        Role::Relay { target, sink, name, batch, max_attempts, backoff_ms, deadline_ms } => {
+            let config = RelayConfig {
+                batch,
+                max_attempts,
+                backoff_base: Duration::from_millis(backoff_ms),
+                deadline: Duration::from_millis(deadline_ms),
+                ..RelayConfig::default()
+            };
+            let client = target.connect().await?;
+            let mut relay = Relay::new(client, HttpSink::new(&sink)?, config, Some(name));
+            relay.run_until_drained().await?;
+        }
+        Role::Consumer { target, kind, fail_next, fail_first_delivery_of } => {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let faults = Faults { fail_next, fail_first_delivery_of };
+            let config = target.database().config()?;
+            consumer::serve(listener, config, kind, faults, announce_listening).await?;
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parent side
+
+/// How a child ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChildEnd {
+    /// Exit 0: it did all it was asked.
+    Ok,
+    /// It died at its crash point.
+    Crashed { point: String },
+    /// It stopped with an error (exit 2 and a message).
+    Failed { error: String },
+    /// Killed by a signal it did not choose.
+    Killed { signal: i32 },
+    /// It did not finish in time and was killed.
+    TimedOut,
+}
+
+impl fmt::Display for ChildEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChildEnd::Ok => f.write_str("ok"),
+            ChildEnd::Crashed { point } => write!(f, "crashed at {point}"),
+            ChildEnd::Failed { error } => write!(f, "failed: {error}"),
+            ChildEnd::Killed { signal } => write!(f, "killed by signal {signal}"),
+            ChildEnd::TimedOut => f.write_str("timed out"),
+        }
+    }
+}
+
+/// A finished child: how it ended and what it printed.
+#[derive(Debug)]
+pub struct ChildRun {
+    pub end: ChildEnd,
+    pub stdout: String,
+}
+
+impl ChildRun {
+    /// The child's own log lines (relays print the article's `[relay 0] ...` lines).
+    pub fn log_lines(&self) -> impl Iterator<Item = &str> {
+        self.stdout.lines()
+    }
+
+    /// Errors unless the child ended as expected: a scenario whose setup went wrong must not
+    /// report figures as if it had worked.
+    pub fn expect(self, expected: impl Fn(&ChildEnd) -> bool, what: &str) -> Result<ChildRun> {
+        if !expected(&self.end) {
+            bail!("{what} {}", self.end);
+        }
+        Ok(self)
+    }
+}
+
+/// The command line of a child role.
+pub struct ChildCommand {
+    args: Vec<String>,
+}
+
+impl ChildCommand {
+    pub fn new(role: &str, db: &Database) -> ChildCommand {
+        let args = ["child", role, "--database-url", &db.server_url, "--dbname", &db.name];
+        ChildCommand { args: args.iter().map(|s| s.to_string()).collect() }
+    }
+
+    pub fn arg(mut self, name: &str, value: impl fmt::Display) -> ChildCommand {
+        self.args.push(format!("--{name}"));
+        self.args.push(value.to_string());
+        self
+    }
+
+    /// An option whose value is a clap enum, spelled as on the command line.
+    pub fn arg_enum(self, name: &str, value: impl clap::ValueEnum) -> ChildCommand {
+        let value = value.to_possible_value().expect("no variant is skipped");
+        self.arg(name, value.get_name())
+    }
+
+    pub fn crash_at(self, plan: Option<CrashPlan>) -> ChildCommand {
+        match plan {
+            Some(plan) => self.arg("crash-at", plan),
+            None => self,
+        }
+    }
+
+    fn command(&self) -> Result<Command> {
+        let exe = std::env::current_exe().context("cannot find the outbox-lab binary")?;
+        let mut cmd = Command::new(exe);
+        cmd.args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        Ok(cmd)
+    }
+
+    /// Runs to the end (or kills it after `timeout`) and classifies how it ended.
+    pub async fn run(self, timeout: Duration) -> Result<ChildRun> {
+        let child = self.command()?.spawn().context("cannot start a child process")?;
+        match tokio::time::timeout(timeout, child.wait_with_output()).await {
+            Err(_) => Ok(ChildRun { end: ChildEnd::TimedOut, stdout: String::new() }),
+            Ok(output) => {
+                let output = output?;
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                Ok(ChildRun {
+                    end: classify(output.status, &stderr),
+                    stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+                })
+            }
+        }
+    }
+
+    /// Starts a consumer and waits until it says where it listens.
+    pub async fn spawn_consumer(self) -> Result<ConsumerProcess> {
+        let mut child = self.command()?.spawn().context("cannot start the consumer")?;
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let ready = tokio::time::timeout(CONSUMER_READY_TIMEOUT, lines.next_line()).await;
+        match ready {
+            Ok(Ok(Some(line))) if line.starts_with("listening ") => {
+                let url = line["listening ".len()..].trim().to_string();
+                Ok(ConsumerProcess { child, url })
+            }
+            _ => {
+                let _ = child.start_kill();
+                let mut stderr = String::new();
+                if let Some(mut err) = child.stderr.take() {
+                    let _ = err.read_to_string(&mut stderr).await;
+                }
+                Err(anyhow!("the consumer did not start: {}", last_line(&stderr)))
+            }
+        }
+    }
+}
+
+/// A running consumer child.
+pub struct ConsumerProcess {
+    child: Child,
+    /// Its base URL, e.g. `http://127.0.0.1:41234`.
+    pub url: String,
+}
+
+impl ConsumerProcess {
+    /// Kills it and waits until it is gone.
+    pub async fn stop(mut self) -> Result<()> {
+        let _ = self.child.start_kill();
+        self.child.wait().await?;
+        Ok(())
+    }
+}
+
+fn classify(status: std::process::ExitStatus, stderr: &str) -> ChildEnd {
+    use std::os::unix::process::ExitStatusExt;
+    let crash_line = stderr.lines().find_map(|l| l.strip_prefix("crash point "));
+    match (status.code(), status.signal()) {
+        (Some(0), _) => ChildEnd::Ok,
+        (Some(CRASH_EXIT_CODE), _) if crash_line.is_some() => ChildEnd::Crashed {
+            point: crash_line.unwrap_or_default().split(' ').next().unwrap_or_default().to_string(),
+        },
+        (Some(_), _) => ChildEnd::Failed {
+            error: last_line(stderr).trim_start_matches("error: ").to_string(),
+        },
+        (None, Some(signal)) => ChildEnd::Killed { signal },
+        (None, None) => ChildEnd::Failed { error: "ended without status".into() },
+    }
+}
+
+fn last_line(text: &str) -> String {
+    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string()
+}
+
+/// A consumer child prints `listening URL` once it serves; the parent reads that line.
+fn announce_listening(addr: std::net::SocketAddr) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "listening http://{addr}");
+    let _ = out.flush();
+}

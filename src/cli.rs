@@ -1,0 +1,276 @@
+//! The command line: parsing (clap), and one function per subcommand.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::child::{self, ChildArgs};
+use crate::cluster;
+use crate::crash::CrashPoint;
+use crate::db::{self, PgServer, ServerChoice};
+use crate::relay;
+use crate::report::{Report, Table};
+use crate::scenarios::{self, Overrides, Scenario};
+
+/// Exit statuses, in one place.
+pub mod exit {
+    /// Every check passed.
+    pub const OK: u8 = 0;
+    /// The run worked and a check failed: the article's figure was not reproduced.
+    pub const CHECK_FAILED: u8 = 1;
+    /// Bad input or a broken environment: nothing was measured.
+    pub const USAGE: u8 = 2;
+    /// Stopped by Ctrl-C or SIGTERM (after cleaning up).
+    pub const INTERRUPTED: u8 = 130;
+}
+
+const EXAMPLES: &str = "\
+Examples:
+  outbox-lab list
+  outbox-lab scenario relay-crash
+  outbox-lab scenario relay-crash --events 20 --crash-after 7 --format json
+  outbox-lab scenario all
+  outbox-lab scenario dual-write --database-url postgres://user@host/db
+  outbox-lab crash-points";
+
+/// A laboratory for the Transactional Outbox pattern on PostgreSQL: runs the article's
+/// experiments with real processes that really crash, and counts the damage with SQL.
+#[derive(Debug, Parser)]
+#[command(name = "outbox-lab", version, after_help = EXAMPLES)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List the scenarios with the article section each reproduces.
+    List,
+    /// Run a scenario (or all) and compare what it measures with the article.
+    #[command(after_help = "Examples:
+  outbox-lab scenario relay-crash
+  outbox-lab scenario relay-crash --events 20 --crash-after 7 --format json
+  outbox-lab scenario all --keep        # leave the cluster running for psql
+
+Exit status: 0 every check passed, 1 a check failed, 2 bad input or environment.")]
+    Scenario(ScenarioArgs),
+    /// List every named crash point and the code path it interrupts.
+    CrashPoints,
+    /// Give dead letters their attempts back (the article's UPDATE outbox SET attempts = 0 ...).
+    #[command(after_help = "Example:
+  outbox-lab requeue --database-url postgres://user@host/shop")]
+    Requeue {
+        /// The database whose `outbox` table to requeue.
+        #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+        database_url: String,
+    },
+    /// Stop and remove throwaway clusters left behind (--keep, or a killed run).
+    Clean,
+    /// A component in a child process (used by the scenarios).
+    #[command(hide = true)]
+    Child(ChildArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+struct ScenarioArgs {
+    /// Scenario name (see `outbox-lab list`), or `all`.
+    name: String,
+    #[arg(long, value_enum, default_value = "text")]
+    format: Format,
+    /// Use this PostgreSQL server instead of a throwaway cluster; outbox-lab creates and drops
+    /// only databases named outboxlab_* there.
+    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+    database_url: Option<String>,
+    /// Leave the throwaway cluster and the scenario databases in place, and print how to reach them.
+    #[arg(long)]
+    keep: bool,
+    /// Directory with initdb and postgres (default: PATH, then /usr/lib/postgresql/*/bin).
+    #[arg(long, env = "OUTBOX_LAB_PG_BIN")]
+    pg_bin: Option<PathBuf>,
+    /// Read scenario files from this directory instead of the built-in copies.
+    #[arg(long)]
+    scenarios_dir: Option<PathBuf>,
+    /// Where each run writes <run-id>/<scenario>.json and its tables as CSV.
+    #[arg(long, default_value = "results")]
+    results_dir: PathBuf,
+    /// relay-crash: number of events.
+    #[arg(long)]
+    events: Option<u32>,
+    /// relay-crash: the first relay dies after this many deliveries.
+    #[arg(long)]
+    crash_after: Option<u32>,
+}
+
+/// An error that ends the run with its own exit status.
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted by {0}; cleaned up")]
+pub struct Interrupted(&'static str);
+
+pub async fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::List => list(),
+        Command::Scenario(args) => scenario(args).await,
+        Command::CrashPoints => crash_points(),
+        Command::Requeue { database_url } => requeue(&database_url).await,
+        Command::Clean => {
+            for dir in cluster::clean() {
+                println!("removed {}", dir.display());
+            }
+            Ok(ExitCode::from(exit::OK))
+        }
+        Command::Child(args) => {
+            child::run_role(args).await?;
+            Ok(ExitCode::from(exit::OK))
+        }
+    }
+}
+
+fn list() -> Result<ExitCode> {
+    let mut table = Table::new("scenarios", &["scenario", "article section", "what it shows"]);
+    for scenario in Scenario::ALL {
+        let spec = scenario.spec(None)?;
+        table.push(vec![spec.name, spec.section, spec.summary]);
+    }
+    println!("{}", table.render());
+    Ok(ExitCode::from(exit::OK))
+}
+
+fn crash_points() -> Result<ExitCode> {
+    let mut table = Table::new("crash points", &["crash point", "in", "a crash there leaves"]);
+    for point in CrashPoint::ALL {
+        table.push(vec![point.name().into(), point.location().into(), point.meaning().into()]);
+    }
+    println!("{}", table.render());
+    println!("\nA child dies there with _exit(1) when started with --crash-at NAME@N (N-th pass).");
+    Ok(ExitCode::from(exit::OK))
+}
+
+async fn requeue(database_url: &str) -> Result<ExitCode> {
+    let client = db::connect(&db::parse_url(database_url)?).await?;
+    let rows = relay::requeue(&client).await?;
+    println!("requeued {rows} undelivered outbox rows");
+    Ok(ExitCode::from(exit::OK))
+}
+
+async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
+    let selected = match args.name.as_str() {
+        "all" => Scenario::ALL.to_vec(),
+        name => vec![Scenario::from_name(name)?],
+    };
+    let mut overrides = Overrides::default();
+    if let Some(events) = args.events {
+        overrides.values.push(("events", i64::from(events)));
+    }
+    if let Some(crash_after) = args.crash_after {
+        overrides.values.push(("crash_after", i64::from(crash_after)));
+    }
+    // Everything is read and validated before a server is started: bad input leaves nothing.
+    let prepared = selected
+        .iter()
+        .map(|s| scenarios::prepare(*s, args.scenarios_dir.as_deref(), &overrides))
+        .collect::<Result<Vec<_>>>()?;
+
+    let run_id = format!(
+        "{}-{:04x}",
+        chrono::Utc::now().format("%Y%m%d-%H%M%S"),
+        std::process::id() & 0xffff
+    );
+    let choice = ServerChoice {
+        database_url: args.database_url.as_deref(),
+        pg_bin: args.pg_bin.as_deref(),
+        keep: args.keep,
+    };
+    let server = tokio::select! {
+        server = PgServer::open(&choice, &run_id) => server?,
+        by = interrupted() => return Err(Interrupted(by).into()),
+    };
+    let results = args.results_dir.join(&run_id);
+    let runs = async {
+        let mut reports = Vec::new();
+        for p in &prepared {
+            let report = scenarios::run(&server, p).await?;
+            report.write_files(&results)?;
+            if args.format == Format::Text {
+                println!("{}", report.render_text());
+            }
+            reports.push(report);
+        }
+        Ok::<_, anyhow::Error>(reports)
+    };
+    let outcome = tokio::select! {
+        reports = runs => reports,
+        by = interrupted() => Err(Interrupted(by).into()),
+    };
+    let closed = server.close().await;
+    let reports = outcome?;
+    closed?;
+
+    let passed = reports.iter().all(Report::passed);
+    match args.format {
+        Format::Json if reports.len() == 1 => println!("{}", serde_json::to_string_pretty(&reports[0])?),
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "run_id": run_id,
+                "passed": passed,
+                "scenarios": reports,
+            }))?
+        ),
+        Format::Text => {
+            if reports.len() > 1 {
+                println!("{}", summary(&reports).render());
+            }
+            eprintln!("results written to {}", results.display());
+        }
+    }
+    Ok(ExitCode::from(if passed { exit::OK } else { exit::CHECK_FAILED }))
+}
+
+fn summary(reports: &[Report]) -> Table {
+    let mut table = Table::new("summary", &["scenario", "article section", "checks", "result", "elapsed_ms"]);
+    for r in reports {
+        table.push(vec![
+            r.scenario.clone(),
+            r.section.clone(),
+            format!("{}/{}", r.passed_count(), r.checks.len()),
+            if r.passed() { "reproduced" } else { "NOT reproduced" }.into(),
+            r.environment.elapsed_ms.to_string(),
+        ]);
+    }
+    table
+}
+
+/// Resolves on Ctrl-C or SIGTERM, naming the signal.
+async fn interrupted() -> &'static str {
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
+}
+
+/// The message of an error, cause chain included, on one line.
+pub fn one_line(error: &anyhow::Error) -> String {
+    format!("{error:#}").replace('\n', " ")
+}
+
+/// Maps an error to its exit status.
+pub fn exit_status(error: &anyhow::Error) -> u8 {
+    if error.downcast_ref::<Interrupted>().is_some() {
+        exit::INTERRUPTED
+    } else {
+        exit::USAGE
+    }
+}

@@ -1,0 +1,177 @@
+//! The consumer: an HTTP server (hyper) that turns each event into a shipment instruction.
+//!
+//! *Naive*: one shipment per delivery. *Idempotent*: records the event id in
+//! `consumer.processed_events` in the same transaction as the shipment, and answers 200 to a
+//! duplicate without shipping again. Every request is first written to `consumer.receipts`, so
+//! scenarios count deliveries from the database. Faults are injected here on request: answer 500
+//! to the next N requests, or to the first delivery of one outbox row.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_postgres::NoTls;
+
+use crate::crash::{self, CrashPoint};
+use crate::event::Event;
+
+pub const RECORD_RECEIPT: &str = "
+INSERT INTO consumer.receipts(event_id, outbox_id, order_id, event_type, injected_fault)
+VALUES ($1, $2, $3, $4, $5)";
+
+/// The idempotency check: a row only for the first delivery of an event.
+pub const MARK_PROCESSED: &str =
+    "INSERT INTO consumer.processed_events(event_id) VALUES ($1) ON CONFLICT DO NOTHING";
+
+pub const CREATE_SHIPMENT: &str =
+    "INSERT INTO consumer.shipments(order_id, event_id) VALUES ($1, $2)";
+
+/// Connections the consumer keeps open; enough for the relays of these scenarios.
+const POOL_SIZE: usize = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConsumerKind {
+    /// One shipment per delivery: duplicates ship twice.
+    Naive,
+    /// Dedup by event_id in the same transaction as the shipment.
+    Idempotent,
+}
+
+impl ConsumerKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ConsumerKind::Naive => "naive",
+            ConsumerKind::Idempotent => "idempotent",
+        }
+    }
+}
+
+/// Faults the consumer injects on purpose.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// Answer 500 to this many requests, then behave.
+    pub fail_next: u32,
+    /// Answer 500 to the first delivery of the outbox row with this id.
+    pub fail_first_delivery_of: Option<i64>,
+}
+
+struct State {
+    pool: Pool,
+    kind: ConsumerKind,
+    fail_next: AtomicU32,
+    fail_first_delivery_of: Option<i64>,
+    failed_first_delivery: AtomicBool,
+}
+
+impl State {
+    /// Whether this request gets an injected 500.
+    fn inject_fault(&self, event: &Event) -> bool {
+        let take_one = |n: u32| n.checked_sub(1);
+        if self.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, take_one).is_ok() {
+            return true;
+        }
+        event.outbox_id.is_some()
+            && event.outbox_id == self.fail_first_delivery_of
+            && !self.failed_first_delivery.swap(true, Ordering::SeqCst)
+    }
+}
+
+/// Serves until the process is killed; `on_ready` hears the address once requests are served.
+pub async fn serve(
+    listener: TcpListener,
+    db: tokio_postgres::Config,
+    kind: ConsumerKind,
+    faults: Faults,
+    on_ready: impl FnOnce(std::net::SocketAddr),
+) -> Result<()> {
+    let manager = Manager::from_config(
+        db,
+        NoTls,
+        ManagerConfig { recycling_method: RecyclingMethod::Fast },
+    );
+    let pool = Pool::builder(manager).max_size(POOL_SIZE).build()?;
+    // Fail now, not at the first request, if the database is unreachable.
+    drop(pool.get().await.context("consumer cannot reach its database")?);
+    let state = Arc::new(State {
+        pool,
+        kind,
+        fail_next: AtomicU32::new(faults.fail_next),
+        fail_first_delivery_of: faults.fail_first_delivery_of,
+        failed_first_delivery: AtomicBool::new(false),
+    });
+    on_ready(listener.local_addr()?);
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request| handle(state.clone(), request));
+            // A relay that dies mid-request ends its connection: nothing to report.
+            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}
+
+async fn handle(
+    state: Arc<State>,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if request.method() != Method::POST || request.uri().path() != "/events" {
+        return Ok(reply(StatusCode::NOT_FOUND, "only POST /events"));
+    }
+    let event = match request.into_body().collect().await {
+        Ok(body) => match serde_json::from_slice::<Event>(&body.to_bytes()) {
+            Ok(event) => event,
+            Err(e) => return Ok(reply(StatusCode::BAD_REQUEST, &format!("bad event: {e}"))),
+        },
+        Err(e) => return Ok(reply(StatusCode::BAD_REQUEST, &format!("bad body: {e}"))),
+    };
+    Ok(match apply_delivery(&state, &event).await {
+        Ok(Some(result)) => reply(StatusCode::OK, result),
+        Ok(None) => reply(StatusCode::INTERNAL_SERVER_ERROR, "injected fault"),
+        Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e:#}")),
+    })
+}
+
+/// Records the receipt, then applies the side effect. `None` when a fault was injected.
+async fn apply_delivery(state: &State, event: &Event) -> Result<Option<&'static str>> {
+    let mut conn = state.pool.get().await?;
+    let injected = state.inject_fault(event);
+    conn.execute(
+        RECORD_RECEIPT,
+        &[&event.event_id, &event.outbox_id, &event.aggregate_id, &event.event_type, &injected],
+    )
+    .await?;
+    if injected {
+        return Ok(None);
+    }
+    let tx = conn.transaction().await?;
+    let first_delivery = match state.kind {
+        ConsumerKind::Naive => true,
+        ConsumerKind::Idempotent => tx.execute(MARK_PROCESSED, &[&event.event_id]).await? == 1,
+    };
+    if first_delivery {
+        tx.execute(CREATE_SHIPMENT, &[&event.aggregate_id, &event.event_id]).await?;
+    }
+    crash::point(CrashPoint::ConsumerAfterEffectBeforeCommit);
+    tx.commit().await?;
+    crash::point(CrashPoint::ConsumerAfterCommitBeforeReply);
+    // A duplicate is a success for the sender: an error would make the relay retry forever.
+    Ok(Some(if first_delivery { "shipped" } else { "duplicate-ignored" }))
+}
+
+fn reply(status: StatusCode, text: &str) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({ "result": text }).to_string();
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+}

@@ -1,0 +1,192 @@
+//! Named crash points: where a child process dies abruptly, and how the parent asks for it.
+//!
+//! A crash point is one line in the code path it interrupts (`crash::point(CrashPoint::X)`).
+//! The parent chooses one with `--crash-at NAME@N` on the child's command line; the child dies
+//! with `_exit(1)` the N-th time it passes that point: no destructors, no flush, no COMMIT, like
+//! the article's `os._exit(1)`. Counting passes (not probabilities) makes every run reproducible.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+/// Every place a child can be told to die. The names are stable: users and scenario files use them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashPoint {
+    WriterAfterInsertBeforeCommit,
+    WriterAfterCommitBeforeSend,
+    WriterAfterSendBeforeCommit,
+    RelayAfterFetchBeforeSend,
+    RelayAfterSendBeforeMark,
+    RelayAfterMarkBeforeCommit,
+    ConsumerAfterEffectBeforeCommit,
+    ConsumerAfterCommitBeforeReply,
+}
+
+impl CrashPoint {
+    pub const ALL: [CrashPoint; 8] = [
+        CrashPoint::WriterAfterInsertBeforeCommit,
+        CrashPoint::WriterAfterCommitBeforeSend,
+        CrashPoint::WriterAfterSendBeforeCommit,
+        CrashPoint::RelayAfterFetchBeforeSend,
+        CrashPoint::RelayAfterSendBeforeMark,
+        CrashPoint::RelayAfterMarkBeforeCommit,
+        CrashPoint::ConsumerAfterEffectBeforeCommit,
+        CrashPoint::ConsumerAfterCommitBeforeReply,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CrashPoint::WriterAfterInsertBeforeCommit => "writer-after-insert-before-commit",
+            CrashPoint::WriterAfterCommitBeforeSend => "writer-after-commit-before-send",
+            CrashPoint::WriterAfterSendBeforeCommit => "writer-after-send-before-commit",
+            CrashPoint::RelayAfterFetchBeforeSend => "relay-after-fetch-before-send",
+            CrashPoint::RelayAfterSendBeforeMark => "relay-after-send-before-mark",
+            CrashPoint::RelayAfterMarkBeforeCommit => "relay-after-mark-before-commit",
+            CrashPoint::ConsumerAfterEffectBeforeCommit => "consumer-after-effect-before-commit",
+            CrashPoint::ConsumerAfterCommitBeforeReply => "consumer-after-commit-before-reply",
+        }
+    }
+
+    /// The function whose path the point interrupts, for `outbox-lab crash-points`.
+    pub fn location(self) -> &'static str {
+        match self {
+            CrashPoint::WriterAfterInsertBeforeCommit => "writer::create_order_with_event",
+            CrashPoint::WriterAfterCommitBeforeSend | CrashPoint::WriterAfterSendBeforeCommit => {
+                "writer::dual_write"
+            }
+            CrashPoint::RelayAfterFetchBeforeSend
+            | CrashPoint::RelayAfterSendBeforeMark
+            | CrashPoint::RelayAfterMarkBeforeCommit => "relay::Relay::deliver_batch",
+            CrashPoint::ConsumerAfterEffectBeforeCommit
+            | CrashPoint::ConsumerAfterCommitBeforeReply => "consumer::apply_delivery",
+        }
+    }
+
+    /// What dying there leaves behind.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            CrashPoint::WriterAfterInsertBeforeCommit => {
+                "order and outbox row inserted, transaction never committed"
+            }
+            CrashPoint::WriterAfterCommitBeforeSend => {
+                "dual write: order committed, event never sent"
+            }
+            CrashPoint::WriterAfterSendBeforeCommit => {
+                "dual write: event sent for an order that never commits"
+            }
+            CrashPoint::RelayAfterFetchBeforeSend => "batch locked, nothing sent yet",
+            CrashPoint::RelayAfterSendBeforeMark => {
+                "event delivered, published_at not written: it is sent again"
+            }
+            CrashPoint::RelayAfterMarkBeforeCommit => {
+                "batch delivered and marked, the marking transaction never commits"
+            }
+            CrashPoint::ConsumerAfterEffectBeforeCommit => {
+                "shipment written, consumer transaction never commits, no reply"
+            }
+            CrashPoint::ConsumerAfterCommitBeforeReply => {
+                "shipment committed, the relay never hears back"
+            }
+        }
+    }
+}
+
+impl fmt::Display for CrashPoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for CrashPoint {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        CrashPoint::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                format!("unknown crash point '{s}' (see `outbox-lab crash-points`)")
+            })
+    }
+}
+
+/// `NAME@N`: die the N-th time the point is passed (`NAME` alone means the first time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CrashPlan {
+    pub point: CrashPoint,
+    pub on_pass: u32,
+}
+
+impl CrashPlan {
+    pub fn new(point: CrashPoint, on_pass: u32) -> CrashPlan {
+        CrashPlan { point, on_pass }
+    }
+}
+
+impl fmt::Display for CrashPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.point, self.on_pass)
+    }
+}
+
+impl FromStr for CrashPlan {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, pass) = match s.split_once('@') {
+            Some((name, pass)) => {
+                let pass: u32 = pass
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| format!("'{pass}' in '{s}' is not a pass count of 1 or more"))?;
+                (name, pass)
+            }
+            None => (s, 1),
+        };
+        Ok(CrashPlan::new(name.parse()?, pass))
+    }
+}
+
+static PLAN: OnceLock<CrashPlan> = OnceLock::new();
+static PASSES: AtomicU32 = AtomicU32::new(0);
+
+/// Arms the plan for this process; called once by a child at start.
+pub fn arm(plan: CrashPlan) {
+    let _ = PLAN.set(plan);
+}
+
+/// Passes a crash point: dies here if this is the armed point's N-th pass.
+pub fn point(here: CrashPoint) {
+    let Some(plan) = PLAN.get() else { return };
+    if plan.point != here {
+        return;
+    }
+    let pass = PASSES.fetch_add(1, Ordering::SeqCst) + 1;
+    if pass == plan.on_pass {
+        // stderr is unbuffered: the parent reads this line to learn where the child died.
+        eprintln!("crash point {here} reached (pass {pass}): _exit(1)");
+        // SAFETY: _exit ends the process at once; nothing after it runs, which is the point.
+        unsafe { libc::_exit(1) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every name parses back to its point, and a typo is an error.
+    #[test]
+    fn names_round_trip_and_typos_are_rejected() {
+        for p in CrashPoint::ALL {
+            assert_eq!(p.name().parse::<CrashPoint>(), Ok(p));
+        }
+        assert!("relay-after-send".parse::<CrashPoint>().is_err());
+        assert_eq!(
+            "relay-after-send-before-mark@3".parse::<CrashPlan>(),
+            Ok(CrashPlan::new(CrashPoint::RelayAfterSendBeforeMark, 3))
+        );
+        assert!("relay-after-send-before-mark@0".parse::<CrashPlan>().is_err());
+    }
+}

@@ -1,0 +1,189 @@
+//! Which PostgreSQL server a run uses, and the databases outbox-lab creates on it.
+//!
+//! Either the throwaway cluster (default) or an external server (`--database-url`). On either,
+//! outbox-lab only ever creates databases named `outboxlab_…` and drops only the ones it created
+//! in this run: the database named in the URL is used for CREATE/DROP DATABASE and nothing else.
+
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use tokio_postgres::{Client, Config, NoTls};
+
+use crate::cluster::{Cluster, PgBinaries};
+
+/// Every database outbox-lab creates starts with this.
+pub const DATABASE_PREFIX: &str = "outboxlab_";
+/// A server that has not answered in this time is reported unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// PostgreSQL truncates identifiers to 63 bytes; we stay under it so names stay ours.
+const MAX_NAME_LEN: usize = 63;
+
+/// A database of ours: how to reach it, from this process and from a child.
+#[derive(Debug, Clone)]
+pub struct Database {
+    /// The server URL as given (or the cluster's); children get it with `--dbname`.
+    pub server_url: String,
+    pub name: String,
+}
+
+impl Database {
+    pub fn config(&self) -> Result<Config> {
+        let mut config = parse_url(&self.server_url)?;
+        config.dbname(&self.name);
+        Ok(config)
+    }
+
+    pub async fn connect(&self) -> Result<Client> {
+        connect(&self.config()?).await
+    }
+
+    /// A `psql`-ready URL, for `--keep`. Only meaningful for URL-form server addresses.
+    pub fn url(&self) -> String {
+        match self.server_url.rsplit_once('/') {
+            Some((base, _)) if self.server_url.contains("://") => format!("{base}/{}", self.name),
+            _ => format!("{} dbname={}", self.server_url, self.name),
+        }
+    }
+}
+
+/// Parses a connection string (URL or key=value form) with a message that says what to fix.
+pub fn parse_url(url: &str) -> Result<Config> {
+    Config::from_str(url).map_err(|e| anyhow!("invalid --database-url '{url}': {e}"))
+}
+
+/// Connects, with a bound on the wait, and drives the connection on a task.
+pub async fn connect(config: &Config) -> Result<Client> {
+    let mut config = config.clone();
+    config.connect_timeout(CONNECT_TIMEOUT);
+    let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls))
+        .await
+        .map_err(|_| anyhow!("no answer within {CONNECT_TIMEOUT:?}"))
+        .and_then(|r| r.map_err(anyhow::Error::from))
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", describe(&config)))?;
+    tokio::spawn(async move {
+        // The connection ends when the client is dropped, or when the server goes: both expected.
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+fn describe(config: &Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .unwrap_or_else(|| "localhost".into());
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port} (is the server running? check --database-url)")
+}
+
+/// The server of a run and the databases this run created on it.
+pub struct PgServer {
+    /// The maintenance connection string: the cluster's, or `--database-url`.
+    url: String,
+    /// The throwaway cluster, when there is one; dropping it stops and removes it.
+    cluster: Option<Cluster>,
+    /// Names created in this run; dropped at close unless kept.
+    created: Mutex<Vec<String>>,
+    keep: bool,
+    /// Distinguishes this run's databases from another run's on a shared server.
+    run_id: String,
+    pub version: String,
+}
+
+/// How to get a server, from the command line.
+pub struct ServerChoice<'a> {
+    pub database_url: Option<&'a str>,
+    pub pg_bin: Option<&'a std::path::Path>,
+    pub keep: bool,
+}
+
+impl PgServer {
+    pub async fn open(choice: &ServerChoice<'_>, run_id: &str) -> Result<PgServer> {
+        let (url, cluster) = match choice.database_url {
+            Some(url) => {
+                parse_url(url)?;
+                (url.to_string(), None)
+            }
+            None => {
+                let bins = PgBinaries::find(choice.pg_bin)?;
+                let cluster = Cluster::start(&bins, choice.keep).await?;
+                (cluster.url(), Some(cluster))
+            }
+        };
+        let client = connect(&parse_url(&url)?).await?;
+        let version: String = client.query_one("SHOW server_version", &[]).await?.get(0);
+        Ok(PgServer {
+            url,
+            cluster,
+            created: Mutex::new(Vec::new()),
+            keep: choice.keep,
+            run_id: run_id.to_lowercase().replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
+            version,
+        })
+    }
+
+    /// "throwaway cluster" or "external server", for the report.
+    pub fn kind(&self) -> &'static str {
+        if self.cluster.is_some() {
+            "throwaway cluster"
+        } else {
+            "external server"
+        }
+    }
+
+    /// Creates `outboxlab_<run>_<label>`, empty.
+    pub async fn create_database(&self, label: &str) -> Result<Database> {
+        let mut name = format!("{DATABASE_PREFIX}{}_{}", self.run_id, label.replace('-', "_"));
+        name.truncate(MAX_NAME_LEN);
+        if self.created.lock().expect("not poisoned").contains(&name) {
+            bail!("database {name} was already created in this run");
+        }
+        let admin = connect(&parse_url(&self.url)?).await?;
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await
+            .with_context(|| format!("cannot create database {name} (does the user have CREATEDB?)"))?;
+        self.created.lock().expect("not poisoned").push(name.clone());
+        Ok(Database { server_url: self.url.clone(), name })
+    }
+
+    /// Drops every database this run created (unless kept) and stops the throwaway cluster.
+    pub async fn close(mut self) -> Result<()> {
+        if self.keep {
+            if let Some(cluster) = &self.cluster {
+                eprintln!(
+                    "kept the throwaway cluster running in {}: psql {}; remove it with `outbox-lab clean`",
+                    cluster.dir().display(),
+                    cluster.url()
+                );
+            }
+            for name in self.created.lock().expect("not poisoned").iter() {
+                eprintln!("kept database {name}");
+            }
+            return Ok(());
+        }
+        if self.cluster.take().is_some() {
+            // Dropping the cluster removes its databases with it.
+            return Ok(());
+        }
+        let names = std::mem::take(&mut *self.created.lock().expect("not poisoned"));
+        if names.is_empty() {
+            return Ok(());
+        }
+        let admin = connect(&parse_url(&self.url)?).await?;
+        for name in names {
+            debug_assert!(name.starts_with(DATABASE_PREFIX));
+            admin
+                .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                .await
+                .with_context(|| format!("cannot drop database {name}"))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,31 @@
+//! The event as it travels from a sender (relay or naive app) to the consumer.
+
+use serde::{Deserialize, Serialize};
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+/// One event on the wire, in the shape of the outbox row it came from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Event {
+    pub event_id: Uuid,
+    /// The outbox row's id; absent when the sender wrote no outbox (dual write).
+    pub outbox_id: Option<i64>,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub payload: serde_json::Value,
+}
+
+impl Event {
+    /// From a row with the columns of the relay's fetch query.
+    pub fn from_outbox_row(row: &Row) -> Event {
+        Event {
+            outbox_id: Some(row.get("id")),
+            event_id: row.get("event_id"),
+            aggregate_type: row.get("aggregate_type"),
+            aggregate_id: row.get("aggregate_id"),
+            event_type: row.get("event_type"),
+            payload: row.get("payload"),
+        }
+    }
+}

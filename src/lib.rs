@@ -1,0 +1,26 @@
+//! outbox-lab: a laboratory for the Transactional Outbox pattern on PostgreSQL.
+//!
+//! The actors of the article, each in its module: the [`writer`] (business transaction + outbox
+//! row), the [`relay`] (fetch, deliver through a [`sink`], mark published) and the [`consumer`]
+//! (naive or idempotent, over HTTP). They run as [`child`] processes that die for real at named
+//! [`crash`] points. The harness around them: the throwaway PostgreSQL [`cluster`] and the
+//! [`db`] server and databases of a run, the [`schema`], the [`scenarios`] (one file per
+//! experiment, parameters and expected figures in [`spec`] files), the SQL that [`counts`] what
+//! happened, the [`checks`] against the article, and the [`report`].
+
+pub mod checks;
+pub mod child;
+pub mod cli;
+pub mod cluster;
+pub mod consumer;
+pub mod counts;
+pub mod crash;
+pub mod db;
+pub mod event;
+pub mod relay;
+pub mod report;
+pub mod scenarios;
+pub mod schema;
+pub mod sink;
+pub mod spec;
+pub mod writer;

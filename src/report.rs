@@ -1,0 +1,225 @@
+//! The result of a scenario run: metrics, tables, checks, and how they are shown (psql-like
+//! tables on a terminal, one JSON document with `--format json`) and stored
+//! (`results/<run-id>/<scenario>.json` and one CSV per table).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use comfy_table::{CellAlignment, ContentArrangement};
+use serde::Serialize;
+use tokio_postgres::types::Type;
+use tokio_postgres::Row;
+
+use crate::checks::CheckResult;
+
+/// psql's look: `|` between columns, `-+-` under the header, no outer border.
+const PSQL_STYLE: &str = "     -+ |          ";
+
+/// Flat map of dotted metric names to numbers or strings, in the order they were measured.
+#[derive(Debug, Default, Clone, Serialize)]
+#[serde(transparent)]
+pub struct Metrics(serde_json::Map<String, serde_json::Value>);
+
+impl Metrics {
+    pub fn set(&mut self, name: impl Into<String>, value: impl Into<serde_json::Value>) {
+        self.0.insert(name.into(), value.into());
+    }
+
+    /// Every numeric or boolean (as 0/1) column of `row` as `<prefix>.<column>` (or
+    /// `<column>` when the prefix is empty).
+    pub fn set_row(&mut self, prefix: &str, row: &Row) {
+        for (i, column) in row.columns().iter().enumerate() {
+            let name = match prefix {
+                "" => column.name().to_string(),
+                _ => format!("{prefix}.{}", column.name()),
+            };
+            let value: Option<serde_json::Value> = match *column.type_() {
+                Type::INT8 => row.get::<_, Option<i64>>(i).map(Into::into),
+                Type::INT4 => row.get::<_, Option<i32>>(i).map(Into::into),
+                Type::FLOAT8 => row.get::<_, Option<f64>>(i).map(Into::into),
+                Type::BOOL => row.get::<_, Option<bool>>(i).map(|b| i64::from(b).into()),
+                _ => None,
+            };
+            if let Some(value) = value {
+                self.set(name, value);
+            }
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&serde_json::Value> {
+        self.0.get(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &serde_json::Value)> {
+        self.0.iter()
+    }
+}
+
+/// A table as printed, stored as CSV and put in JSON.
+#[derive(Debug, Clone, Serialize)]
+pub struct Table {
+    pub title: String,
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(title: impl Into<String>, columns: &[&str]) -> Table {
+        Table { title: title.into(), columns: columns.iter().map(|c| c.to_string()).collect(), rows: vec![] }
+    }
+
+    pub fn push(&mut self, row: Vec<String>) {
+        self.rows.push(row);
+    }
+
+    /// A table straight from a query's rows, columns named as in the SELECT.
+    pub fn from_rows(title: impl Into<String>, rows: &[Row]) -> Table {
+        let columns = rows
+            .first()
+            .map(|r| r.columns().iter().map(|c| c.name().to_string()).collect())
+            .unwrap_or_default();
+        let rows = rows.iter().map(|r| (0..r.len()).map(|i| cell(r, i)).collect()).collect();
+        Table { title: title.into(), columns, rows }
+    }
+
+    pub fn render(&self) -> String {
+        let mut table = comfy_table::Table::new();
+        table.load_preset(PSQL_STYLE).set_content_arrangement(ContentArrangement::Disabled);
+        table.set_header(&self.columns);
+        for row in &self.rows {
+            table.add_row(row);
+        }
+        for (i, column) in table.column_iter_mut().enumerate() {
+            let numeric = self.rows.iter().all(|r| r.get(i).is_some_and(|c| c.parse::<f64>().is_ok()));
+            if numeric && !self.rows.is_empty() {
+                column.set_cell_alignment(CellAlignment::Right);
+            }
+        }
+        table.to_string()
+    }
+}
+
+/// A column of a query result as text; timestamps as the article prints them (HH:MM:SS.mmm).
+fn cell(row: &Row, i: usize) -> String {
+    let ty = row.columns()[i].type_();
+    let text = match *ty {
+        Type::INT2 => row.get::<_, Option<i16>>(i).map(|v| v.to_string()),
+        Type::INT4 => row.get::<_, Option<i32>>(i).map(|v| v.to_string()),
+        Type::INT8 => row.get::<_, Option<i64>>(i).map(|v| v.to_string()),
+        Type::FLOAT4 => row.get::<_, Option<f32>>(i).map(|v| v.to_string()),
+        Type::FLOAT8 => row.get::<_, Option<f64>>(i).map(|v| format!("{v:.3}")),
+        Type::BOOL => row.get::<_, Option<bool>>(i).map(|v| if v { "t" } else { "f" }.to_string()),
+        Type::UUID => row.get::<_, Option<uuid::Uuid>>(i).map(|v| v.to_string()),
+        Type::TIMESTAMPTZ => row
+            .get::<_, Option<chrono::DateTime<chrono::Utc>>>(i)
+            .map(|v| v.format("%H:%M:%S%.3f").to_string()),
+        Type::JSON | Type::JSONB => row.get::<_, Option<serde_json::Value>>(i).map(|v| v.to_string()),
+        _ => row.try_get::<_, Option<String>>(i).unwrap_or_else(|_| Some(format!("<{ty}>"))),
+    };
+    text.unwrap_or_default()
+}
+
+/// Where and with what the run happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct Environment {
+    pub postgres_version: String,
+    pub outbox_lab_version: String,
+    pub started_at: String,
+    pub elapsed_ms: u64,
+    pub server: String,
+}
+
+/// One scenario's result: the JSON contract of SCENARIOS.md.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub section: String,
+    pub params: serde_json::Value,
+    pub metrics: Metrics,
+    pub tables: Vec<Table>,
+    pub checks: Vec<CheckResult>,
+    /// What the actors printed that a reader wants to see (the relay's log lines, errors).
+    pub notes: Vec<String>,
+    pub environment: Environment,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|c| c.pass)
+    }
+
+    pub fn passed_count(&self) -> usize {
+        self.checks.iter().filter(|c| c.pass).count()
+    }
+
+    /// The terminal form: tables, notes, then one line per check.
+    pub fn render_text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "== {} ({}) ==\n", self.scenario, self.section);
+        for table in &self.tables {
+            let _ = writeln!(out, "{}\n{}\n", table.title, table.render());
+        }
+        for note in &self.notes {
+            let _ = writeln!(out, "{note}");
+        }
+        if !self.notes.is_empty() {
+            out.push('\n');
+        }
+        let mut checks = Table::new(
+            "checks",
+            &["result", "metric", "measured", "expected", "article", "what it shows"],
+        );
+        for c in &self.checks {
+            checks.push(vec![
+                if c.pass { "PASS" } else { "FAIL" }.into(),
+                c.metric.clone(),
+                c.actual.clone(),
+                c.expected.clone(),
+                c.article.clone().unwrap_or_default(),
+                c.name.clone(),
+            ]);
+        }
+        let _ = writeln!(out, "{}", checks.render());
+        let _ = writeln!(
+            out,
+            "{}: {} of {} checks pass ({} ms)",
+            self.scenario,
+            self.passed_count(),
+            self.checks.len(),
+            self.environment.elapsed_ms
+        );
+        out
+    }
+
+    /// `<dir>/<scenario>.json` and `<dir>/<scenario>.<n>-<table>.csv`.
+    pub fn write_files(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let json = dir.join(format!("{}.json", self.scenario));
+        std::fs::write(&json, serde_json::to_vec_pretty(self)?)
+            .with_context(|| format!("cannot write {}", json.display()))?;
+        for (n, table) in self.tables.iter().enumerate() {
+            let path = dir.join(format!("{}.{}-{}.csv", self.scenario, n + 1, slug(&table.title)));
+            let mut csv = csv::Writer::from_path(&path)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            csv.write_record(&table.columns)?;
+            for row in &table.rows {
+                csv.write_record(row)?;
+            }
+            csv.flush()?;
+        }
+        Ok(())
+    }
+}
+
+fn slug(title: &str) -> String {
+    let mut slug = String::new();
+    for c in title.chars() {
+        if c.is_ascii_alphanumeric() {
+            slug.push(c.to_ascii_lowercase());
+        } else if !slug.ends_with('-') {
+            slug.push('-');
+        }
+    }
+    slug.trim_matches('-').to_string()
+}

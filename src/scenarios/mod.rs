@@ -1,0 +1,260 @@
+//! The article's experiments, one file each, and what they share: loading a scenario's file and
+//! parameters, the per-scenario databases and child processes, and turning an outcome into a
+//! [`Report`] with its checks.
+
+pub mod dual_write;
+pub mod outbox_atomicity;
+pub mod relay_crash;
+pub mod retry_backoff;
+pub mod watermark_gap;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Result};
+
+use crate::checks;
+use crate::child::{ChildCommand, ChildRun, ConsumerProcess};
+use crate::consumer::{ConsumerKind, Faults};
+use crate::crash::CrashPlan;
+use crate::db::{Database, PgServer};
+use crate::relay::RelayConfig;
+use crate::report::{Environment, Metrics, Report, Table};
+use crate::schema;
+use crate::spec::Spec;
+use crate::writer::Ending;
+
+/// No child of these scenarios needs more than a few seconds; this bounds a hang.
+pub const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The scenarios outbox-lab implements, in the article's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    DualWrite,
+    OutboxAtomicity,
+    RetryBackoff,
+    RelayCrash,
+    WatermarkGap,
+}
+
+/// Catalogue entries (SCENARIOS.md) not built yet, so that asking for one says so.
+const PLANNED: [&str; 8] = [
+    "partial-index",
+    "multi-relay-ordering",
+    "ordering-on-failure",
+    "notify-latency",
+    "batch-throughput",
+    "redis-stream",
+    "claim-vs-lock",
+    "cleanup",
+];
+
+impl Scenario {
+    pub const ALL: [Scenario; 5] = [
+        Scenario::DualWrite,
+        Scenario::OutboxAtomicity,
+        Scenario::RetryBackoff,
+        Scenario::RelayCrash,
+        Scenario::WatermarkGap,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::DualWrite => "dual-write",
+            Scenario::OutboxAtomicity => "outbox-atomicity",
+            Scenario::RetryBackoff => "retry-backoff",
+            Scenario::RelayCrash => "relay-crash",
+            Scenario::WatermarkGap => "watermark-gap",
+        }
+    }
+
+    /// The scenario file in the repository, built into the binary.
+    fn builtin_spec(self) -> &'static str {
+        match self {
+            Scenario::DualWrite => include_str!("../../scenarios/dual-write.toml"),
+            Scenario::OutboxAtomicity => include_str!("../../scenarios/outbox-atomicity.toml"),
+            Scenario::RetryBackoff => include_str!("../../scenarios/retry-backoff.toml"),
+            Scenario::RelayCrash => include_str!("../../scenarios/relay-crash.toml"),
+            Scenario::WatermarkGap => include_str!("../../scenarios/watermark-gap.toml"),
+        }
+    }
+
+    pub fn from_name(name: &str) -> Result<Scenario> {
+        if let Some(found) = Scenario::ALL.into_iter().find(|s| s.name() == name) {
+            return Ok(found);
+        }
+        let known = Scenario::ALL.map(Scenario::name).join(", ");
+        if PLANNED.contains(&name) {
+            bail!("scenario '{name}' is in the catalogue but not implemented yet; implemented: {known}");
+        }
+        bail!("unknown scenario '{name}'; known: {known} (or all)")
+    }
+
+    pub fn spec(self, dir: Option<&Path>) -> Result<Spec> {
+        Spec::load(self.name(), self.builtin_spec(), dir)
+    }
+}
+
+/// Parameters given on the command line, over the scenario file's defaults.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub values: Vec<(&'static str, i64)>,
+}
+
+/// A scenario with its file read and its parameters checked, ready to run.
+pub struct Prepared {
+    scenario: Scenario,
+    spec: Spec,
+    params: toml::Table,
+    typed: Params,
+}
+
+enum Params {
+    DualWrite(dual_write::Params),
+    OutboxAtomicity(outbox_atomicity::Params),
+    RetryBackoff(retry_backoff::Params),
+    RelayCrash(relay_crash::Params),
+    WatermarkGap(watermark_gap::Params),
+}
+
+/// Reads the file and validates the parameters before anything is started.
+pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) -> Result<Prepared> {
+    let spec = scenario.spec(dir)?;
+    let mut params = spec.params.clone();
+    for (key, value) in &overrides.values {
+        match params.get_mut(*key) {
+            Some(slot) => *slot = toml::Value::Integer(*value),
+            None => bail!(
+                "scenario {} has no parameter --{}",
+                scenario.name(),
+                key.replace('_', "-")
+            ),
+        }
+    }
+    let typed = match scenario {
+        Scenario::DualWrite => Params::DualWrite(spec.params(&params)?),
+        Scenario::OutboxAtomicity => Params::OutboxAtomicity(spec.params(&params)?),
+        Scenario::RetryBackoff => Params::RetryBackoff(spec.params(&params)?),
+        Scenario::RelayCrash => {
+            let p: relay_crash::Params = spec.params(&params)?;
+            p.validate()?;
+            Params::RelayCrash(p)
+        }
+        Scenario::WatermarkGap => Params::WatermarkGap(spec.params(&params)?),
+    };
+    Ok(Prepared { scenario, spec, params, typed })
+}
+
+impl Prepared {
+    pub fn scenario(&self) -> Scenario {
+        self.scenario
+    }
+}
+
+/// What a scenario measured.
+#[derive(Default)]
+pub struct Outcome {
+    pub metrics: Metrics,
+    pub tables: Vec<Table>,
+    pub notes: Vec<String>,
+}
+
+/// What a scenario gets to work with.
+pub struct Ctx<'a> {
+    server: &'a PgServer,
+    scenario: Scenario,
+}
+
+impl Ctx<'_> {
+    /// A fresh database with the article's schema, named after the scenario and `part`.
+    pub async fn database(&self, part: &str) -> Result<Database> {
+        let label = format!("{}_{part}", self.scenario.name());
+        let db = self.server.create_database(&label).await?;
+        schema::create(&db.connect().await?).await?;
+        Ok(db)
+    }
+
+    pub async fn start_consumer(
+        &self,
+        db: &Database,
+        kind: ConsumerKind,
+        faults: &Faults,
+    ) -> Result<ConsumerProcess> {
+        let mut cmd = ChildCommand::new("consumer", db)
+            .arg("kind", kind.name())
+            .arg("fail-next", faults.fail_next);
+        if let Some(id) = faults.fail_first_delivery_of {
+            cmd = cmd.arg("fail-first-delivery-of", id);
+        }
+        cmd.spawn_consumer().await
+    }
+
+    /// A writer child creating `orders` orders with their outbox rows.
+    pub async fn run_writer(
+        &self,
+        db: &Database,
+        orders: u32,
+        ending: Ending,
+        crash: Option<CrashPlan>,
+    ) -> Result<ChildRun> {
+        ChildCommand::new("writer", db)
+            .arg("orders", orders)
+            .arg_enum("ending", ending)
+            .crash_at(crash)
+            .run(CHILD_TIMEOUT)
+            .await
+    }
+
+    /// A relay child draining the outbox into the consumer at `sink`.
+    pub async fn run_relay(
+        &self,
+        db: &Database,
+        sink: &str,
+        name: &str,
+        config: &RelayConfig,
+        crash: Option<CrashPlan>,
+    ) -> Result<ChildRun> {
+        ChildCommand::new("relay", db)
+            .arg("sink", sink)
+            .arg("name", name)
+            .arg("batch", config.batch)
+            .arg("max-attempts", config.max_attempts)
+            .arg("backoff-ms", config.backoff_base.as_millis())
+            .arg("deadline-ms", config.deadline.as_millis())
+            .crash_at(crash)
+            .run(CHILD_TIMEOUT)
+            .await
+    }
+}
+
+/// Runs one prepared scenario on `server` and judges it.
+pub async fn run(server: &PgServer, prepared: &Prepared) -> Result<Report> {
+    let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let clock = Instant::now();
+    let ctx = Ctx { server, scenario: prepared.scenario };
+    let outcome = match &prepared.typed {
+        Params::DualWrite(p) => dual_write::run(&ctx, p).await,
+        Params::OutboxAtomicity(p) => outbox_atomicity::run(&ctx, p).await,
+        Params::RetryBackoff(p) => retry_backoff::run(&ctx, p).await,
+        Params::RelayCrash(p) => relay_crash::run(&ctx, p).await,
+        Params::WatermarkGap(p) => watermark_gap::run(&ctx, p).await,
+    }
+    .map_err(|e| anyhow!("scenario {} did not run: {e:#}", prepared.scenario.name()))?;
+    let checks = checks::evaluate(&prepared.spec, &prepared.params, &outcome.metrics)?;
+    Ok(Report {
+        scenario: prepared.scenario.name().to_string(),
+        section: prepared.spec.section.clone(),
+        params: serde_json::to_value(&prepared.params)?,
+        metrics: outcome.metrics,
+        tables: outcome.tables,
+        checks,
+        notes: outcome.notes,
+        environment: Environment {
+            postgres_version: server.version.clone(),
+            outbox_lab_version: env!("CARGO_PKG_VERSION").to_string(),
+            started_at,
+            elapsed_ms: clock.elapsed().as_millis() as u64,
+            server: server.kind().to_string(),
+        },
+    })
+}

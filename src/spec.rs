@@ -1,0 +1,102 @@
+//! Scenario files (`scenarios/NAME.toml`): a scenario's parameters and the article's figures,
+//! as data. The copies in the repository are built into the binary; `--scenarios-dir` reads
+//! them from a directory instead, so a user can change a parameter or an expectation.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Deserialize;
+
+/// One scenario file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    pub name: String,
+    /// The article's section the scenario reproduces (Japanese, as in the article).
+    pub section: String,
+    /// One line for `outbox-lab list`.
+    pub summary: String,
+    /// Defaults of the scenario's parameters; some can be overridden on the command line.
+    #[serde(default)]
+    pub params: toml::Table,
+    /// What the article reports, compared with what was measured.
+    #[serde(default, rename = "check")]
+    pub checks: Vec<CheckSpec>,
+    /// Where it was read from, for error messages.
+    #[serde(skip)]
+    pub source: String,
+}
+
+/// An expectation. Bounds are expressions over the parameters and the measured metrics
+/// (`events + crash_after`, `without_index.buffers * 0.01`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckSpec {
+    /// What the check verifies, in words.
+    pub name: String,
+    /// The measured metric it judges.
+    pub metric: String,
+    /// The article's figure, shown beside the measured one.
+    pub article: Option<toml::Value>,
+    /// Exact: the metric must equal this (figures that do not depend on timing).
+    pub equals: Option<String>,
+    /// Shape: lower and upper bounds (timing-dependent figures).
+    pub at_least: Option<String>,
+    pub at_most: Option<String>,
+}
+
+impl Spec {
+    /// Reads `NAME.toml` from `dir`, or the built-in copy.
+    pub fn load(name: &str, builtin: &str, dir: Option<&Path>) -> Result<Spec> {
+        let (source, text) = match dir {
+            Some(dir) => {
+                let path: PathBuf = dir.join(format!("{name}.toml"));
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read scenario file {}", path.display()))?;
+                (path.display().to_string(), text)
+            }
+            None => (format!("scenarios/{name}.toml (built in)"), builtin.to_string()),
+        };
+        let mut spec: Spec = toml::from_str(&text).map_err(|e| {
+            let line = e.span().map(|s| text[..s.start].lines().count().max(1));
+            let at = line.map(|l| format!(" line {l}:")).unwrap_or_default();
+            anyhow!("malformed scenario file {source}:{at} {}", e.message().trim())
+        })?;
+        spec.source = source;
+        if spec.name != name {
+            bail!("scenario file {} names scenario '{}', expected '{name}'", spec.source, spec.name);
+        }
+        for check in &spec.checks {
+            check.validate().with_context(|| {
+                format!("malformed scenario file {}: check '{}'", spec.source, check.name)
+            })?;
+        }
+        Ok(spec)
+    }
+
+    /// The parameters as the scenario's typed struct.
+    pub fn params<T: serde::de::DeserializeOwned>(&self, params: &toml::Table) -> Result<T> {
+        toml::Value::Table(params.clone())
+            .try_into()
+            .map_err(|e: toml::de::Error| {
+                anyhow!("malformed scenario file {}: [params]: {}", self.source, e.message().trim())
+            })
+    }
+}
+
+impl CheckSpec {
+    fn validate(&self) -> Result<()> {
+        match (&self.equals, &self.at_least, &self.at_most) {
+            (None, None, None) => bail!("needs equals, at_least or at_most"),
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+                bail!("equals cannot be combined with at_least/at_most")
+            }
+            _ => {}
+        }
+        for expr in [&self.equals, &self.at_least, &self.at_most].into_iter().flatten() {
+            evalexpr::build_operator_tree::<evalexpr::DefaultNumericTypes>(expr)
+                .map_err(|e| anyhow!("cannot read expression '{expr}': {e}"))?;
+        }
+        Ok(())
+    }
+}
