@@ -32,13 +32,21 @@ pub fn evaluate(spec: &Spec, params: &toml::Table, metrics: &Metrics) -> Result<
             context.set_value(name.clone(), value)?;
         }
     }
-    Ok(spec.checks.iter().map(|check| judge(check, &context, metrics)).collect())
+    Ok(spec
+        .checks
+        .iter()
+        .map(|check| judge(check, &context, metrics))
+        .collect())
 }
 
 fn judge(check: &CheckSpec, context: &HashMapContext, metrics: &Metrics) -> CheckResult {
-    let eval = |expr: &String| evalexpr::eval_with_context(expr, context).map_err(|e| e.to_string());
+    let eval =
+        |expr: &String| evalexpr::eval_with_context(expr, context).map_err(|e| e.to_string());
     let measured = metrics.get(&check.metric).and_then(json_to_value);
-    let actual = measured.as_ref().map(show).unwrap_or_else(|| "(not measured)".into());
+    let actual = measured
+        .as_ref()
+        .map(show)
+        .unwrap_or_else(|| "(not measured)".into());
     let article = check.article.as_ref().map(|v| match v {
         toml::Value::String(s) => s.clone(),
         other => other.to_string(),
@@ -74,7 +82,14 @@ fn judge(check: &CheckSpec, context: &HashMapContext, metrics: &Metrics) -> Chec
             }
         }
     };
-    CheckResult { name: check.name.clone(), metric: check.metric.clone(), expected, actual, article, pass }
+    CheckResult {
+        name: check.name.clone(),
+        metric: check.metric.clone(),
+        expected,
+        actual,
+        article,
+        pass,
+    }
 }
 
 fn number(value: &Value) -> Option<f64> {

@@ -56,7 +56,10 @@ impl Target {
     }
 
     fn database(&self) -> Database {
-        Database { server_url: self.database_url.clone(), name: self.dbname.clone() }
+        Database {
+            server_url: self.database_url.clone(),
+            name: self.dbname.clone(),
+        }
     }
 }
 
@@ -134,18 +137,37 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
         crash::arm(plan);
     }
     match args.role {
-        Role::Writer { target, orders, ending } => {
+        Role::Writer {
+            target,
+            orders,
+            ending,
+        } => {
             let mut client = target.connect().await?;
             for customer_id in 1..=i64::from(orders) {
                 writer::create_order_with_event(&mut client, customer_id, ending).await?;
             }
         }
-        Role::NaiveApp { target, sink, customer_id, event_id, order, ending } => {
+        Role::NaiveApp {
+            target,
+            sink,
+            customer_id,
+            event_id,
+            order,
+            ending,
+        } => {
             let mut client = target.connect().await?;
             let sink = HttpSink::new(&sink)?;
             writer::dual_write(&mut client, &sink, customer_id, event_id, order, ending).await?;
         }
-        Role::Relay { target, sink, name, batch, max_attempts, backoff_ms, deadline_ms } => {
+        Role::Relay {
+            target,
+            sink,
+            name,
+            batch,
+            max_attempts,
+            backoff_ms,
+            deadline_ms,
+        } => {
             let config = RelayConfig {
                 batch,
                 max_attempts,
@@ -157,9 +179,17 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             let mut relay = Relay::new(client, HttpSink::new(&sink)?, config, Some(name));
             relay.run_until_drained().await?;
         }
-        Role::Consumer { target, kind, fail_next, fail_first_delivery_of } => {
+        Role::Consumer {
+            target,
+            kind,
+            fail_next,
+            fail_first_delivery_of,
+        } => {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let faults = Faults { fail_next, fail_first_delivery_of };
+            let faults = Faults {
+                fail_next,
+                fail_first_delivery_of,
+            };
             let config = target.database().config()?;
             consumer::serve(listener, config, kind, faults, announce_listening).await?;
         }
@@ -227,8 +257,17 @@ pub struct ChildCommand {
 
 impl ChildCommand {
     pub fn new(role: &str, db: &Database) -> ChildCommand {
-        let args = ["child", role, "--database-url", &db.server_url, "--dbname", &db.name];
-        ChildCommand { args: args.iter().map(|s| s.to_string()).collect() }
+        let args = [
+            "child",
+            role,
+            "--database-url",
+            &db.server_url,
+            "--dbname",
+            &db.name,
+        ];
+        ChildCommand {
+            args: args.iter().map(|s| s.to_string()).collect(),
+        }
     }
 
     pub fn arg(mut self, name: &str, value: impl fmt::Display) -> ChildCommand {
@@ -263,9 +302,15 @@ impl ChildCommand {
 
     /// Runs to the end (or kills it after `timeout`) and classifies how it ended.
     pub async fn run(self, timeout: Duration) -> Result<ChildRun> {
-        let child = self.command()?.spawn().context("cannot start a child process")?;
+        let child = self
+            .command()?
+            .spawn()
+            .context("cannot start a child process")?;
         match tokio::time::timeout(timeout, child.wait_with_output()).await {
-            Err(_) => Ok(ChildRun { end: ChildEnd::TimedOut, stdout: String::new() }),
+            Err(_) => Ok(ChildRun {
+                end: ChildEnd::TimedOut,
+                stdout: String::new(),
+            }),
             Ok(output) => {
                 let output = output?;
                 let stderr = String::from_utf8_lossy(&output.stderr);
@@ -279,7 +324,10 @@ impl ChildCommand {
 
     /// Starts a consumer and waits until it says where it listens.
     pub async fn spawn_consumer(self) -> Result<ConsumerProcess> {
-        let mut child = self.command()?.spawn().context("cannot start the consumer")?;
+        let mut child = self
+            .command()?
+            .spawn()
+            .context("cannot start the consumer")?;
         let stdout = child.stdout.take().expect("piped");
         let mut lines = BufReader::new(stdout).lines();
         let ready = tokio::time::timeout(CONSUMER_READY_TIMEOUT, lines.next_line()).await;
@@ -294,7 +342,10 @@ impl ChildCommand {
                 if let Some(mut err) = child.stderr.take() {
                     let _ = err.read_to_string(&mut stderr).await;
                 }
-                Err(anyhow!("the consumer did not start: {}", last_line(&stderr)))
+                Err(anyhow!(
+                    "the consumer did not start: {}",
+                    last_line(&stderr)
+                ))
             }
         }
     }
@@ -322,18 +373,32 @@ fn classify(status: std::process::ExitStatus, stderr: &str) -> ChildEnd {
     match (status.code(), status.signal()) {
         (Some(0), _) => ChildEnd::Ok,
         (Some(CRASH_EXIT_CODE), _) if crash_line.is_some() => ChildEnd::Crashed {
-            point: crash_line.unwrap_or_default().split(' ').next().unwrap_or_default().to_string(),
+            point: crash_line
+                .unwrap_or_default()
+                .split(' ')
+                .next()
+                .unwrap_or_default()
+                .to_string(),
         },
         (Some(_), _) => ChildEnd::Failed {
-            error: last_line(stderr).trim_start_matches("error: ").to_string(),
+            error: last_line(stderr)
+                .trim_start_matches("outbox-lab: error: ")
+                .to_string(),
         },
         (None, Some(signal)) => ChildEnd::Killed { signal },
-        (None, None) => ChildEnd::Failed { error: "ended without status".into() },
+        (None, None) => ChildEnd::Failed {
+            error: "ended without status".into(),
+        },
     }
 }
 
 fn last_line(text: &str) -> String {
-    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string()
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .to_string()
 }
 
 /// A consumer child prints `listening URL` once it serves; the parent reads that line.

@@ -135,7 +135,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
 }
 
 fn list() -> Result<ExitCode> {
-    let mut table = Table::new("scenarios", &["scenario", "article section", "what it shows"]);
+    let mut table = Table::new(
+        "scenarios",
+        &["scenario", "article section", "what it shows"],
+    );
     for scenario in Scenario::ALL {
         let spec = scenario.spec(None)?;
         table.push(vec![spec.name, spec.section, spec.summary]);
@@ -145,9 +148,16 @@ fn list() -> Result<ExitCode> {
 }
 
 fn crash_points() -> Result<ExitCode> {
-    let mut table = Table::new("crash points", &["crash point", "in", "a crash there leaves"]);
+    let mut table = Table::new(
+        "crash points",
+        &["crash point", "in", "a crash there leaves"],
+    );
     for point in CrashPoint::ALL {
-        table.push(vec![point.name().into(), point.location().into(), point.meaning().into()]);
+        table.push(vec![
+            point.name().into(),
+            point.location().into(),
+            point.meaning().into(),
+        ]);
     }
     println!("{}", table.render());
     println!("\nA child dies there with _exit(1) when started with --crash-at NAME@N (N-th pass).");
@@ -171,7 +181,9 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
         overrides.values.push(("events", i64::from(events)));
     }
     if let Some(crash_after) = args.crash_after {
-        overrides.values.push(("crash_after", i64::from(crash_after)));
+        overrides
+            .values
+            .push(("crash_after", i64::from(crash_after)));
     }
     // Everything is read and validated before a server is started: bad input leaves nothing.
     let prepared = selected
@@ -216,7 +228,9 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
 
     let passed = reports.iter().all(Report::passed);
     match args.format {
-        Format::Json if reports.len() == 1 => println!("{}", serde_json::to_string_pretty(&reports[0])?),
+        Format::Json if reports.len() == 1 => {
+            println!("{}", serde_json::to_string_pretty(&reports[0])?)
+        }
         Format::Json => println!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
@@ -232,17 +246,35 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
             eprintln!("results written to {}", results.display());
         }
     }
-    Ok(ExitCode::from(if passed { exit::OK } else { exit::CHECK_FAILED }))
+    Ok(ExitCode::from(if passed {
+        exit::OK
+    } else {
+        exit::CHECK_FAILED
+    }))
 }
 
 fn summary(reports: &[Report]) -> Table {
-    let mut table = Table::new("summary", &["scenario", "article section", "checks", "result", "elapsed_ms"]);
+    let mut table = Table::new(
+        "summary",
+        &[
+            "scenario",
+            "article section",
+            "checks",
+            "result",
+            "elapsed_ms",
+        ],
+    );
     for r in reports {
         table.push(vec![
             r.scenario.clone(),
             r.section.clone(),
             format!("{}/{}", r.passed_count(), r.checks.len()),
-            if r.passed() { "reproduced" } else { "NOT reproduced" }.into(),
+            if r.passed() {
+                "reproduced"
+            } else {
+                "NOT reproduced"
+            }
+            .into(),
             r.environment.elapsed_ms.to_string(),
         ]);
     }

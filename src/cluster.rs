@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{chown, Pid, User};
 use serde::{Deserialize, Serialize};
@@ -52,8 +52,12 @@ impl PgBinaries {
     /// `/usr/lib/postgresql/*/bin` (Debian installs the server there, off PATH).
     pub fn find(explicit: Option<&Path>) -> Result<PgBinaries> {
         if let Some(dir) = explicit {
-            return PgBinaries::in_dir(dir).with_context(|| {
-                format!("no PostgreSQL server binaries (initdb, postgres) in {}", dir.display())
+            return PgBinaries::in_dir(dir).map_err(|_| {
+                anyhow!(
+                    "no PostgreSQL server binaries (initdb, postgres) in {}: point --pg-bin at \
+                     the server's bin directory, or run scripts/setup (apt-get install postgresql)",
+                    dir.display()
+                )
             });
         }
         let on_path = std::env::var_os("PATH")
@@ -78,7 +82,11 @@ impl PgBinaries {
             })
             .collect();
         versions.sort();
-        if let Some(found) = versions.iter().rev().find_map(|(_, d)| PgBinaries::in_dir(d).ok()) {
+        if let Some(found) = versions
+            .iter()
+            .rev()
+            .find_map(|(_, d)| PgBinaries::in_dir(d).ok())
+        {
             return Ok(found);
         }
         bail!(
@@ -120,12 +128,18 @@ impl Cluster {
         ));
         fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
         // From here on, Drop cleans up whatever exists.
-        let mut cluster = Cluster { dir, port: 0, postmaster: None, keep: false };
+        let mut cluster = Cluster {
+            dir,
+            port: 0,
+            postmaster: None,
+            keep: false,
+        };
         cluster.write_marker(false)?;
         fs::set_permissions(&cluster.dir, fs::Permissions::from_mode(0o700))?;
         if let Some(user) = &run_as {
-            chown(&cluster.dir, Some(user.uid), Some(user.gid))
-                .with_context(|| format!("cannot hand {} to user postgres", cluster.dir.display()))?;
+            chown(&cluster.dir, Some(user.uid), Some(user.gid)).with_context(|| {
+                format!("cannot hand {} to user postgres", cluster.dir.display())
+            })?;
         }
         cluster.initdb(bins, run_as.as_ref()).await?;
         // Another process may grab the port between our probe and postgres' bind: retry.
@@ -156,7 +170,14 @@ impl Cluster {
         let mut cmd = Command::new(&bins.initdb);
         cmd.arg("-D")
             .arg(self.dir.join("data"))
-            .args(["-U", SUPERUSER, "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"])
+            .args([
+                "-U",
+                SUPERUSER,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C",
+                "--no-sync",
+            ])
             .current_dir(&self.dir)
             .stdin(Stdio::null());
         as_user(&mut cmd, run_as);
@@ -179,7 +200,11 @@ impl Cluster {
         self.port = free_port()?;
         let log = fs::File::create(self.dir.join("postgres.log"))?;
         if let Some(user) = run_as {
-            chown(&self.dir.join("postgres.log"), Some(user.uid), Some(user.gid))?;
+            chown(
+                &self.dir.join("postgres.log"),
+                Some(user.uid),
+                Some(user.gid),
+            )?;
         }
         let mut cmd = Command::new(&bins.postgres);
         cmd.arg("-D")
@@ -188,7 +213,12 @@ impl Cluster {
             .arg(self.port.to_string())
             .arg("-k")
             .arg(&self.dir)
-            .args(["-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"])
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "max_connections=200",
+            ])
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -197,7 +227,8 @@ impl Cluster {
             .process_group(0);
         as_user(&mut cmd, run_as);
         self.postmaster = Some(
-            cmd.spawn().with_context(|| format!("cannot start {}", bins.postgres.display()))?,
+            cmd.spawn()
+                .with_context(|| format!("cannot start {}", bins.postgres.display()))?,
         );
         self.write_marker(false)?;
         let started = Instant::now();
@@ -207,10 +238,13 @@ impl Cluster {
                 self.postmaster = None;
                 bail!(
                     "postgres exited during start ({status}): {}",
-                    last_line(&fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default())
+                    last_line(
+                        &fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default()
+                    )
                 );
             }
-            let pid_file = fs::read_to_string(self.dir.join("data/postmaster.pid")).unwrap_or_default();
+            let pid_file =
+                fs::read_to_string(self.dir.join("data/postmaster.pid")).unwrap_or_default();
             if pid_file.lines().nth(7).map(str::trim) == Some("ready") {
                 return Ok(());
             }
@@ -222,7 +256,11 @@ impl Cluster {
     }
 
     fn write_marker(&self, kept: bool) -> Result<()> {
-        let marker = Marker { owner_pid: std::process::id() as i32, kept, port: self.port };
+        let marker = Marker {
+            owner_pid: std::process::id() as i32,
+            kept,
+            port: self.port,
+        };
         fs::write(self.dir.join(MARKER), serde_json::to_vec(&marker)?)
             .with_context(|| format!("cannot write the marker in {}", self.dir.display()))
     }
@@ -267,7 +305,12 @@ fn is_alive(pid: Pid) -> bool {
     }
     // A zombie still answers kill(0); its state letter in /proc says it has exited.
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z')
+    !stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .trim_start()
+        .starts_with('Z')
 }
 
 /// The user that owns the cluster: none (ourselves) unless we are root.
@@ -286,7 +329,9 @@ fn unprivileged_user() -> Result<Option<User>> {
 
 fn as_user(cmd: &mut Command, user: Option<&User>) {
     if let Some(user) = user {
-        cmd.uid(user.uid.as_raw()).gid(user.gid.as_raw()).env("HOME", &user.dir);
+        cmd.uid(user.uid.as_raw())
+            .gid(user.gid.as_raw())
+            .env("HOME", &user.dir);
     }
 }
 
@@ -296,7 +341,12 @@ fn free_port() -> Result<u16> {
 }
 
 fn last_line(text: &str) -> String {
-    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string()
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .to_string()
 }
 
 /// Our cluster directories under the temp dir, with their markers.
@@ -315,7 +365,11 @@ fn our_clusters() -> Vec<(PathBuf, Marker)> {
 
 fn remove_cluster_dir(dir: &Path) {
     let pid_file = fs::read_to_string(dir.join("data/postmaster.pid")).unwrap_or_default();
-    if let Some(pid) = pid_file.lines().next().and_then(|l| l.trim().parse::<i32>().ok()) {
+    if let Some(pid) = pid_file
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse::<i32>().ok())
+    {
         stop_postmaster(Pid::from_raw(pid));
     }
     let _ = fs::remove_dir_all(dir);
@@ -326,7 +380,10 @@ fn remove_orphans() {
     for (dir, marker) in our_clusters() {
         if !marker.kept && !is_alive(Pid::from_raw(marker.owner_pid)) {
             remove_cluster_dir(&dir);
-            eprintln!("removed a throwaway cluster left by an earlier run: {}", dir.display());
+            eprintln!(
+                "removed a throwaway cluster left by an earlier run: {}",
+                dir.display()
+            );
         }
     }
 }

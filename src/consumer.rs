@@ -77,7 +77,11 @@ impl State {
     /// Whether this request gets an injected 500.
     fn inject_fault(&self, event: &Event) -> bool {
         let take_one = |n: u32| n.checked_sub(1);
-        if self.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, take_one).is_ok() {
+        if self
+            .fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, take_one)
+            .is_ok()
+        {
             return true;
         }
         event.outbox_id.is_some()
@@ -97,11 +101,17 @@ pub async fn serve(
     let manager = Manager::from_config(
         db,
         NoTls,
-        ManagerConfig { recycling_method: RecyclingMethod::Fast },
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
     );
     let pool = Pool::builder(manager).max_size(POOL_SIZE).build()?;
     // Fail now, not at the first request, if the database is unreachable.
-    drop(pool.get().await.context("consumer cannot reach its database")?);
+    drop(
+        pool.get()
+            .await
+            .context("consumer cannot reach its database")?,
+    );
     let state = Arc::new(State {
         pool,
         kind,
@@ -116,7 +126,9 @@ pub async fn serve(
         tokio::spawn(async move {
             let service = service_fn(move |request| handle(state.clone(), request));
             // A relay that dies mid-request ends its connection: nothing to report.
-            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
         });
     }
 }
@@ -148,7 +160,13 @@ async fn apply_delivery(state: &State, event: &Event) -> Result<Option<&'static 
     let injected = state.inject_fault(event);
     conn.execute(
         RECORD_RECEIPT,
-        &[&event.event_id, &event.outbox_id, &event.aggregate_id, &event.event_type, &injected],
+        &[
+            &event.event_id,
+            &event.outbox_id,
+            &event.aggregate_id,
+            &event.event_type,
+            &injected,
+        ],
     )
     .await?;
     if injected {
@@ -160,13 +178,18 @@ async fn apply_delivery(state: &State, event: &Event) -> Result<Option<&'static 
         ConsumerKind::Idempotent => tx.execute(MARK_PROCESSED, &[&event.event_id]).await? == 1,
     };
     if first_delivery {
-        tx.execute(CREATE_SHIPMENT, &[&event.aggregate_id, &event.event_id]).await?;
+        tx.execute(CREATE_SHIPMENT, &[&event.aggregate_id, &event.event_id])
+            .await?;
     }
     crash::point(CrashPoint::ConsumerAfterEffectBeforeCommit);
     tx.commit().await?;
     crash::point(CrashPoint::ConsumerAfterCommitBeforeReply);
     // A duplicate is a success for the sender: an error would make the relay retry forever.
-    Ok(Some(if first_delivery { "shipped" } else { "duplicate-ignored" }))
+    Ok(Some(if first_delivery {
+        "shipped"
+    } else {
+        "duplicate-ignored"
+    }))
 }
 
 fn reply(status: StatusCode, text: &str) -> Response<Full<Bytes>> {

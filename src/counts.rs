@@ -87,6 +87,15 @@ pub async fn one_row(client: &Client, sql: &str) -> Result<Row> {
 }
 
 /// A single bigint column as a list.
-pub async fn ids(client: &Client, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> Result<Vec<i64>> {
-    Ok(client.query(sql, params).await?.iter().map(|r| r.get(0)).collect())
+pub async fn ids(
+    client: &Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<i64>> {
+    Ok(client
+        .query(sql, params)
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
 }

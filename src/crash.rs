@@ -105,9 +105,7 @@ impl FromStr for CrashPoint {
         CrashPoint::ALL
             .into_iter()
             .find(|p| p.name() == s)
-            .ok_or_else(|| {
-                format!("unknown crash point '{s}' (see `outbox-lab crash-points`)")
-            })
+            .ok_or_else(|| format!("unknown crash point '{s}' (see `outbox-lab crash-points`)"))
     }
 }
 
@@ -136,11 +134,10 @@ impl FromStr for CrashPlan {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (name, pass) = match s.split_once('@') {
             Some((name, pass)) => {
-                let pass: u32 = pass
-                    .parse()
-                    .ok()
-                    .filter(|n| *n >= 1)
-                    .ok_or_else(|| format!("'{pass}' in '{s}' is not a pass count of 1 or more"))?;
+                let pass: u32 =
+                    pass.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                        format!("'{pass}' in '{s}' is not a pass count of 1 or more")
+                    })?;
                 (name, pass)
             }
             None => (s, 1),
@@ -187,6 +184,8 @@ mod tests {
             "relay-after-send-before-mark@3".parse::<CrashPlan>(),
             Ok(CrashPlan::new(CrashPoint::RelayAfterSendBeforeMark, 3))
         );
-        assert!("relay-after-send-before-mark@0".parse::<CrashPlan>().is_err());
+        assert!("relay-after-send-before-mark@0"
+            .parse::<CrashPlan>()
+            .is_err());
     }
 }

@@ -123,7 +123,9 @@ impl PgServer {
             cluster,
             created: Mutex::new(Vec::new()),
             keep: choice.keep,
-            run_id: run_id.to_lowercase().replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
+            run_id: run_id
+                .to_lowercase()
+                .replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
             version,
         })
     }
@@ -139,7 +141,11 @@ impl PgServer {
 
     /// Creates `outboxlab_<run>_<label>`, empty.
     pub async fn create_database(&self, label: &str) -> Result<Database> {
-        let mut name = format!("{DATABASE_PREFIX}{}_{}", self.run_id, label.replace('-', "_"));
+        let mut name = format!(
+            "{DATABASE_PREFIX}{}_{}",
+            self.run_id,
+            label.replace('-', "_")
+        );
         name.truncate(MAX_NAME_LEN);
         if self.created.lock().expect("not poisoned").contains(&name) {
             bail!("database {name} was already created in this run");
@@ -148,9 +154,17 @@ impl PgServer {
         admin
             .batch_execute(&format!("CREATE DATABASE \"{name}\""))
             .await
-            .with_context(|| format!("cannot create database {name} (does the user have CREATEDB?)"))?;
-        self.created.lock().expect("not poisoned").push(name.clone());
-        Ok(Database { server_url: self.url.clone(), name })
+            .with_context(|| {
+                format!("cannot create database {name} (does the user have CREATEDB?)")
+            })?;
+        self.created
+            .lock()
+            .expect("not poisoned")
+            .push(name.clone());
+        Ok(Database {
+            server_url: self.url.clone(),
+            name,
+        })
     }
 
     /// Drops every database this run created (unless kept) and stops the throwaway cluster.

@@ -122,15 +122,33 @@ pub struct Relay {
 }
 
 impl Relay {
-    pub fn new(client: Client, sink: HttpSink, config: RelayConfig, log_name: Option<String>) -> Relay {
-        Relay { client, sink, config, log_name }
+    pub fn new(
+        client: Client,
+        sink: HttpSink,
+        config: RelayConfig,
+        log_name: Option<String>,
+    ) -> Relay {
+        Relay {
+            client,
+            sink,
+            config,
+            log_name,
+        }
     }
 
     /// Fetch, deliver and mark one batch in one transaction.
     pub async fn deliver_batch(&mut self) -> Result<BatchOutcome> {
         let tx = self.client.transaction().await?;
-        let rows = tx.query(FETCH_BATCH, &[&self.config.max_attempts, &self.config.batch]).await?;
-        let mut outcome = BatchOutcome { fetched: rows.len(), ..Default::default() };
+        let rows = tx
+            .query(
+                FETCH_BATCH,
+                &[&self.config.max_attempts, &self.config.batch],
+            )
+            .await?;
+        let mut outcome = BatchOutcome {
+            fetched: rows.len(),
+            ..Default::default()
+        };
         let mut delivered: Vec<i64> = Vec::with_capacity(rows.len());
         for row in &rows {
             let event = Event::from_outbox_row(row);
@@ -144,7 +162,10 @@ impl Relay {
                 }
                 Err(e) => {
                     let error = format!("{e:#}");
-                    log_line(self.log_name.as_deref(), format_args!("outbox id={id} failed: {error}"));
+                    log_line(
+                        self.log_name.as_deref(),
+                        format_args!("outbox id={id} failed: {error}"),
+                    );
                     let base_ms = self.config.backoff_base.as_secs_f64() * 1000.0;
                     tx.execute(MARK_FAILED, &[&id, &error, &base_ms]).await?;
                     outcome.failed += 1;
@@ -169,10 +190,16 @@ impl Relay {
             if outcome.fetched > 0 {
                 continue;
             }
-            let row = self.client.query_one(PENDING, &[&self.config.max_attempts]).await?;
+            let row = self
+                .client
+                .query_one(PENDING, &[&self.config.max_attempts])
+                .await?;
             let (pending, due_in_ms): (i64, f64) = (row.get(0), row.get(1));
             if pending == 0 {
-                log_line(self.log_name.as_deref(), format_args!("exit. sent_total={sent_total}"));
+                log_line(
+                    self.log_name.as_deref(),
+                    format_args!("exit. sent_total={sent_total}"),
+                );
                 return Ok(sent_total);
             }
             if started.elapsed() > self.config.deadline {
@@ -212,7 +239,10 @@ impl WatermarkRelay {
     /// One pass; returns the outbox ids delivered.
     pub async fn deliver_new(&mut self, client: &Client, sink: &HttpSink) -> Result<Vec<i64>> {
         let mut delivered = Vec::new();
-        for row in client.query(FETCH_AFTER_WATERMARK, &[&self.last_seen]).await? {
+        for row in client
+            .query(FETCH_AFTER_WATERMARK, &[&self.last_seen])
+            .await?
+        {
             let event = Event::from_outbox_row(&row);
             sink.send(&event).await?;
             let id = event.outbox_id.expect("outbox rows have ids");
@@ -231,7 +261,10 @@ pub struct XidWatermarkRelay {
 
 impl Default for XidWatermarkRelay {
     fn default() -> Self {
-        XidWatermarkRelay { last_xid: "0".into(), last_id: 0 }
+        XidWatermarkRelay {
+            last_xid: "0".into(),
+            last_id: 0,
+        }
     }
 }
 
@@ -239,7 +272,10 @@ impl XidWatermarkRelay {
     /// One pass; returns the outbox ids delivered.
     pub async fn deliver_new(&mut self, client: &Client, sink: &HttpSink) -> Result<Vec<i64>> {
         let mut delivered = Vec::new();
-        for row in client.query(FETCH_AFTER_XID_WATERMARK, &[&self.last_xid, &self.last_id]).await? {
+        for row in client
+            .query(FETCH_AFTER_XID_WATERMARK, &[&self.last_xid, &self.last_id])
+            .await?
+        {
             let event = Event::from_outbox_row(&row);
             sink.send(&event).await?;
             self.last_xid = row.get("xid");

@@ -66,7 +66,11 @@ pub struct Table {
 
 impl Table {
     pub fn new(title: impl Into<String>, columns: &[&str]) -> Table {
-        Table { title: title.into(), columns: columns.iter().map(|c| c.to_string()).collect(), rows: vec![] }
+        Table {
+            title: title.into(),
+            columns: columns.iter().map(|c| c.to_string()).collect(),
+            rows: vec![],
+        }
     }
 
     pub fn push(&mut self, row: Vec<String>) {
@@ -79,19 +83,31 @@ impl Table {
             .first()
             .map(|r| r.columns().iter().map(|c| c.name().to_string()).collect())
             .unwrap_or_default();
-        let rows = rows.iter().map(|r| (0..r.len()).map(|i| cell(r, i)).collect()).collect();
-        Table { title: title.into(), columns, rows }
+        let rows = rows
+            .iter()
+            .map(|r| (0..r.len()).map(|i| cell(r, i)).collect())
+            .collect();
+        Table {
+            title: title.into(),
+            columns,
+            rows,
+        }
     }
 
     pub fn render(&self) -> String {
         let mut table = comfy_table::Table::new();
-        table.load_preset(PSQL_STYLE).set_content_arrangement(ContentArrangement::Disabled);
+        table
+            .load_preset(PSQL_STYLE)
+            .set_content_arrangement(ContentArrangement::Disabled);
         table.set_header(&self.columns);
         for row in &self.rows {
             table.add_row(row);
         }
         for (i, column) in table.column_iter_mut().enumerate() {
-            let numeric = self.rows.iter().all(|r| r.get(i).is_some_and(|c| c.parse::<f64>().is_ok()));
+            let numeric = self
+                .rows
+                .iter()
+                .all(|r| r.get(i).is_some_and(|c| c.parse::<f64>().is_ok()));
             if numeric && !self.rows.is_empty() {
                 column.set_cell_alignment(CellAlignment::Right);
             }
@@ -109,13 +125,19 @@ fn cell(row: &Row, i: usize) -> String {
         Type::INT8 => row.get::<_, Option<i64>>(i).map(|v| v.to_string()),
         Type::FLOAT4 => row.get::<_, Option<f32>>(i).map(|v| v.to_string()),
         Type::FLOAT8 => row.get::<_, Option<f64>>(i).map(|v| format!("{v:.3}")),
-        Type::BOOL => row.get::<_, Option<bool>>(i).map(|v| if v { "t" } else { "f" }.to_string()),
+        Type::BOOL => row
+            .get::<_, Option<bool>>(i)
+            .map(|v| if v { "t" } else { "f" }.to_string()),
         Type::UUID => row.get::<_, Option<uuid::Uuid>>(i).map(|v| v.to_string()),
         Type::TIMESTAMPTZ => row
             .get::<_, Option<chrono::DateTime<chrono::Utc>>>(i)
             .map(|v| v.format("%H:%M:%S%.3f").to_string()),
-        Type::JSON | Type::JSONB => row.get::<_, Option<serde_json::Value>>(i).map(|v| v.to_string()),
-        _ => row.try_get::<_, Option<String>>(i).unwrap_or_else(|_| Some(format!("<{ty}>"))),
+        Type::JSON | Type::JSONB => row
+            .get::<_, Option<serde_json::Value>>(i)
+            .map(|v| v.to_string()),
+        _ => row
+            .try_get::<_, Option<String>>(i)
+            .unwrap_or_else(|_| Some(format!("<{ty}>"))),
     };
     text.unwrap_or_default()
 }
@@ -168,7 +190,14 @@ impl Report {
         }
         let mut checks = Table::new(
             "checks",
-            &["result", "metric", "measured", "expected", "article", "what it shows"],
+            &[
+                "result",
+                "metric",
+                "measured",
+                "expected",
+                "article",
+                "what it shows",
+            ],
         );
         for c in &self.checks {
             checks.push(vec![
@@ -199,7 +228,12 @@ impl Report {
         std::fs::write(&json, serde_json::to_vec_pretty(self)?)
             .with_context(|| format!("cannot write {}", json.display()))?;
         for (n, table) in self.tables.iter().enumerate() {
-            let path = dir.join(format!("{}.{}-{}.csv", self.scenario, n + 1, slug(&table.title)));
+            let path = dir.join(format!(
+                "{}.{}-{}.csv",
+                self.scenario,
+                n + 1,
+                slug(&table.title)
+            ));
             let mut csv = csv::Writer::from_path(&path)
                 .with_context(|| format!("cannot write {}", path.display()))?;
             csv.write_record(&table.columns)?;

@@ -62,5 +62,8 @@ pub const ADD_WRITER_XID: &str =
     "ALTER TABLE outbox ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id()";
 
 pub async fn create(client: &Client) -> Result<()> {
-    client.batch_execute(CREATE).await.context("cannot create the schema")
+    client
+        .batch_execute(CREATE)
+        .await
+        .context("cannot create the schema")
 }

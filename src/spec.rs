@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
+use evalexpr::{ContextWithMutableVariables, DefaultNumericTypes, HashMapContext};
 use serde::Deserialize;
 
 /// One scenario file.
@@ -55,20 +56,33 @@ impl Spec {
                     .with_context(|| format!("cannot read scenario file {}", path.display()))?;
                 (path.display().to_string(), text)
             }
-            None => (format!("scenarios/{name}.toml (built in)"), builtin.to_string()),
+            None => (
+                format!("scenarios/{name}.toml (built in)"),
+                builtin.to_string(),
+            ),
         };
         let mut spec: Spec = toml::from_str(&text).map_err(|e| {
             let line = e.span().map(|s| text[..s.start].lines().count().max(1));
             let at = line.map(|l| format!(" line {l}:")).unwrap_or_default();
-            anyhow!("malformed scenario file {source}:{at} {}", e.message().trim())
+            anyhow!(
+                "malformed scenario file {source}:{at} {}",
+                e.message().trim()
+            )
         })?;
         spec.source = source;
         if spec.name != name {
-            bail!("scenario file {} names scenario '{}', expected '{name}'", spec.source, spec.name);
+            bail!(
+                "scenario file {} names scenario '{}', expected '{name}'",
+                spec.source,
+                spec.name
+            );
         }
         for check in &spec.checks {
             check.validate().with_context(|| {
-                format!("malformed scenario file {}: check '{}'", spec.source, check.name)
+                format!(
+                    "malformed scenario file {}: check '{}'",
+                    spec.source, check.name
+                )
             })?;
         }
         Ok(spec)
@@ -79,7 +93,11 @@ impl Spec {
         toml::Value::Table(params.clone())
             .try_into()
             .map_err(|e: toml::de::Error| {
-                anyhow!("malformed scenario file {}: [params]: {}", self.source, e.message().trim())
+                anyhow!(
+                    "malformed scenario file {}: [params]: {}",
+                    self.source,
+                    e.message().trim()
+                )
             })
     }
 }
@@ -93,9 +111,20 @@ impl CheckSpec {
             }
             _ => {}
         }
-        for expr in [&self.equals, &self.at_least, &self.at_most].into_iter().flatten() {
-            evalexpr::build_operator_tree::<evalexpr::DefaultNumericTypes>(expr)
-                .map_err(|e| anyhow!("cannot read expression '{expr}': {e}"))?;
+        for expr in [&self.equals, &self.at_least, &self.at_most]
+            .into_iter()
+            .flatten()
+        {
+            // Some mistakes ("events +") only show on evaluation: try it with every name = 1.
+            let tree = evalexpr::build_operator_tree::<DefaultNumericTypes>(expr);
+            let mut names = HashMapContext::<DefaultNumericTypes>::new();
+            tree.and_then(|tree| {
+                for name in tree.iter_variable_identifiers() {
+                    names.set_value(name.to_string(), evalexpr::Value::Int(1))?;
+                }
+                tree.eval_with_context(&names)
+            })
+            .map_err(|e| anyhow!("cannot read expression '{expr}': {e}"))?;
         }
         Ok(())
     }

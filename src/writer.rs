@@ -46,7 +46,11 @@ pub async fn create_order_with_event(
 ) -> Result<i64> {
     let tx = client.transaction().await?;
     let order_id: i64 = tx.query_one(INSERT_ORDER, &[&customer_id]).await?.get(0);
-    tx.execute(INSERT_OUTBOX, &[&order_id.to_string(), &order_payload(order_id)]).await?;
+    tx.execute(
+        INSERT_OUTBOX,
+        &[&order_id.to_string(), &order_payload(order_id)],
+    )
+    .await?;
     crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
     end(tx, ending).await?;
     Ok(order_id)

@@ -68,7 +68,9 @@ const PATHS: [Path; 5] = [
 pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
     let db = ctx.database("app").await?;
     let client = db.connect().await?;
-    let consumer = ctx.start_consumer(&db, ConsumerKind::Naive, &Faults::default()).await?;
+    let consumer = ctx
+        .start_consumer(&db, ConsumerKind::Naive, &Faults::default())
+        .await?;
     let nobody_listens = format!("http://{}", closed_port()?);
     let mut outcome = Outcome::default();
     let mut per_path = Table::new(
@@ -79,7 +81,11 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
         // The customer id finds the path's order, the event id its shipment.
         let customer_id = n as i64 + 1;
         let event_id = Uuid::new_v4();
-        let sink = if path.consumer_up { &consumer.url } else { &nobody_listens };
+        let sink = if path.consumer_up {
+            &consumer.url
+        } else {
+            &nobody_listens
+        };
         let run = ChildCommand::new("naive-app", &db)
             .arg("sink", sink)
             .arg("customer-id", customer_id)
@@ -89,10 +95,14 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
             .crash_at(path.crash.map(|p| CrashPlan::new(p, 1)))
             .run(CHILD_TIMEOUT)
             .await?;
-        let row = client.query_one(counts::DUAL_WRITE_PATH, &[&customer_id, &event_id]).await?;
+        let row = client
+            .query_one(counts::DUAL_WRITE_PATH, &[&customer_id, &event_id])
+            .await?;
         let (committed, shipped): (bool, bool) = (row.get(0), row.get(1));
         outcome.metrics.set_row(path.name, &row);
-        outcome.metrics.set(format!("{}.ended", path.name), run.end.to_string());
+        outcome
+            .metrics
+            .set(format!("{}.ended", path.name), run.end.to_string());
         per_path.push(vec![
             path.name.into(),
             yes_no(committed),
@@ -103,7 +113,9 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
     consumer.stop().await?;
     let totals = counts::one_row(&client, counts::DUAL_WRITE).await?;
     outcome.metrics.set_row("", &totals);
-    outcome.tables.push(Table::from_rows("orders vs shipments", &[totals]));
+    outcome
+        .tables
+        .push(Table::from_rows("orders vs shipments", &[totals]));
     outcome.tables.push(per_path);
     Ok(outcome)
 }

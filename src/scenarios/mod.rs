@@ -142,7 +142,12 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
         }
         Scenario::WatermarkGap => Params::WatermarkGap(spec.params(&params)?),
     };
-    Ok(Prepared { scenario, spec, params, typed })
+    Ok(Prepared {
+        scenario,
+        spec,
+        params,
+        typed,
+    })
 }
 
 impl Prepared {
@@ -231,7 +236,10 @@ impl Ctx<'_> {
 pub async fn run(server: &PgServer, prepared: &Prepared) -> Result<Report> {
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let clock = Instant::now();
-    let ctx = Ctx { server, scenario: prepared.scenario };
+    let ctx = Ctx {
+        server,
+        scenario: prepared.scenario,
+    };
     let outcome = match &prepared.typed {
         Params::DualWrite(p) => dual_write::run(&ctx, p).await,
         Params::OutboxAtomicity(p) => outbox_atomicity::run(&ctx, p).await,

@@ -25,14 +25,24 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
         ("commit", Ending::Commit, None),
     ];
     let mut outcome = Outcome::default();
-    let mut table = Table::new("orders and outbox after each step", &["step", "writer", "orders", "outbox"]);
+    let mut table = Table::new(
+        "orders and outbox after each step",
+        &["step", "writer", "orders", "outbox"],
+    );
     for (step, ending, crash) in steps {
         let run = ctx.run_writer(&db, 1, ending, crash).await?;
         let row = counts::one_row(&client, counts::ORDERS_AND_OUTBOX).await?;
         outcome.metrics.set_row(step, &row);
-        outcome.metrics.set(format!("{step}.writer"), run.end.to_string());
+        outcome
+            .metrics
+            .set(format!("{step}.writer"), run.end.to_string());
         let (orders, outbox): (i64, i64) = (row.get(0), row.get(1));
-        table.push(vec![step.into(), run.end.to_string(), orders.to_string(), outbox.to_string()]);
+        table.push(vec![
+            step.into(),
+            run.end.to_string(),
+            orders.to_string(),
+            outbox.to_string(),
+        ]);
     }
     outcome.tables.push(table);
     Ok(outcome)

@@ -38,7 +38,11 @@ impl Params {
             );
         }
         if self.crash_after > self.batch {
-            bail!("--crash-after {} must not exceed the batch size {}", self.crash_after, self.batch);
+            bail!(
+                "--crash-after {} must not exceed the batch size {}",
+                self.crash_after,
+                self.batch
+            );
         }
         Ok(())
     }
@@ -48,7 +52,14 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let mut outcome = Outcome::default();
     let mut summary = Table::new(
         "naive vs idempotent",
-        &["consumer", "http_received", "distinct_events", "shipments", "orders_shipped_twice", "lost"],
+        &[
+            "consumer",
+            "http_received",
+            "distinct_events",
+            "shipments",
+            "orders_shipped_twice",
+            "lost",
+        ],
     );
     let mut lost_total = 0i64;
     for kind in [ConsumerKind::Naive, ConsumerKind::Idempotent] {
@@ -59,7 +70,10 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         ctx.run_writer(&db, params.events, Ending::Commit, None)
             .await?
             .expect(|e| *e == ChildEnd::Ok, "the writer")?;
-        let config = RelayConfig { batch: i64::from(params.batch), ..RelayConfig::default() };
+        let config = RelayConfig {
+            batch: i64::from(params.batch),
+            ..RelayConfig::default()
+        };
         let crash = CrashPlan::new(CrashPoint::RelayAfterSendBeforeMark, params.crash_after);
         let first = ctx
             .run_relay(&db, &consumer.url, "0", &config, Some(crash))
@@ -70,18 +84,29 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             first.end, params.crash_after
         ));
         let after_crash = client.query(counts::OUTBOX_PUBLISHED, &[]).await?;
-        outcome.tables.push(Table::from_rows(format!("outbox after the crash ({name})"), &after_crash));
+        outcome.tables.push(Table::from_rows(
+            format!("outbox after the crash ({name})"),
+            &after_crash,
+        ));
         let second = ctx
             .run_relay(&db, &consumer.url, "1", &config, None)
             .await?
             .expect(|e| *e == ChildEnd::Ok, "the restarted relay")?;
-        outcome.notes.extend(second.log_lines().map(|l| format!("[{name}] {l}")));
+        outcome
+            .notes
+            .extend(second.log_lines().map(|l| format!("[{name}] {l}")));
         consumer.stop().await?;
 
         let receipts = client.query(counts::RECEIPT_LOG, &[]).await?;
-        outcome.tables.push(Table::from_rows(format!("receipt log ({name} consumer)"), &receipts));
+        outcome.tables.push(Table::from_rows(
+            format!("receipt log ({name} consumer)"),
+            &receipts,
+        ));
         let shipments = client.query(counts::SHIPMENTS_PER_ORDER, &[]).await?;
-        outcome.tables.push(Table::from_rows(format!("shipments per order ({name} consumer)"), &shipments));
+        outcome.tables.push(Table::from_rows(
+            format!("shipments per order ({name} consumer)"),
+            &shipments,
+        ));
         let row = counts::one_row(&client, counts::DELIVERIES).await?;
         outcome.metrics.set_row(name, &row);
         lost_total += row.get::<_, i64>("lost");

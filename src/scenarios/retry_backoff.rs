@@ -40,11 +40,21 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     Ok(outcome)
 }
 
-async fn retries(ctx: &Ctx<'_>, params: &Params, config: &RelayConfig, outcome: &mut Outcome) -> Result<()> {
+async fn retries(
+    ctx: &Ctx<'_>,
+    params: &Params,
+    config: &RelayConfig,
+    outcome: &mut Outcome,
+) -> Result<()> {
     let db = ctx.database("retry").await?;
     let client = db.connect().await?;
-    let faults = Faults { fail_next: params.fail_next, ..Faults::default() };
-    let consumer = ctx.start_consumer(&db, ConsumerKind::Naive, &faults).await?;
+    let faults = Faults {
+        fail_next: params.fail_next,
+        ..Faults::default()
+    };
+    let consumer = ctx
+        .start_consumer(&db, ConsumerKind::Naive, &faults)
+        .await?;
     ctx.run_writer(&db, params.events, Ending::Commit, None)
         .await?
         .expect(|e| *e == ChildEnd::Ok, "the writer")?;
@@ -57,14 +67,25 @@ async fn retries(ctx: &Ctx<'_>, params: &Params, config: &RelayConfig, outcome: 
 
     let rows = client.query(counts::OUTBOX_ATTEMPTS, &[]).await?;
     for (n, row) in rows.iter().enumerate() {
-        outcome.metrics.set(format!("event{}.attempts", n + 1), row.get::<_, i32>("attempts"));
+        outcome.metrics.set(
+            format!("event{}.attempts", n + 1),
+            row.get::<_, i32>("attempts"),
+        );
     }
-    let published = rows.iter().filter(|r| r.get::<_, Option<chrono::DateTime<chrono::Utc>>>("published_at").is_some());
+    let published = rows.iter().filter(|r| {
+        r.get::<_, Option<chrono::DateTime<chrono::Utc>>>("published_at")
+            .is_some()
+    });
     outcome.metrics.set("published", published.count() as i64);
-    outcome.tables.push(Table::from_rows("outbox after the retries", &rows));
+    outcome
+        .tables
+        .push(Table::from_rows("outbox after the retries", &rows));
 
     let tries = client.query(counts::TRIES, &[]).await?;
-    let delivered = tries.iter().filter(|r| r.get::<_, String>("reply") == "200").count();
+    let delivered = tries
+        .iter()
+        .filter(|r| r.get::<_, String>("reply") == "200")
+        .count();
     outcome.metrics.set("sent_total", delivered as i64);
     // The gaps between tries of each row, as the consumer saw them: the backoff, measured.
     for (n, row) in rows.iter().enumerate() {
@@ -74,10 +95,15 @@ async fn retries(ctx: &Ctx<'_>, params: &Params, config: &RelayConfig, outcome: 
             .filter(|t| t.get::<_, Option<i64>>("outbox_id") == Some(id))
             .filter_map(|t| t.get::<_, Option<f64>>("gap_ms"));
         for (g, gap) in gaps.enumerate() {
-            outcome.metrics.set(format!("event{}.gap{}_ms", n + 1, g + 1), (gap * 10.0).round() / 10.0);
+            outcome.metrics.set(
+                format!("event{}.gap{}_ms", n + 1, g + 1),
+                (gap * 10.0).round() / 10.0,
+            );
         }
     }
-    outcome.tables.push(Table::from_rows("tries as the consumer saw them", &tries));
+    outcome
+        .tables
+        .push(Table::from_rows("tries as the consumer saw them", &tries));
     Ok(())
 }
 
@@ -85,7 +111,14 @@ async fn dead_letter(ctx: &Ctx<'_>, config: &RelayConfig, outcome: &mut Outcome)
     let db = ctx.database("dead_letter").await?;
     let client = db.connect().await?;
     let failing = ctx
-        .start_consumer(&db, ConsumerKind::Naive, &Faults { fail_next: ALWAYS, ..Faults::default() })
+        .start_consumer(
+            &db,
+            ConsumerKind::Naive,
+            &Faults {
+                fail_next: ALWAYS,
+                ..Faults::default()
+            },
+        )
         .await?;
     ctx.run_writer(&db, 1, Ending::Commit, None)
         .await?
@@ -94,12 +127,19 @@ async fn dead_letter(ctx: &Ctx<'_>, config: &RelayConfig, outcome: &mut Outcome)
     ctx.run_relay(&db, &failing.url, "0", config, None)
         .await?
         .expect(|e| *e == ChildEnd::Ok, "the relay")?;
-    let dead = client.query(relay::DEAD_LETTERS, &[&config.max_attempts]).await?;
+    let dead = client
+        .query(relay::DEAD_LETTERS, &[&config.max_attempts])
+        .await?;
     outcome.metrics.set("dead_letter", dead.len() as i64);
     if let Some(row) = dead.first() {
-        outcome.metrics.set("dead_letter.attempts", row.get::<_, i32>("attempts"));
+        outcome
+            .metrics
+            .set("dead_letter.attempts", row.get::<_, i32>("attempts"));
     }
-    outcome.tables.push(Table::from_rows("dead letters (published_at IS NULL AND attempts >= 5)", &dead));
+    outcome.tables.push(Table::from_rows(
+        "dead letters (published_at IS NULL AND attempts >= 5)",
+        &dead,
+    ));
 
     // A relay started now does not fetch it.
     let before: i64 = client.query_one(counts::LAST_RECEIPT, &[]).await?.get(0);
@@ -111,13 +151,19 @@ async fn dead_letter(ctx: &Ctx<'_>, config: &RelayConfig, outcome: &mut Outcome)
     failing.stop().await?;
 
     // The cause is fixed (a healthy consumer), the row is requeued and delivered.
-    let healthy = ctx.start_consumer(&db, ConsumerKind::Naive, &Faults::default()).await?;
-    outcome.metrics.set("requeued", relay::requeue(&client).await? as i64);
+    let healthy = ctx
+        .start_consumer(&db, ConsumerKind::Naive, &Faults::default())
+        .await?;
+    outcome
+        .metrics
+        .set("requeued", relay::requeue(&client).await? as i64);
     ctx.run_relay(&db, &healthy.url, "2", config, None)
         .await?
         .expect(|e| *e == ChildEnd::Ok, "the relay after requeue")?;
     healthy.stop().await?;
     let delivered = counts::ids(&client, counts::RECEIVED_AFTER, &[&after]).await?;
-    outcome.metrics.set("requeued_delivered", delivered.len() as i64);
+    outcome
+        .metrics
+        .set("requeued_delivered", delivered.len() as i64);
     Ok(())
 }

@@ -52,13 +52,21 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
     let mut outcome = Outcome::default();
     let mut table = Table::new(
         "what each relay delivered",
-        &["relay", "pass 1 (A open, B committed)", "pass 2 (after A commits)", "delivered", "lost"],
+        &[
+            "relay",
+            "pass 1 (A open, B committed)",
+            "pass 2 (after A commits)",
+            "delivered",
+            "lost",
+        ],
     );
     for design in ["watermark", "published_at", "xid8"] {
         let db = ctx.database(design).await?;
         let client = db.connect().await?;
         client.batch_execute(schema::ADD_WRITER_XID).await?;
-        let consumer = ctx.start_consumer(&db, ConsumerKind::Naive, &Faults::default()).await?;
+        let consumer = ctx
+            .start_consumer(&db, ConsumerKind::Naive, &Faults::default())
+            .await?;
         let sink = HttpSink::new(&consumer.url)?;
         let mut relay = match design {
             "watermark" => GapRelay::Watermark(WatermarkRelay::default()),
@@ -74,8 +82,14 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
         let session_a = db.connect().await?;
         let session_b = db.connect().await?;
         session_a.batch_execute("BEGIN").await?;
-        let id_a: i64 = session_a.query_one(INSERT_OUTBOX, &[&"A", &json!({"session": "A"})]).await?.get(0);
-        let id_b: i64 = session_b.query_one(INSERT_OUTBOX, &[&"B", &json!({"session": "B"})]).await?.get(0);
+        let id_a: i64 = session_a
+            .query_one(INSERT_OUTBOX, &[&"A", &json!({"session": "A"})])
+            .await?
+            .get(0);
+        let id_b: i64 = session_b
+            .query_one(INSERT_OUTBOX, &[&"B", &json!({"session": "B"})])
+            .await?
+            .get(0);
         outcome.notes.push(format!(
             "[{design}] A inserted id={id_a} (uncommitted), B inserted id={id_b} (committed)"
         ));
@@ -90,8 +104,12 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
 
         let lost = counts::ids(&client, counts::LOST_IDS, &[]).await?;
         let delivered = first.len() + second.len();
-        outcome.metrics.set(format!("{}.delivered", relay.name()), delivered as i64);
-        outcome.metrics.set(format!("{}.lost", relay.name()), lost.len() as i64);
+        outcome
+            .metrics
+            .set(format!("{}.delivered", relay.name()), delivered as i64);
+        outcome
+            .metrics
+            .set(format!("{}.lost", relay.name()), lost.len() as i64);
         table.push(vec![
             relay.name().into(),
             format!("{first:?}"),

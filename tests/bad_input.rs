@@ -1,0 +1,175 @@
+//! Bad input and broken environments: one line on stderr saying what to do, exit 2, and
+//! nothing created.
+
+mod common;
+
+use std::io::Read;
+use std::net::TcpListener;
+
+use common::{outbox_lab, scratch_dir, Run};
+
+fn run(args: &[&str]) -> Run {
+    let results = scratch_dir("bad-input-results");
+    let output = outbox_lab()
+        .args(args)
+        .arg("--results-dir")
+        .arg(&results)
+        .output()
+        .unwrap();
+    Run::from(output)
+}
+
+/// Exit 2 with a single line on stderr containing `needle`, and no JSON on stdout.
+fn assert_usage_error(run: &Run, needle: &str) {
+    assert_eq!(run.code, 2, "stderr: {}", run.stderr);
+    assert_eq!(
+        run.stderr.trim().lines().count(),
+        1,
+        "not one line: {}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains(needle),
+        "'{needle}' not in: {}",
+        run.stderr
+    );
+    assert!(run.stdout.is_empty(), "stdout: {}", run.stdout);
+}
+
+#[test]
+fn unknown_scenario_lists_the_known_ones() {
+    let run = run(&["scenario", "relay-crahs"]);
+    assert_usage_error(&run, "unknown scenario 'relay-crahs'");
+    assert!(run.stderr.contains("relay-crash"));
+}
+
+#[test]
+fn catalogued_but_unbuilt_scenario_says_so() {
+    assert_usage_error(&run(&["scenario", "partial-index"]), "not implemented yet");
+}
+
+#[test]
+fn malformed_database_url() {
+    let run = run(&[
+        "scenario",
+        "dual-write",
+        "--database-url",
+        "postgres://u@localhost:notaport/db",
+    ]);
+    assert_usage_error(&run, "invalid --database-url");
+}
+
+#[test]
+fn unreachable_server() {
+    // Nothing listens on a port we just released.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    assert_usage_error(
+        &run(&["scenario", "dual-write", "--database-url", &url]),
+        "cannot connect to PostgreSQL",
+    );
+}
+
+#[test]
+fn port_taken_by_something_that_is_not_postgres() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!(
+        "postgres://postgres@{}/postgres",
+        listener.local_addr().unwrap()
+    );
+    // Accept and hang up without a word, like a wrong service would.
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut buf = [0u8; 64];
+            let _ = stream.read(&mut buf);
+        }
+    });
+    assert_usage_error(
+        &run(&["scenario", "dual-write", "--database-url", &url]),
+        "cannot connect to PostgreSQL",
+    );
+}
+
+#[test]
+fn crash_after_larger_than_events() {
+    let run = run(&[
+        "scenario",
+        "relay-crash",
+        "--events",
+        "3",
+        "--crash-after",
+        "5",
+    ]);
+    assert_usage_error(&run, "--crash-after 5 must be between 1 and --events (3)");
+}
+
+#[test]
+fn parameter_the_scenario_does_not_take() {
+    assert_usage_error(
+        &run(&["scenario", "dual-write", "--events", "3"]),
+        "has no parameter --events",
+    );
+}
+
+#[test]
+fn missing_postgres_binaries_say_what_to_install() {
+    let run = run(&["scenario", "dual-write", "--pg-bin", "/nonexistent/bin"]);
+    assert_usage_error(&run, "apt-get install postgresql");
+}
+
+#[test]
+fn malformed_scenario_file() {
+    let dir = scratch_dir("bad-toml");
+    std::fs::write(
+        dir.join("relay-crash.toml"),
+        "name = \"relay-crash\"\n[params\nevents = 5\n",
+    )
+    .unwrap();
+    let run = run(&[
+        "scenario",
+        "relay-crash",
+        "--scenarios-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_usage_error(&run, "malformed scenario file");
+    assert!(run.stderr.contains("line 2"), "{}", run.stderr);
+}
+
+#[test]
+fn malformed_expectation_in_scenario_file() {
+    let dir = scratch_dir("bad-check");
+    let text = include_str!("../scenarios/relay-crash.toml")
+        .replace("equals = \"events\"", "equals = \"events +\"");
+    std::fs::write(dir.join("relay-crash.toml"), text).unwrap();
+    let run = run(&[
+        "scenario",
+        "relay-crash",
+        "--scenarios-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_usage_error(&run, "cannot read expression 'events +'");
+}
+
+#[test]
+fn unknown_crash_point_in_a_child_is_rejected() {
+    let out = outbox_lab()
+        .args([
+            "child",
+            "writer",
+            "--database-url",
+            "postgres://x@127.0.0.1/x",
+            "--dbname",
+            "x",
+        ])
+        .args(["--crash-at", "writer-after-lunch"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown crash point 'writer-after-lunch'")
+    );
+}

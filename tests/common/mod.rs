@@ -1,0 +1,157 @@
+//! What the integration tests share: the binary, one throwaway cluster per test binary (each
+//! test works in databases of its own on it), and reading a run's JSON result.
+
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::{Mutex, OnceLock};
+
+use outbox_lab::cluster::{Cluster, PgBinaries};
+use serde_json::Value;
+
+static CLUSTER: OnceLock<Mutex<Option<Cluster>>> = OnceLock::new();
+static URL: OnceLock<String> = OnceLock::new();
+
+/// Statics are never dropped: stop the shared cluster when the test binary exits.
+extern "C" fn stop_shared_cluster() {
+    if let Some(cluster) = CLUSTER.get() {
+        if let Ok(mut cluster) = cluster.lock() {
+            cluster.take();
+        }
+    }
+}
+
+/// The maintenance URL of this test binary's throwaway cluster, started on first use.
+pub fn server_url() -> &'static str {
+    URL.get_or_init(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let bins = PgBinaries::find(None).expect("PostgreSQL binaries (run scripts/setup)");
+        let cluster = runtime
+            .block_on(Cluster::start(&bins, false))
+            .expect("throwaway cluster");
+        let url = cluster.url();
+        CLUSTER
+            .set(Mutex::new(Some(cluster)))
+            .expect("started once");
+        // SAFETY: registers a plain function; it runs once at process exit.
+        unsafe { libc::atexit(stop_shared_cluster) };
+        url
+    })
+}
+
+pub fn outbox_lab() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_outbox-lab"))
+}
+
+/// A directory of this test run's own.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A finished outbox-lab run.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn from(output: Output) -> Run {
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not one JSON document ({e}):\n{}\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+
+    /// A metric of a single-scenario JSON result, as an integer.
+    pub fn metric(&self, name: &str) -> i64 {
+        let json = self.json();
+        json["metrics"][name].as_i64().unwrap_or_else(|| {
+            panic!(
+                "metric {name} missing or not an integer in {}",
+                json["metrics"]
+            )
+        })
+    }
+
+    pub fn metric_f64(&self, name: &str) -> f64 {
+        self.json()["metrics"][name]
+            .as_f64()
+            .unwrap_or_else(|| panic!("metric {name} missing"))
+    }
+
+    pub fn metric_str(&self, name: &str) -> String {
+        self.json()["metrics"][name]
+            .as_str()
+            .unwrap_or_else(|| panic!("metric {name} missing"))
+            .into()
+    }
+
+    pub fn failed_checks(&self) -> Vec<String> {
+        self.json()["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["pass"] != Value::Bool(true))
+            .map(|c| c.to_string())
+            .collect()
+    }
+}
+
+/// `outbox-lab scenario NAME ARGS --format json` against this binary's cluster.
+pub fn scenario(name: &str, args: &[&str]) -> Run {
+    let results = scratch_dir(&format!("results-{name}"));
+    let output = outbox_lab()
+        .args([
+            "scenario",
+            name,
+            "--format",
+            "json",
+            "--database-url",
+            server_url(),
+        ])
+        .arg("--results-dir")
+        .arg(&results)
+        .args(args)
+        .output()
+        .expect("outbox-lab runs");
+    Run::from(output)
+}
+
+/// Runs a query against a database of the shared cluster.
+pub fn query_i64(dbname: &str, sql: &str) -> i64 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let db = outbox_lab::db::Database {
+            server_url: server_url().to_string(),
+            name: dbname.to_string(),
+        };
+        let client = db.connect().await.expect("connect");
+        client
+            .query_one(sql, &[])
+            .await
+            .expect(sql)
+            .get::<_, i64>(0)
+    })
+}

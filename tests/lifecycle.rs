@@ -1,0 +1,209 @@
+//! The throwaway cluster: nothing of ours is left behind after a run that passes, a run whose
+//! check fails, a run stopped with Ctrl-C, and (by the next run) a run killed with SIGKILL.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{outbox_lab, scratch_dir, Run};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// Cluster directories created by the outbox-lab process `pid`.
+fn cluster_dirs_of(pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("outbox-lab-pg-{pid}-");
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// The postmaster's pid, once the cluster in `dir` is ready.
+fn ready_postmaster(dir: &Path) -> Option<i32> {
+    let pid_file = std::fs::read_to_string(dir.join("data/postmaster.pid")).ok()?;
+    let mut lines = pid_file.lines();
+    let pid = lines.next()?.trim().parse().ok()?;
+    (pid_file.lines().nth(7).map(str::trim) == Some("ready")).then_some(pid)
+}
+
+/// True while `pid` runs (a zombie does not count).
+fn alive(pid: i32) -> bool {
+    kill(Pid::from_raw(pid), None).is_ok()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+}
+
+/// Processes whose command line mentions `needle` (our children carry the cluster's port).
+fn processes_mentioning(needle: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains(needle)
+        })
+        .collect()
+}
+
+/// Starts a long scenario on its own cluster, waits until it is under way, and returns the child, its cluster directory and the postmaster's pid.
+#[allow(clippy::zombie_processes)] // returned to the caller, which waits for it
+fn start_long_run() -> (Child, PathBuf, i32) {
+    let results = scratch_dir("lifecycle-long");
+    let mut child = outbox_lab()
+        .args([
+            "scenario",
+            "retry-backoff",
+            "--format",
+            "json",
+            "--results-dir",
+        ])
+        .arg(&results)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("cluster never became ready");
+        }
+        if let Some(dir) = cluster_dirs_of(child.id()).pop() {
+            if let Some(postmaster) = ready_postmaster(&dir) {
+                // Let the scenario get under way: children running, databases created.
+                std::thread::sleep(Duration::from_millis(800));
+                return (child, dir, postmaster);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn port_of(dir: &Path) -> String {
+    let marker = std::fs::read_to_string(dir.join("outbox-lab-cluster.json")).unwrap();
+    let marker: serde_json::Value = serde_json::from_str(&marker).unwrap();
+    format!("127.0.0.1:{}", marker["port"])
+}
+
+fn wait_gone(pid: i32) -> bool {
+    let started = Instant::now();
+    while alive(pid) && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    !alive(pid)
+}
+
+/// A passing run removes its cluster.
+#[test]
+fn passing_run_removes_its_cluster() {
+    let child = outbox_lab()
+        .args(["scenario", "outbox-atomicity", "--results-dir"])
+        .arg(scratch_dir("lifecycle-pass"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let run = Run::from(child.wait_with_output().unwrap());
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("outbox-atomicity: 6 of 6 checks pass"),
+        "{}",
+        run.stdout
+    );
+    assert!(cluster_dirs_of(pid).is_empty());
+}
+
+/// A run whose check fails exits 1, says which check, and removes its cluster.
+#[test]
+fn failing_check_exits_1_and_removes_its_cluster() {
+    let dir = scratch_dir("lifecycle-fail");
+    let text = include_str!("../scenarios/dual-write.toml").replacen(
+        "equals = \"3\"",
+        "equals = \"4\"",
+        1,
+    );
+    std::fs::write(dir.join("dual-write.toml"), text).unwrap();
+    let child = outbox_lab()
+        .args(["scenario", "dual-write", "--scenarios-dir"])
+        .arg(&dir)
+        .arg("--results-dir")
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let run = Run::from(child.wait_with_output().unwrap());
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(run.stdout.contains("FAIL"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("dual-write: 7 of 8 checks pass"),
+        "{}",
+        run.stdout
+    );
+    assert!(cluster_dirs_of(pid).is_empty());
+}
+
+/// Ctrl-C mid-scenario: exit 130, the cluster, its directory and every child are gone.
+#[test]
+fn sigint_cleans_up_cluster_and_children() {
+    let (mut child, dir, postmaster) = start_long_run();
+    let port = port_of(&dir);
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        wait_gone(postmaster),
+        "postmaster {postmaster} still running"
+    );
+    assert!(!dir.exists(), "{} left behind", dir.display());
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        processes_mentioning(&port),
+        Vec::<i32>::new(),
+        "children of the run still running"
+    );
+}
+
+/// SIGKILL leaves the cluster behind (nothing else can run); the next run removes it.
+#[test]
+fn cluster_of_a_killed_run_is_removed_by_the_next_run() {
+    let (mut child, dir, postmaster) = start_long_run();
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    assert!(dir.exists(), "a SIGKILLed run cannot clean up");
+    let next = outbox_lab()
+        .args([
+            "scenario",
+            "outbox-atomicity",
+            "--format",
+            "json",
+            "--results-dir",
+        ])
+        .arg(scratch_dir("lifecycle-next"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        next.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&next.stderr)
+    );
+    assert!(
+        wait_gone(postmaster),
+        "postmaster {postmaster} of the killed run still running"
+    );
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}

@@ -1,0 +1,236 @@
+//! Every scenario against a real PostgreSQL, asserting the figures it measured there.
+
+mod common;
+
+use common::{query_i64, scenario};
+
+/// dual-write: 3 orders, 3 shipments, 2 ghost shipments, 2 orders never shipped, path by path.
+#[test]
+fn dual_write_reproduces_ghosts_and_missing_shipments() {
+    let run = scenario("dual-write", &[]);
+    assert_eq!(
+        run.code,
+        0,
+        "{}{}",
+        run.stderr,
+        run.failed_checks().join("\n")
+    );
+    assert_eq!(run.metric("orders"), 3);
+    assert_eq!(run.metric("shipments"), 3);
+    assert_eq!(run.metric("ghost_shipments"), 2);
+    assert_eq!(run.metric("orders_without_shipment"), 2);
+    assert_eq!(run.metric("send-then-crash.order_committed"), 0);
+    assert_eq!(run.metric("send-then-crash.shipment_created"), 1);
+    assert_eq!(run.metric("crash-after-commit.order_committed"), 1);
+    assert_eq!(run.metric("crash-after-commit.shipment_created"), 0);
+    assert!(run
+        .metric_str("consumer-down.ended")
+        .contains("Connection refused"));
+    assert_eq!(
+        run.metric_str("send-then-crash.ended"),
+        "crashed at writer-after-send-before-commit"
+    );
+}
+
+/// outbox-atomicity: ROLLBACK and a crash before COMMIT leave nothing; COMMIT leaves both rows.
+#[test]
+fn outbox_atomicity_leaves_nothing_or_both() {
+    let run = scenario("outbox-atomicity", &[]);
+    assert_eq!(
+        run.code,
+        0,
+        "{}{}",
+        run.stderr,
+        run.failed_checks().join("\n")
+    );
+    for (metric, expected) in [
+        ("rollback.orders", 0),
+        ("rollback.outbox", 0),
+        ("crash.orders", 0),
+        ("crash.outbox", 0),
+        ("commit.orders", 1),
+        ("commit.outbox", 1),
+    ] {
+        assert_eq!(run.metric(metric), expected, "{metric}");
+    }
+    assert_eq!(
+        run.metric_str("crash.writer"),
+        "crashed at writer-after-insert-before-commit"
+    );
+}
+
+/// relay-crash, the article's case: 8 received, 5 distinct, naive ships 3 orders twice.
+#[test]
+fn relay_crash_default_matches_the_article() {
+    let run = scenario("relay-crash", &[]);
+    assert_eq!(
+        run.code,
+        0,
+        "{}{}",
+        run.stderr,
+        run.failed_checks().join("\n")
+    );
+    assert_eq!(run.metric("naive.received"), 8);
+    assert_eq!(run.metric("naive.distinct_events"), 5);
+    assert_eq!(run.metric("naive.orders_shipped_twice"), 3);
+    assert_eq!(run.metric("naive.shipments"), 8);
+    assert_eq!(run.metric("idempotent.received"), 8);
+    assert_eq!(run.metric("idempotent.shipments"), 5);
+    assert_eq!(run.metric("idempotent.orders_shipped_twice"), 0);
+    assert_eq!(run.metric("lost"), 0);
+}
+
+/// relay-crash generalised: received = N + K, and the database kept with --keep agrees.
+#[test]
+fn relay_crash_other_parameters_counted_in_the_kept_database() {
+    let run = scenario(
+        "relay-crash",
+        &["--events", "20", "--crash-after", "7", "--keep"],
+    );
+    assert_eq!(
+        run.code,
+        0,
+        "{}{}",
+        run.stderr,
+        run.failed_checks().join("\n")
+    );
+    assert_eq!(run.metric("naive.received"), 27);
+    assert_eq!(run.metric("naive.orders_shipped_twice"), 7);
+    assert_eq!(run.metric("idempotent.shipments"), 20);
+    let kept: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("kept database "))
+        .collect();
+    let naive = kept
+        .iter()
+        .find(|n| n.ends_with("_naive"))
+        .expect("naive database kept");
+    let idempotent = kept
+        .iter()
+        .find(|n| n.ends_with("_idempotent"))
+        .expect("idempotent database kept");
+    assert_eq!(
+        query_i64(naive, "SELECT count(*) FROM consumer.shipments"),
+        27
+    );
+    assert_eq!(
+        query_i64(
+            naive,
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+        ),
+        0
+    );
+    assert_eq!(
+        query_i64(idempotent, "SELECT count(*) FROM consumer.shipments"),
+        20
+    );
+    assert_eq!(
+        query_i64(idempotent, "SELECT count(*) FROM consumer.processed_events"),
+        20
+    );
+    assert_eq!(
+        query_i64(idempotent, "SELECT count(*) FROM consumer.receipts"),
+        27
+    );
+}
+
+/// retry-backoff: 3 and 2 attempts, ~200/400 ms gaps, one dead letter that requeue delivers.
+#[test]
+fn retry_backoff_retries_then_dead_letters() {
+    let run = scenario("retry-backoff", &[]);
+    assert_eq!(
+        run.code,
+        0,
+        "{}{}",
+        run.stderr,
+        run.failed_checks().join("\n")
+    );
+    assert_eq!(run.metric("event1.attempts"), 3);
+    assert_eq!(run.metric("event2.attempts"), 2);
+    assert_eq!(run.metric("published"), 2);
+    assert_eq!(run.metric("sent_total"), 2);
+    assert!(run.metric_f64("event1.gap1_ms") >= 200.0);
+    assert!(run.metric_f64("event1.gap2_ms") >= 400.0);
+    assert_eq!(run.metric("dead_letter"), 1);
+    assert_eq!(run.metric("dead_letter.attempts"), 5);
+    assert_eq!(run.metric("dead_letter.refetched"), 0);
+    assert_eq!(run.metric("requeued"), 1);
+    assert_eq!(run.metric("requeued_delivered"), 1);
+}
+
+/// retry-backoff with one injected failure: the article's figures no longer hold (exit 1), and
+/// the measured attempts follow the new parameters.
+#[test]
+fn retry_backoff_other_parameters_say_not_reproduced() {
+    let dir = common::scratch_dir("retry-one-failure");
+    let text =
+        include_str!("../scenarios/retry-backoff.toml").replace("fail_next = 3", "fail_next = 1");
+    std::fs::write(dir.join("retry-backoff.toml"), text).unwrap();
+    let run = scenario("retry-backoff", &["--scenarios-dir", dir.to_str().unwrap()]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(run.metric("event1.attempts"), 2);
+    assert_eq!(run.metric("event2.attempts"), 1);
+    assert_eq!(run.metric("published"), 2);
+    assert!(!run.failed_checks().is_empty());
+}
+
+/// watermark-gap: the id watermark loses A's row; published_at and the xid8 watermark do not.
+#[test]
+fn watermark_gap_loses_exactly_the_late_commit() {
+    let run = scenario("watermark-gap", &[]);
+    assert_eq!(
+        run.code,
+        0,
+        "{}{}",
+        run.stderr,
+        run.failed_checks().join("\n")
+    );
+    assert_eq!(run.metric("watermark.delivered"), 1);
+    assert_eq!(run.metric("watermark.lost"), 1);
+    assert_eq!(run.metric("published_at.delivered"), 2);
+    assert_eq!(run.metric("published_at.lost"), 0);
+    assert_eq!(run.metric("xid8.delivered"), 2);
+    assert_eq!(run.metric("xid8.lost"), 0);
+}
+
+/// `requeue` as a user runs it: dead letters get their attempts back.
+#[test]
+fn requeue_command_resets_attempts() {
+    let run = scenario("outbox-atomicity", &["--keep"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let db = run
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("kept database "))
+        .unwrap()
+        .to_string();
+    let url = format!("{}/{db}", server_url_base());
+    let dead = "UPDATE outbox SET attempts = 5";
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = outbox_lab::db::connect(&outbox_lab::db::parse_url(&url).unwrap())
+            .await
+            .unwrap();
+        client.batch_execute(dead).await.unwrap();
+    });
+    let out = common::outbox_lab()
+        .args(["requeue", "--database-url", &url])
+        .output()
+        .unwrap();
+    let requeue = common::Run::from(out);
+    assert_eq!(requeue.code, 0, "{}", requeue.stderr);
+    assert!(requeue.stdout.contains("requeued 1 "), "{}", requeue.stdout);
+    assert_eq!(
+        query_i64(&db, "SELECT count(*) FROM outbox WHERE attempts = 0"),
+        1
+    );
+}
+
+fn server_url_base() -> String {
+    let url = common::server_url();
+    url.rsplit_once('/').unwrap().0.to_string()
+}
