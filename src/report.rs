@@ -112,7 +112,9 @@ impl Table {
                 column.set_cell_alignment(CellAlignment::Right);
             }
         }
-        table.to_string()
+        // comfy-table pads the last column; psql does not.
+        let text = table.to_string();
+        text.lines().map(str::trim_end).collect::<Vec<_>>().join("\n")
     }
 }
 
