@@ -9,10 +9,12 @@
 use std::fmt;
 use std::io::Write;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 use uuid::Uuid;
@@ -20,8 +22,8 @@ use uuid::Uuid;
 use crate::consumer::{self, ConsumerKind, Faults};
 use crate::crash::{self, CrashPlan};
 use crate::db::Database;
-use crate::relay::{Relay, RelayConfig};
-use crate::sink::HttpSink;
+use crate::relay::{Partition, Relay, RelayConfig, Wakeup};
+use crate::sink::{HttpSink, Sink};
 use crate::writer::{self, DualWriteOrder, Ending};
 
 /// Exit status of a child that died at its crash point (`_exit(1)`).
@@ -65,14 +67,24 @@ impl Target {
 
 #[derive(Debug, Subcommand)]
 enum Role {
-    /// Creates orders, each with its outbox row in the same transaction.
+    /// Creates orders, each with its outbox rows in the same transaction.
     Writer {
         #[command(flatten)]
         target: Target,
         #[arg(long, default_value_t = 1)]
         orders: u32,
+        #[arg(long, default_value_t = 1)]
+        events_per_order: u32,
         #[arg(long, value_enum, default_value = "commit")]
         ending: Ending,
+        /// Pace the orders this far apart on average (jittered ±50%, seeded).
+        #[arg(long)]
+        interval_ms: Option<u64>,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Instead of --orders: write as fast as possible for this long.
+        #[arg(long)]
+        duration_ms: Option<u64>,
     },
     /// The naive app: INSERT the order and POST the event itself.
     NaiveApp {
@@ -89,10 +101,11 @@ enum Role {
         #[arg(long, value_enum, default_value = "commit")]
         ending: Ending,
     },
-    /// The article's relay, until the outbox is drained.
+    /// The article's relay: drains the outbox and exits, or follows it until killed.
     Relay {
         #[command(flatten)]
         target: Target,
+        /// http://… (the consumer) or redis://… (a stream per aggregate type).
         #[arg(long)]
         sink: String,
         #[arg(long)]
@@ -105,6 +118,20 @@ enum Role {
         backoff_ms: u64,
         #[arg(long)]
         deadline_ms: u64,
+        /// i/N: only aggregates with abs(hashtext(aggregate_id)) % N = i.
+        #[arg(long)]
+        partition: Option<Partition>,
+        /// The head-of-line guard (NOT EXISTS an earlier undelivered event of the aggregate).
+        #[arg(long)]
+        guard: bool,
+        /// Keep delivering until killed, waking up by poll:MS or notify:MS.
+        #[arg(long)]
+        follow: Option<Wakeup>,
+        /// Aggregates delivered to at once over HTTP.
+        #[arg(long, default_value_t = 1)]
+        in_flight: usize,
+        #[arg(long, default_value = "")]
+        stream_prefix: String,
     },
     /// The HTTP consumer; prints `listening URL` and serves until killed.
     Consumer {
@@ -140,11 +167,34 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
         Role::Writer {
             target,
             orders,
+            events_per_order,
             ending,
+            interval_ms,
+            seed,
+            duration_ms,
         } => {
             let mut client = target.connect().await?;
-            for customer_id in 1..=i64::from(orders) {
-                writer::create_order_with_event(&mut client, customer_id, ending).await?;
+            let mut rng = StdRng::seed_from_u64(seed);
+            let until = duration_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+            for customer_id in 1.. {
+                let done = match until {
+                    Some(until) => Instant::now() >= until,
+                    None => customer_id > i64::from(orders),
+                };
+                if done {
+                    break;
+                }
+                if let Some(ms) = interval_ms.filter(|_| customer_id > 1) {
+                    let jittered_ms = ms as f64 * rng.random_range(0.5..1.5);
+                    tokio::time::sleep(Duration::from_secs_f64(jittered_ms / 1000.0)).await;
+                }
+                writer::create_order_with_events(
+                    &mut client,
+                    customer_id,
+                    events_per_order,
+                    ending,
+                )
+                .await?;
             }
         }
         Role::NaiveApp {
@@ -167,17 +217,29 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             max_attempts,
             backoff_ms,
             deadline_ms,
+            partition,
+            guard,
+            follow,
+            in_flight,
+            stream_prefix,
         } => {
             let config = RelayConfig {
                 batch,
                 max_attempts,
                 backoff_base: Duration::from_millis(backoff_ms),
                 deadline: Duration::from_millis(deadline_ms),
+                partition,
+                head_of_line_guard: guard,
                 ..RelayConfig::default()
             };
-            let client = target.connect().await?;
-            let mut relay = Relay::new(client, HttpSink::new(&sink)?, config, Some(name));
-            relay.run_until_drained().await?;
+            let sink = Sink::connect(&sink, in_flight, &stream_prefix).await?;
+            let listen = matches!(follow, Some(Wakeup::Notify { .. }));
+            let db = target.database().config()?;
+            let mut relay = Relay::connect(&db, sink, config, Some(name), listen).await?;
+            match follow {
+                Some(wakeup) => relay.follow(wakeup).await?,
+                None => drop(relay.run_until_drained().await?),
+            }
         }
         Role::Consumer {
             target,
@@ -273,6 +335,11 @@ impl ChildCommand {
     pub fn arg(mut self, name: &str, value: impl fmt::Display) -> ChildCommand {
         self.args.push(format!("--{name}"));
         self.args.push(value.to_string());
+        self
+    }
+
+    pub fn flag(mut self, name: &str) -> ChildCommand {
+        self.args.push(format!("--{name}"));
         self
     }
 

@@ -8,12 +8,13 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::child::{self, ChildArgs};
-use crate::cluster;
 use crate::crash::CrashPoint;
 use crate::db::{self, PgServer, ServerChoice};
+use crate::redis_server::Redis;
 use crate::relay;
 use crate::report::{Report, Table};
 use crate::scenarios::{self, Overrides, Scenario};
+use crate::throwaway;
 
 /// Exit statuses, in one place.
 pub mod exit {
@@ -90,6 +91,10 @@ struct ScenarioArgs {
     /// only databases named outboxlab_* there.
     #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
     database_url: Option<String>,
+    /// Use this Redis instead of a private redis-server; outbox-lab only touches keys named
+    /// outboxlab:<run>:* there.
+    #[arg(long, env = "OUTBOX_LAB_REDIS_URL")]
+    redis_url: Option<String>,
     /// Leave the throwaway cluster and the scenario databases in place, and print how to reach them.
     #[arg(long)]
     keep: bool,
@@ -122,7 +127,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::CrashPoints => crash_points(),
         Command::Requeue { database_url } => requeue(&database_url).await,
         Command::Clean => {
-            for dir in cluster::clean() {
+            for dir in throwaway::clean() {
                 println!("removed {}", dir.display());
             }
             Ok(ExitCode::from(exit::OK))
@@ -205,11 +210,12 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
         server = PgServer::open(&choice, &run_id) => server?,
         by = interrupted() => return Err(Interrupted(by).into()),
     };
+    let redis = Redis::new(args.redis_url.as_deref(), &run_id, args.keep);
     let results = args.results_dir.join(&run_id);
     let runs = async {
         let mut reports = Vec::new();
         for p in &prepared {
-            let report = scenarios::run(&server, p).await?;
+            let report = scenarios::run(&server, &redis, p).await?;
             report.write_files(&results)?;
             if args.format == Format::Text {
                 println!("{}", report.render_text());
@@ -222,9 +228,10 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
         reports = runs => reports,
         by = interrupted() => Err(Interrupted(by).into()),
     };
-    let closed = server.close().await;
+    let closed = (server.close().await, redis.close().await);
     let reports = outcome?;
-    closed?;
+    closed.0?;
+    closed.1?;
 
     let passed = reports.iter().all(Report::passed);
     match args.format {

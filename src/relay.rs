@@ -11,9 +11,15 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use tokio_postgres::Client;
 
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Notification;
+
 use crate::crash::{self, CrashPoint};
+use crate::db;
 use crate::event::Event;
-use crate::sink::HttpSink;
+use crate::schema;
+use crate::sink::{HttpSink, Sink};
 
 /// The article's fetch: due, undelivered rows under the attempt limit, oldest first, locked so
 /// that concurrent relays take different rows.
@@ -26,6 +32,29 @@ SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload
  ORDER BY id
  LIMIT $2
  FOR UPDATE SKIP LOCKED";
+
+/// The article's partitioning, added to the fetch: relay $3 of $4 takes only its aggregates.
+pub const PARTITION_FILTER: &str = "
+   AND abs(hashtext(aggregate_id)) % $4 = $3";
+
+/// The article's head-of-line guard, added to the fetch: no event overtakes an undelivered
+/// earlier event of its aggregate (at the price of blocking the aggregate behind it).
+pub const HEAD_OF_LINE_GUARD: &str = "
+   AND NOT EXISTS (SELECT 1 FROM outbox o2
+                    WHERE o2.aggregate_id = outbox.aggregate_id
+                      AND o2.published_at IS NULL AND o2.id < outbox.id)";
+
+/// The fetch of a relay: the article's statement with the filters its design adds before ORDER BY.
+pub fn fetch_statement(partitioned: bool, guarded: bool) -> String {
+    let (filters, order_and_lock) = FETCH_BATCH.split_at(
+        FETCH_BATCH
+            .find("\n ORDER BY")
+            .expect("FETCH_BATCH has ORDER BY"),
+    );
+    let partition = if partitioned { PARTITION_FILTER } else { "" };
+    let guard = if guarded { HEAD_OF_LINE_GUARD } else { "" };
+    format!("{filters}{partition}{guard}{order_and_lock}")
+}
 
 /// One statement for the whole batch's deliveries.
 pub const MARK_PUBLISHED: &str = "
@@ -77,6 +106,71 @@ SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload, xid::tex
    AND xid < pg_snapshot_xmin(pg_current_snapshot())
  ORDER BY xid, id";
 
+/// Relay `index` of `count` relays that split the aggregates between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partition {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl std::str::FromStr for Partition {
+    type Err = String;
+
+    /// `i/N`, e.g. `0/4`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let parsed = s
+            .split_once('/')
+            .and_then(|(i, n)| Some((i.parse().ok()?, n.parse().ok()?)));
+        match parsed {
+            Some((index, count)) if index < count => Ok(Partition { index, count }),
+            _ => Err(format!("'{s}' is not a partition i/N with i < N")),
+        }
+    }
+}
+
+impl std::fmt::Display for Partition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+/// How a following relay learns that there is something to deliver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wakeup {
+    /// Poll again after this long.
+    Poll(Duration),
+    /// LISTEN on [`schema::NOTIFY_CHANNEL`]; poll anyway after `fallback` (notifications sent
+    /// while not listening, e.g. during a reconnect, are lost).
+    Notify { fallback: Duration },
+}
+
+impl std::str::FromStr for Wakeup {
+    type Err = String;
+
+    /// `poll:1000` (milliseconds) or `notify:1000` (fallback poll in milliseconds).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let parsed = s
+            .split_once(':')
+            .and_then(|(mode, ms)| Some((mode, ms.parse::<u64>().ok()?)));
+        match parsed {
+            Some(("poll", ms)) => Ok(Wakeup::Poll(Duration::from_millis(ms))),
+            Some(("notify", ms)) => Ok(Wakeup::Notify {
+                fallback: Duration::from_millis(ms),
+            }),
+            _ => Err(format!("'{s}' is not poll:MS or notify:MS")),
+        }
+    }
+}
+
+impl std::fmt::Display for Wakeup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Wakeup::Poll(every) => write!(f, "poll:{}", every.as_millis()),
+            Wakeup::Notify { fallback } => write!(f, "notify:{}", fallback.as_millis()),
+        }
+    }
+}
+
 /// How the article's relay behaves.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
@@ -90,6 +184,10 @@ pub struct RelayConfig {
     pub idle_poll: Duration,
     /// Draining gives up after this long (a bound, so a stuck run cannot hang the harness).
     pub deadline: Duration,
+    /// Only this relay's share of the aggregates, when several relays split them.
+    pub partition: Option<Partition>,
+    /// Skip events whose aggregate has an earlier undelivered event.
+    pub head_of_line_guard: bool,
 }
 
 impl Default for RelayConfig {
@@ -100,6 +198,8 @@ impl Default for RelayConfig {
             backoff_base: Duration::from_millis(200),
             idle_poll: Duration::from_millis(10),
             deadline: Duration::from_secs(60),
+            partition: None,
+            head_of_line_guard: false,
         }
     }
 }
@@ -114,52 +214,82 @@ pub struct BatchOutcome {
 
 /// The article's polling relay, with its row locks held while it delivers.
 pub struct Relay {
+    db: tokio_postgres::Config,
     client: Client,
-    sink: HttpSink,
+    /// Notifications of the listening connection, when the relay waits for NOTIFY.
+    notifications: Option<UnboundedReceiver<Notification>>,
+    sink: Sink,
     config: RelayConfig,
+    fetch: String,
     /// Prints the article's log lines (`[relay 0] ...`) to stdout when set; children do.
     log_name: Option<String>,
 }
 
 impl Relay {
-    pub fn new(
-        client: Client,
-        sink: HttpSink,
+    /// Connects; with `listen`, the connection also LISTENs for the NOTIFY trigger.
+    pub async fn connect(
+        db: &tokio_postgres::Config,
+        sink: Sink,
         config: RelayConfig,
         log_name: Option<String>,
-    ) -> Relay {
-        Relay {
+        listen: bool,
+    ) -> Result<Relay> {
+        let (client, notifications) = open_connection(db, listen).await?;
+        let fetch = fetch_statement(config.partition.is_some(), config.head_of_line_guard);
+        Ok(Relay {
+            db: db.clone(),
             client,
+            notifications,
             sink,
             config,
+            fetch,
             log_name,
-        }
+        })
     }
 
     /// Fetch, deliver and mark one batch in one transaction.
     pub async fn deliver_batch(&mut self) -> Result<BatchOutcome> {
         let tx = self.client.transaction().await?;
-        let rows = tx
-            .query(
-                FETCH_BATCH,
-                &[&self.config.max_attempts, &self.config.batch],
-            )
-            .await?;
+        let rows = match self.config.partition {
+            None => {
+                tx.query(
+                    &self.fetch,
+                    &[&self.config.max_attempts, &self.config.batch],
+                )
+                .await?
+            }
+            Some(p) => {
+                let (index, count) = (p.index as i32, p.count as i32);
+                let params: [&(dyn ToSql + Sync); 4] = [
+                    &self.config.max_attempts,
+                    &self.config.batch,
+                    &index,
+                    &count,
+                ];
+                tx.query(&self.fetch, &params).await?
+            }
+        };
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(BatchOutcome::default());
+        }
+        crash::point(CrashPoint::RelayAfterFetchBeforeSend);
+        let events: Vec<Event> = rows.iter().map(Event::from_outbox_row).collect();
+        let results = self
+            .sink
+            .deliver(&events, || {
+                crash::point(CrashPoint::RelayAfterSendBeforeMark)
+            })
+            .await;
         let mut outcome = BatchOutcome {
             fetched: rows.len(),
             ..Default::default()
         };
         let mut delivered: Vec<i64> = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let event = Event::from_outbox_row(row);
+        for (event, result) in events.iter().zip(results) {
             let id = event.outbox_id.expect("outbox rows have ids");
-            crash::point(CrashPoint::RelayAfterFetchBeforeSend);
-            match self.sink.send(&event).await {
-                Ok(()) => {
-                    delivered.push(id);
-                    outcome.sent += 1;
-                    crash::point(CrashPoint::RelayAfterSendBeforeMark);
-                }
+            match result {
+                Ok(()) => delivered.push(id),
                 Err(e) => {
                     let error = format!("{e:#}");
                     log_line(
@@ -172,6 +302,7 @@ impl Relay {
                 }
             }
         }
+        outcome.sent = delivered.len();
         if !delivered.is_empty() {
             tx.execute(MARK_PUBLISHED, &[&delivered]).await?;
         }
@@ -218,6 +349,57 @@ impl Relay {
             tokio::time::sleep(wait).await;
         }
     }
+
+    /// Delivers what arrives, waking up as `wakeup` says, until the process is stopped.
+    pub async fn follow(&mut self, wakeup: Wakeup) -> Result<()> {
+        loop {
+            let outcome = self.deliver_batch().await?;
+            if outcome.fetched as i64 >= self.config.batch {
+                continue; // more may be waiting
+            }
+            match wakeup {
+                Wakeup::Poll(every) => tokio::time::sleep(every).await,
+                Wakeup::Notify { fallback } => self.wait_for_notify(fallback).await?,
+            }
+        }
+    }
+
+    /// Waits for a notification or the fallback; re-LISTENs if the connection was lost.
+    async fn wait_for_notify(&mut self, fallback: Duration) -> Result<()> {
+        let notifications = self.notifications.as_mut().expect("connected with listen");
+        match tokio::time::timeout(fallback, notifications.recv()).await {
+            Ok(Some(_)) => {
+                // One fetch serves every notification that arrived meanwhile.
+                while notifications.try_recv().is_ok() {}
+            }
+            Ok(None) => {
+                log_line(
+                    self.log_name.as_deref(),
+                    format_args!("connection lost, listening again"),
+                );
+                let (client, notifications) = open_connection(&self.db, true).await?;
+                self.client = client;
+                self.notifications = notifications;
+            }
+            Err(_) => {} // fallback poll
+        }
+        Ok(())
+    }
+}
+
+/// A connection, LISTENing when asked.
+async fn open_connection(
+    db: &tokio_postgres::Config,
+    listen: bool,
+) -> Result<(Client, Option<UnboundedReceiver<Notification>>)> {
+    if !listen {
+        return Ok((db::connect(db).await?, None));
+    }
+    let (client, notifications) = db::connect_listening(db).await?;
+    client
+        .batch_execute(&format!("LISTEN {}", schema::NOTIFY_CHANNEL))
+        .await?;
+    Ok((client, Some(notifications)))
 }
 
 /// The article's relay log line (`[relay 0] ...`), for relays that have a name.

@@ -61,6 +61,21 @@ CREATE TABLE consumer.shipments (
 pub const ADD_WRITER_XID: &str =
     "ALTER TABLE outbox ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id()";
 
+/// The channel the relay LISTENs on.
+pub const NOTIFY_CHANNEL: &str = "outbox_new";
+
+/// The article's statement trigger: one notification per inserting statement, delivered at
+/// COMMIT (and only then), so a woken relay never finds an uncommitted row.
+pub const NOTIFY_TRIGGER: &str = "
+CREATE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_notify('outbox_new', ''); RETURN NULL; END $$;
+CREATE TRIGGER outbox_notify_trg AFTER INSERT ON outbox
+  FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify();";
+
+pub const DROP_NOTIFY_TRIGGER: &str = "
+DROP TRIGGER outbox_notify_trg ON outbox;
+DROP FUNCTION outbox_notify();";
+
 pub async fn create(client: &Client) -> Result<()> {
     client
         .batch_execute(CREATE)

@@ -15,8 +15,16 @@ pub const INSERT_ORDER: &str =
 
 pub const INSERT_OUTBOX: &str = "
 INSERT INTO outbox(aggregate_type, aggregate_id, event_type, payload)
-VALUES ('orders', $1, 'OrderCreated', $2)
+VALUES ('orders', $1, $2, $3)
 RETURNING id, event_id";
+
+/// The n-th event (1-based) of an order: OrderCreated, then OrderUpdated2, OrderUpdated3, ...
+pub fn event_type(n: u32) -> String {
+    match n {
+        1 => "OrderCreated".into(),
+        n => format!("OrderUpdated{n}"),
+    }
+}
 
 /// How the business transaction ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -34,23 +42,23 @@ pub enum DualWriteOrder {
     SendFirst,
 }
 
-fn order_payload(order_id: i64) -> serde_json::Value {
-    json!({ "order_id": order_id, "amount": "1200" })
-}
-
-/// The outbox way: the order and its event in one transaction; nothing is sent here.
-pub async fn create_order_with_event(
+/// The outbox way: the order and its events in one transaction; nothing is sent here.
+pub async fn create_order_with_events(
     client: &mut Client,
     customer_id: i64,
+    events_per_order: u32,
     ending: Ending,
 ) -> Result<i64> {
     let tx = client.transaction().await?;
     let order_id: i64 = tx.query_one(INSERT_ORDER, &[&customer_id]).await?.get(0);
-    tx.execute(
-        INSERT_OUTBOX,
-        &[&order_id.to_string(), &order_payload(order_id)],
-    )
-    .await?;
+    for n in 1..=events_per_order {
+        let payload = json!({ "order_id": order_id, "amount": "1200", "seq": n });
+        tx.execute(
+            INSERT_OUTBOX,
+            &[&order_id.to_string(), &event_type(n), &payload],
+        )
+        .await?;
+    }
     crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
     end(tx, ending).await?;
     Ok(order_id)
@@ -80,8 +88,8 @@ pub async fn dual_write(
         outbox_id: None,
         aggregate_type: "orders".into(),
         aggregate_id: order_id.to_string(),
-        event_type: "OrderCreated".into(),
-        payload: order_payload(order_id),
+        event_type: event_type(1),
+        payload: json!({ "order_id": order_id, "amount": "1200" }),
     };
     match order {
         DualWriteOrder::CommitFirst => {

@@ -18,6 +18,7 @@ use crate::child::{ChildCommand, ChildRun, ConsumerProcess};
 use crate::consumer::{ConsumerKind, Faults};
 use crate::crash::CrashPlan;
 use crate::db::{Database, PgServer};
+use crate::redis_server::Redis;
 use crate::relay::RelayConfig;
 use crate::report::{Environment, Metrics, Report, Table};
 use crate::schema;
@@ -167,6 +168,7 @@ pub struct Outcome {
 /// What a scenario gets to work with.
 pub struct Ctx<'a> {
     server: &'a PgServer,
+    redis: &'a Redis,
     scenario: Scenario,
 }
 
@@ -210,7 +212,7 @@ impl Ctx<'_> {
             .await
     }
 
-    /// A relay child draining the outbox into the consumer at `sink`.
+    /// A relay child draining the outbox into `sink` (the consumer's URL or Redis').
     pub async fn run_relay(
         &self,
         db: &Database,
@@ -219,25 +221,54 @@ impl Ctx<'_> {
         config: &RelayConfig,
         crash: Option<CrashPlan>,
     ) -> Result<ChildRun> {
-        ChildCommand::new("relay", db)
+        self.relay(db, sink, name, config)
+            .crash_at(crash)
+            .run(CHILD_TIMEOUT)
+            .await
+    }
+
+    /// The command line of a relay child; add `--follow`, `--in-flight` as needed.
+    pub fn relay(
+        &self,
+        db: &Database,
+        sink: &str,
+        name: &str,
+        config: &RelayConfig,
+    ) -> ChildCommand {
+        let mut cmd = ChildCommand::new("relay", db)
             .arg("sink", sink)
             .arg("name", name)
             .arg("batch", config.batch)
             .arg("max-attempts", config.max_attempts)
             .arg("backoff-ms", config.backoff_base.as_millis())
             .arg("deadline-ms", config.deadline.as_millis())
-            .crash_at(crash)
-            .run(CHILD_TIMEOUT)
-            .await
+            .arg("stream-prefix", self.redis.key_prefix());
+        if let Some(partition) = config.partition {
+            cmd = cmd.arg("partition", partition);
+        }
+        if config.head_of_line_guard {
+            cmd = cmd.flag("guard");
+        }
+        cmd
+    }
+
+    /// The run's Redis URL (a private server is started on first use).
+    pub async fn redis_url(&self) -> Result<String> {
+        self.redis.url().await
+    }
+
+    pub fn redis_key_prefix(&self) -> &str {
+        self.redis.key_prefix()
     }
 }
 
 /// Runs one prepared scenario on `server` and judges it.
-pub async fn run(server: &PgServer, prepared: &Prepared) -> Result<Report> {
+pub async fn run(server: &PgServer, redis: &Redis, prepared: &Prepared) -> Result<Report> {
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let clock = Instant::now();
     let ctx = Ctx {
         server,
+        redis,
         scenario: prepared.scenario,
     };
     let outcome = match &prepared.typed {
