@@ -13,8 +13,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 use uuid::Uuid;
@@ -77,9 +75,10 @@ enum Role {
         events_per_order: u32,
         #[arg(long, value_enum, default_value = "commit")]
         ending: Ending,
-        /// Pace the orders this far apart on average (jittered ±50%, seeded).
+        /// Pace the orders this far apart on average, each shifted by up to ±half of it.
         #[arg(long)]
         interval_ms: Option<u64>,
+        /// Chooses the shifts; the same seed gives the same schedule.
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Instead of --orders: write as fast as possible for this long.
@@ -174,8 +173,8 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             duration_ms,
         } => {
             let mut client = target.connect().await?;
-            let mut rng = StdRng::seed_from_u64(seed);
-            let until = duration_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+            let started = Instant::now();
+            let until = duration_ms.map(|ms| started + Duration::from_millis(ms));
             for customer_id in 1.. {
                 let done = match until {
                     Some(until) => Instant::now() >= until,
@@ -184,9 +183,9 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
                 if done {
                     break;
                 }
-                if let Some(ms) = interval_ms.filter(|_| customer_id > 1) {
-                    let jittered_ms = ms as f64 * rng.random_range(0.5..1.5);
-                    tokio::time::sleep(Duration::from_secs_f64(jittered_ms / 1000.0)).await;
+                if let Some(interval_ms) = interval_ms {
+                    let at = writer::paced_offset(customer_id as u64 - 1, interval_ms, seed);
+                    tokio::time::sleep_until((started + at).into()).await;
                 }
                 writer::create_order_with_events(
                     &mut client,

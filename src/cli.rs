@@ -107,6 +107,12 @@ struct ScenarioArgs {
     /// Where each run writes <run-id>/<scenario>.json and its tables as CSV.
     #[arg(long, default_value = "results")]
     results_dir: PathBuf,
+    /// Set a scenario parameter (see its file in scenarios/), e.g. --set orders=10; repeatable.
+    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_assignment)]
+    set: Vec<(String, toml::Value)>,
+    /// A shorter run with the scenario file's [quick] parameters.
+    #[arg(long)]
+    quick: bool,
     /// relay-crash: number of events.
     #[arg(long)]
     events: Option<u32>,
@@ -181,14 +187,21 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
         "all" => Scenario::ALL.to_vec(),
         name => vec![Scenario::from_name(name)?],
     };
-    let mut overrides = Overrides::default();
+    let mut overrides = Overrides {
+        quick: args.quick,
+        values: args.set.clone(),
+        strict: selected.len() == 1,
+    };
     if let Some(events) = args.events {
-        overrides.values.push(("events", i64::from(events)));
-    }
-    if let Some(crash_after) = args.crash_after {
         overrides
             .values
-            .push(("crash_after", i64::from(crash_after)));
+            .push(("events".into(), toml::Value::Integer(events.into())));
+    }
+    if let Some(crash_after) = args.crash_after {
+        overrides.values.push((
+            "crash_after".into(),
+            toml::Value::Integer(crash_after.into()),
+        ));
     }
     // Everything is read and validated before a server is started: bad input leaves nothing.
     let prepared = selected
@@ -286,6 +299,18 @@ fn summary(reports: &[Report]) -> Table {
         ]);
     }
     table
+}
+
+/// `name=value`: the value as TOML (`10`, `0.5`, `true`, `[1, 2]`), else as a string.
+fn parse_assignment(text: &str) -> Result<(String, toml::Value), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("'{text}' is not NAME=VALUE"))?;
+    let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_string()));
+    Ok((name.trim().replace('-', "_"), value))
 }
 
 /// Resolves on Ctrl-C or SIGTERM, naming the signal.

@@ -99,3 +99,47 @@ pub async fn ids(
         .map(|r| r.get(0))
         .collect())
 }
+
+/// The order in which the consumer received events, as `order<aggregate>#<n>` labels (n: the
+/// event's place within its aggregate, by outbox id).
+pub const RECEIVE_SEQUENCE: &str = "
+SELECT COALESCE(string_agg('order' || o.aggregate_id || '#' || o.n, ',' ORDER BY r.seq), '')
+  FROM consumer.receipts r
+  JOIN (SELECT id, row_number() OVER (PARTITION BY aggregate_id ORDER BY id) AS n, aggregate_id
+          FROM outbox) o ON o.id = r.outbox_id
+ WHERE NOT r.injected_fault";
+
+/// Per aggregate, how often the consumer received an event after a later one of the same
+/// aggregate (its outbox id went backwards), and how many aggregates that happened to.
+pub const REVERSALS: &str = "
+SELECT count(*) AS reversals, count(DISTINCT order_id) AS orders_out_of_order
+  FROM (SELECT order_id, outbox_id,
+               lag(outbox_id) OVER (PARTITION BY order_id ORDER BY seq) AS previous_id
+          FROM consumer.receipts
+         WHERE NOT injected_fault) r
+ WHERE outbox_id < previous_id";
+
+/// Commit-to-receipt latency per event as the article measures it: the consumer's received_at
+/// minus the outbox row's created_at (one server clock for both).
+pub const LATENCIES_MS: &str = "
+SELECT (EXTRACT(EPOCH FROM r.received_at - o.created_at) * 1000)::float8
+  FROM consumer.receipts r
+  JOIN outbox o ON o.event_id = r.event_id
+ WHERE NOT r.injected_fault
+ ORDER BY r.seq";
+
+/// Transactions committed in this database so far (the server's statistics).
+pub const XACT_COMMIT: &str =
+    "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
+
+/// Throughput of the writers: orders per second between the first and the last order.
+pub const ORDERS_PER_S: &str = "
+SELECT count(*) / GREATEST(EXTRACT(EPOCH FROM max(created_at) - min(created_at)), 0.001)::float8
+  FROM orders";
+
+pub const RECEIVED: &str = "SELECT count(*) FROM consumer.receipts WHERE NOT injected_fault";
+pub const PUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
+
+pub async fn count(client: &Client, sql: &str) -> Result<i64> {
+    Ok(client.query_one(sql, &[]).await?.get(0))
+}

@@ -20,6 +20,9 @@ pub struct Spec {
     /// Defaults of the scenario's parameters; some can be overridden on the command line.
     #[serde(default)]
     pub params: toml::Table,
+    /// Parameters for `--quick`: a shorter run of the same experiment (tests use it).
+    #[serde(default)]
+    pub quick: toml::Table,
     /// What the article reports, compared with what was measured.
     #[serde(default, rename = "check")]
     pub checks: Vec<CheckSpec>,
@@ -75,6 +78,12 @@ impl Spec {
                 "scenario file {} names scenario '{}', expected '{name}'",
                 spec.source,
                 spec.name
+            );
+        }
+        if let Some(unknown) = spec.quick.keys().find(|k| !spec.params.contains_key(*k)) {
+            bail!(
+                "malformed scenario file {}: [quick] sets '{unknown}', which is not in [params]",
+                spec.source
             );
         }
         for check in &spec.checks {

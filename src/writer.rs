@@ -1,6 +1,8 @@
 //! The writer: the business transaction that creates an order and, done right, its outbox row in
 //! the same transaction; done wrong (dual write), sends the event itself.
 
+use std::time::Duration;
+
 use anyhow::Result;
 use serde_json::json;
 use tokio_postgres::{Client, Transaction};
@@ -40,6 +42,18 @@ pub enum DualWriteOrder {
     CommitFirst,
     /// POST the event, then COMMIT (or roll back) the order.
     SendFirst,
+}
+
+/// When the k-th paced order is written: every `interval_ms` on average, shifted by up to half
+/// an interval either way. The shifts follow the golden-ratio sequence (seeded), which spreads
+/// the writes evenly over every phase of a relay's poll cycle: with evenly spaced writes all
+/// samples would share one phase, and a 1 s poll's median latency would land anywhere in
+/// 400-600 ms by luck of that phase.
+pub fn paced_offset(k: u64, interval_ms: u64, seed: u64) -> Duration {
+    const GOLDEN_RATIO_FRACTION: f64 = 0.618_033_988_749_895;
+    let shift = ((seed + k) as f64 * GOLDEN_RATIO_FRACTION).fract() - 0.5;
+    let at_ms = (k as f64 + 0.5 + shift) * interval_ms as f64;
+    Duration::from_secs_f64(at_ms / 1000.0)
 }
 
 /// The outbox way: the order and its events in one transaction; nothing is sent here.

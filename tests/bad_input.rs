@@ -111,7 +111,7 @@ fn crash_after_larger_than_events() {
 fn parameter_the_scenario_does_not_take() {
     assert_usage_error(
         &run(&["scenario", "dual-write", "--events", "3"]),
-        "has no parameter --events",
+        "has no parameter events",
     );
 }
 

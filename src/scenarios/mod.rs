@@ -3,6 +3,8 @@
 //! [`Report`] with its checks.
 
 pub mod dual_write;
+pub mod multi_relay_ordering;
+pub mod ordering_on_failure;
 pub mod outbox_atomicity;
 pub mod relay_crash;
 pub mod retry_backoff;
@@ -35,14 +37,14 @@ pub enum Scenario {
     OutboxAtomicity,
     RetryBackoff,
     RelayCrash,
+    MultiRelayOrdering,
+    OrderingOnFailure,
     WatermarkGap,
 }
 
 /// Catalogue entries (SCENARIOS.md) not built yet, so that asking for one says so.
-const PLANNED: [&str; 8] = [
+const PLANNED: &[&str] = &[
     "partial-index",
-    "multi-relay-ordering",
-    "ordering-on-failure",
     "notify-latency",
     "batch-throughput",
     "redis-stream",
@@ -51,11 +53,14 @@ const PLANNED: [&str; 8] = [
 ];
 
 impl Scenario {
-    pub const ALL: [Scenario; 5] = [
+    /// In the article's order.
+    pub const ALL: &[Scenario] = &[
         Scenario::DualWrite,
         Scenario::OutboxAtomicity,
         Scenario::RetryBackoff,
         Scenario::RelayCrash,
+        Scenario::MultiRelayOrdering,
+        Scenario::OrderingOnFailure,
         Scenario::WatermarkGap,
     ];
 
@@ -66,6 +71,8 @@ impl Scenario {
             Scenario::RetryBackoff => "retry-backoff",
             Scenario::RelayCrash => "relay-crash",
             Scenario::WatermarkGap => "watermark-gap",
+            Scenario::OrderingOnFailure => "ordering-on-failure",
+            Scenario::MultiRelayOrdering => "multi-relay-ordering",
         }
     }
 
@@ -77,14 +84,19 @@ impl Scenario {
             Scenario::RetryBackoff => include_str!("../../scenarios/retry-backoff.toml"),
             Scenario::RelayCrash => include_str!("../../scenarios/relay-crash.toml"),
             Scenario::WatermarkGap => include_str!("../../scenarios/watermark-gap.toml"),
+            Scenario::OrderingOnFailure => include_str!("../../scenarios/ordering-on-failure.toml"),
+            Scenario::MultiRelayOrdering => {
+                include_str!("../../scenarios/multi-relay-ordering.toml")
+            }
         }
     }
 
     pub fn from_name(name: &str) -> Result<Scenario> {
-        if let Some(found) = Scenario::ALL.into_iter().find(|s| s.name() == name) {
-            return Ok(found);
+        if let Some(found) = Scenario::ALL.iter().find(|s| s.name() == name) {
+            return Ok(*found);
         }
-        let known = Scenario::ALL.map(Scenario::name).join(", ");
+        let known: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
+        let known = known.join(", ");
         if PLANNED.contains(&name) {
             bail!("scenario '{name}' is in the catalogue but not implemented yet; implemented: {known}");
         }
@@ -99,7 +111,13 @@ impl Scenario {
 /// Parameters given on the command line, over the scenario file's defaults.
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
-    pub values: Vec<(&'static str, i64)>,
+    /// `--quick`: apply the scenario file's `[quick]` table (a shorter run, for tests).
+    pub quick: bool,
+    /// `--set name=value`, `--events N`, ...
+    pub values: Vec<(String, toml::Value)>,
+    /// With `scenario all`, a value applies to the scenarios that have the parameter; alone, a
+    /// scenario without it is an error.
+    pub strict: bool,
 }
 
 /// A scenario with its file read and its parameters checked, ready to run.
@@ -115,6 +133,8 @@ enum Params {
     OutboxAtomicity(outbox_atomicity::Params),
     RetryBackoff(retry_backoff::Params),
     RelayCrash(relay_crash::Params),
+    MultiRelayOrdering(multi_relay_ordering::Params),
+    OrderingOnFailure(ordering_on_failure::Params),
     WatermarkGap(watermark_gap::Params),
 }
 
@@ -122,14 +142,20 @@ enum Params {
 pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) -> Result<Prepared> {
     let spec = scenario.spec(dir)?;
     let mut params = spec.params.clone();
+    if overrides.quick {
+        params.extend(spec.quick.clone());
+    }
     for (key, value) in &overrides.values {
-        match params.get_mut(*key) {
-            Some(slot) => *slot = toml::Value::Integer(*value),
-            None => bail!(
-                "scenario {} has no parameter --{}",
-                scenario.name(),
-                key.replace('_', "-")
-            ),
+        match params.get_mut(key) {
+            Some(slot) => *slot = value.clone(),
+            None if overrides.strict => {
+                let known: Vec<&String> = spec.params.keys().collect();
+                bail!(
+                    "scenario {} has no parameter {key} (its parameters: {known:?})",
+                    scenario.name()
+                )
+            }
+            None => {}
         }
     }
     let typed = match scenario {
@@ -142,6 +168,8 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
             Params::RelayCrash(p)
         }
         Scenario::WatermarkGap => Params::WatermarkGap(spec.params(&params)?),
+        Scenario::OrderingOnFailure => Params::OrderingOnFailure(spec.params(&params)?),
+        Scenario::MultiRelayOrdering => Params::MultiRelayOrdering(spec.params(&params)?),
     };
     Ok(Prepared {
         scenario,
@@ -196,7 +224,7 @@ impl Ctx<'_> {
         cmd.spawn_consumer().await
     }
 
-    /// A writer child creating `orders` orders with their outbox rows.
+    /// A writer child creating `orders` orders with one outbox row each.
     pub async fn run_writer(
         &self,
         db: &Database,
@@ -204,12 +232,24 @@ impl Ctx<'_> {
         ending: Ending,
         crash: Option<CrashPlan>,
     ) -> Result<ChildRun> {
-        ChildCommand::new("writer", db)
-            .arg("orders", orders)
-            .arg_enum("ending", ending)
+        self.writer(db, orders, 1, ending)
             .crash_at(crash)
             .run(CHILD_TIMEOUT)
             .await
+    }
+
+    /// The command line of a writer child; add pacing options as needed.
+    pub fn writer(
+        &self,
+        db: &Database,
+        orders: u32,
+        events_per_order: u32,
+        ending: Ending,
+    ) -> ChildCommand {
+        ChildCommand::new("writer", db)
+            .arg("orders", orders)
+            .arg("events-per-order", events_per_order)
+            .arg_enum("ending", ending)
     }
 
     /// A relay child draining the outbox into `sink` (the consumer's URL or Redis').
@@ -277,6 +317,8 @@ pub async fn run(server: &PgServer, redis: &Redis, prepared: &Prepared) -> Resul
         Params::RetryBackoff(p) => retry_backoff::run(&ctx, p).await,
         Params::RelayCrash(p) => relay_crash::run(&ctx, p).await,
         Params::WatermarkGap(p) => watermark_gap::run(&ctx, p).await,
+        Params::OrderingOnFailure(p) => ordering_on_failure::run(&ctx, p).await,
+        Params::MultiRelayOrdering(p) => multi_relay_ordering::run(&ctx, p).await,
     }
     .map_err(|e| anyhow!("scenario {} did not run: {e:#}", prepared.scenario.name()))?;
     let checks = checks::evaluate(&prepared.spec, &prepared.params, &outcome.metrics)?;
