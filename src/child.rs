@@ -20,8 +20,10 @@ use uuid::Uuid;
 use crate::consumer::{self, ConsumerKind, Faults};
 use crate::crash::{self, CrashPlan};
 use crate::db::Database;
+use crate::redis_server;
 use crate::relay::{Partition, Relay, RelayConfig, Wakeup};
 use crate::sink::{HttpSink, Sink};
+use crate::stream_consumer::StreamWorker;
 use crate::writer::{self, DualWriteOrder, Ending};
 
 /// Exit status of a child that died at its crash point (`_exit(1)`).
@@ -132,6 +134,21 @@ enum Role {
         #[arg(long, default_value = "")]
         stream_prefix: String,
     },
+    /// A consumer-group worker on a Redis Stream: its pending entries, then new ones.
+    StreamWorker {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        redis_url: String,
+        #[arg(long)]
+        stream: String,
+        #[arg(long)]
+        worker: String,
+        #[arg(long, value_enum)]
+        kind: ConsumerKind,
+        #[arg(long)]
+        count: usize,
+    },
     /// The HTTP consumer; prints `listening URL` and serves until killed.
     Consumer {
         #[command(flatten)]
@@ -151,6 +168,7 @@ impl Role {
             Role::Writer { target, .. }
             | Role::NaiveApp { target, .. }
             | Role::Relay { target, .. }
+            | Role::StreamWorker { target, .. }
             | Role::Consumer { target, .. } => target,
         }
     }
@@ -239,6 +257,24 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
                 Some(wakeup) => relay.follow(wakeup).await?,
                 None => drop(relay.run_until_drained().await?),
             }
+        }
+        Role::StreamWorker {
+            target,
+            redis_url,
+            stream,
+            worker,
+            kind,
+            count,
+        } => {
+            let mut worker = StreamWorker {
+                redis: redis_server::connect(&redis_url).await?,
+                db: target.connect().await?,
+                stream,
+                name: worker,
+                kind,
+            };
+            let applied = worker.work(count).await?;
+            println!("applied {applied}");
         }
         Role::Consumer {
             target,

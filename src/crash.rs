@@ -21,10 +21,11 @@ pub enum CrashPoint {
     RelayAfterMarkBeforeCommit,
     ConsumerAfterEffectBeforeCommit,
     ConsumerAfterCommitBeforeReply,
+    StreamWorkerAfterApplyBeforeAck,
 }
 
 impl CrashPoint {
-    pub const ALL: [CrashPoint; 8] = [
+    pub const ALL: [CrashPoint; 9] = [
         CrashPoint::WriterAfterInsertBeforeCommit,
         CrashPoint::WriterAfterCommitBeforeSend,
         CrashPoint::WriterAfterSendBeforeCommit,
@@ -33,6 +34,7 @@ impl CrashPoint {
         CrashPoint::RelayAfterMarkBeforeCommit,
         CrashPoint::ConsumerAfterEffectBeforeCommit,
         CrashPoint::ConsumerAfterCommitBeforeReply,
+        CrashPoint::StreamWorkerAfterApplyBeforeAck,
     ];
 
     pub fn name(self) -> &'static str {
@@ -45,6 +47,7 @@ impl CrashPoint {
             CrashPoint::RelayAfterMarkBeforeCommit => "relay-after-mark-before-commit",
             CrashPoint::ConsumerAfterEffectBeforeCommit => "consumer-after-effect-before-commit",
             CrashPoint::ConsumerAfterCommitBeforeReply => "consumer-after-commit-before-reply",
+            CrashPoint::StreamWorkerAfterApplyBeforeAck => "stream-worker-after-apply-before-ack",
         }
     }
 
@@ -59,7 +62,8 @@ impl CrashPoint {
             | CrashPoint::RelayAfterSendBeforeMark
             | CrashPoint::RelayAfterMarkBeforeCommit => "relay::Relay::deliver_batch",
             CrashPoint::ConsumerAfterEffectBeforeCommit
-            | CrashPoint::ConsumerAfterCommitBeforeReply => "consumer::apply_delivery",
+            | CrashPoint::ConsumerAfterCommitBeforeReply => "consumer::apply",
+            CrashPoint::StreamWorkerAfterApplyBeforeAck => "stream_consumer::StreamWorker::work",
         }
     }
 
@@ -87,6 +91,9 @@ impl CrashPoint {
             }
             CrashPoint::ConsumerAfterCommitBeforeReply => {
                 "shipment committed, the relay never hears back"
+            }
+            CrashPoint::StreamWorkerAfterApplyBeforeAck => {
+                "stream entries applied, never acknowledged: they stay pending"
             }
         }
     }

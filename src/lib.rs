@@ -24,5 +24,6 @@ pub mod scenarios;
 pub mod schema;
 pub mod sink;
 pub mod spec;
+pub mod stream_consumer;
 pub mod throwaway;
 pub mod writer;

@@ -6,6 +6,7 @@ pub mod dual_write;
 pub mod multi_relay_ordering;
 pub mod ordering_on_failure;
 pub mod outbox_atomicity;
+pub mod redis_stream;
 pub mod relay_crash;
 pub mod retry_backoff;
 pub mod watermark_gap;
@@ -39,6 +40,7 @@ pub enum Scenario {
     RelayCrash,
     MultiRelayOrdering,
     OrderingOnFailure,
+    RedisStream,
     WatermarkGap,
 }
 
@@ -47,7 +49,6 @@ const PLANNED: &[&str] = &[
     "partial-index",
     "notify-latency",
     "batch-throughput",
-    "redis-stream",
     "claim-vs-lock",
     "cleanup",
 ];
@@ -61,6 +62,7 @@ impl Scenario {
         Scenario::RelayCrash,
         Scenario::MultiRelayOrdering,
         Scenario::OrderingOnFailure,
+        Scenario::RedisStream,
         Scenario::WatermarkGap,
     ];
 
@@ -72,6 +74,7 @@ impl Scenario {
             Scenario::RelayCrash => "relay-crash",
             Scenario::WatermarkGap => "watermark-gap",
             Scenario::OrderingOnFailure => "ordering-on-failure",
+            Scenario::RedisStream => "redis-stream",
             Scenario::MultiRelayOrdering => "multi-relay-ordering",
         }
     }
@@ -85,6 +88,7 @@ impl Scenario {
             Scenario::RelayCrash => include_str!("../../scenarios/relay-crash.toml"),
             Scenario::WatermarkGap => include_str!("../../scenarios/watermark-gap.toml"),
             Scenario::OrderingOnFailure => include_str!("../../scenarios/ordering-on-failure.toml"),
+            Scenario::RedisStream => include_str!("../../scenarios/redis-stream.toml"),
             Scenario::MultiRelayOrdering => {
                 include_str!("../../scenarios/multi-relay-ordering.toml")
             }
@@ -135,6 +139,7 @@ enum Params {
     RelayCrash(relay_crash::Params),
     MultiRelayOrdering(multi_relay_ordering::Params),
     OrderingOnFailure(ordering_on_failure::Params),
+    RedisStream(redis_stream::Params),
     WatermarkGap(watermark_gap::Params),
 }
 
@@ -169,6 +174,7 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
         }
         Scenario::WatermarkGap => Params::WatermarkGap(spec.params(&params)?),
         Scenario::OrderingOnFailure => Params::OrderingOnFailure(spec.params(&params)?),
+        Scenario::RedisStream => Params::RedisStream(spec.params(&params)?),
         Scenario::MultiRelayOrdering => Params::MultiRelayOrdering(spec.params(&params)?),
     };
     Ok(Prepared {
@@ -318,6 +324,7 @@ pub async fn run(server: &PgServer, redis: &Redis, prepared: &Prepared) -> Resul
         Params::RelayCrash(p) => relay_crash::run(&ctx, p).await,
         Params::WatermarkGap(p) => watermark_gap::run(&ctx, p).await,
         Params::OrderingOnFailure(p) => ordering_on_failure::run(&ctx, p).await,
+        Params::RedisStream(p) => redis_stream::run(&ctx, p).await,
         Params::MultiRelayOrdering(p) => multi_relay_ordering::run(&ctx, p).await,
     }
     .map_err(|e| anyhow!("scenario {} did not run: {e:#}", prepared.scenario.name()))?;
