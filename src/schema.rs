@@ -57,6 +57,11 @@ CREATE TABLE consumer.shipments (
 );
 "#;
 
+/// Empties the outbox and the consumer's tables between runs on one database.
+pub const RESET: &str = "
+TRUNCATE outbox, orders, consumer.receipts, consumer.processed_events, consumer.shipments
+RESTART IDENTITY";
+
 /// The gap-safe watermark of watermark-gap: each row remembers the transaction that wrote it.
 pub const ADD_WRITER_XID: &str =
     "ALTER TABLE outbox ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id()";

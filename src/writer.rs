@@ -20,6 +20,12 @@ INSERT INTO outbox(aggregate_type, aggregate_id, event_type, payload)
 VALUES ('orders', $1, $2, $3)
 RETURNING id, event_id";
 
+/// Events without orders, many at once, for throughput runs: one statement for `$1` rows.
+pub const LOAD_EVENTS: &str = "
+INSERT INTO outbox(aggregate_type, aggregate_id, event_type, payload)
+SELECT 'orders', g::text, 'OrderCreated', jsonb_build_object('order_id', g, 'amount', '1200')
+  FROM generate_series(1, $1::bigint) g";
+
 /// The n-th event (1-based) of an order: OrderCreated, then OrderUpdated2, OrderUpdated3, ...
 pub fn event_type(n: u32) -> String {
     match n {

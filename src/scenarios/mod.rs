@@ -2,6 +2,7 @@
 //! parameters, the per-scenario databases and child processes, and turning an outcome into a
 //! [`Report`] with its checks.
 
+pub mod batch_throughput;
 pub mod dual_write;
 pub mod multi_relay_ordering;
 pub mod ordering_on_failure;
@@ -40,6 +41,7 @@ pub enum Scenario {
     RelayCrash,
     MultiRelayOrdering,
     OrderingOnFailure,
+    BatchThroughput,
     RedisStream,
     WatermarkGap,
 }
@@ -48,7 +50,6 @@ pub enum Scenario {
 const PLANNED: &[&str] = &[
     "partial-index",
     "notify-latency",
-    "batch-throughput",
     "claim-vs-lock",
     "cleanup",
 ];
@@ -62,6 +63,7 @@ impl Scenario {
         Scenario::RelayCrash,
         Scenario::MultiRelayOrdering,
         Scenario::OrderingOnFailure,
+        Scenario::BatchThroughput,
         Scenario::RedisStream,
         Scenario::WatermarkGap,
     ];
@@ -75,6 +77,7 @@ impl Scenario {
             Scenario::WatermarkGap => "watermark-gap",
             Scenario::OrderingOnFailure => "ordering-on-failure",
             Scenario::RedisStream => "redis-stream",
+            Scenario::BatchThroughput => "batch-throughput",
             Scenario::MultiRelayOrdering => "multi-relay-ordering",
         }
     }
@@ -89,6 +92,7 @@ impl Scenario {
             Scenario::WatermarkGap => include_str!("../../scenarios/watermark-gap.toml"),
             Scenario::OrderingOnFailure => include_str!("../../scenarios/ordering-on-failure.toml"),
             Scenario::RedisStream => include_str!("../../scenarios/redis-stream.toml"),
+            Scenario::BatchThroughput => include_str!("../../scenarios/batch-throughput.toml"),
             Scenario::MultiRelayOrdering => {
                 include_str!("../../scenarios/multi-relay-ordering.toml")
             }
@@ -139,6 +143,7 @@ enum Params {
     RelayCrash(relay_crash::Params),
     MultiRelayOrdering(multi_relay_ordering::Params),
     OrderingOnFailure(ordering_on_failure::Params),
+    BatchThroughput(batch_throughput::Params),
     RedisStream(redis_stream::Params),
     WatermarkGap(watermark_gap::Params),
 }
@@ -175,6 +180,7 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
         Scenario::WatermarkGap => Params::WatermarkGap(spec.params(&params)?),
         Scenario::OrderingOnFailure => Params::OrderingOnFailure(spec.params(&params)?),
         Scenario::RedisStream => Params::RedisStream(spec.params(&params)?),
+        Scenario::BatchThroughput => Params::BatchThroughput(spec.params(&params)?),
         Scenario::MultiRelayOrdering => Params::MultiRelayOrdering(spec.params(&params)?),
     };
     Ok(Prepared {
@@ -325,6 +331,7 @@ pub async fn run(server: &PgServer, redis: &Redis, prepared: &Prepared) -> Resul
         Params::WatermarkGap(p) => watermark_gap::run(&ctx, p).await,
         Params::OrderingOnFailure(p) => ordering_on_failure::run(&ctx, p).await,
         Params::RedisStream(p) => redis_stream::run(&ctx, p).await,
+        Params::BatchThroughput(p) => batch_throughput::run(&ctx, p).await,
         Params::MultiRelayOrdering(p) => multi_relay_ordering::run(&ctx, p).await,
     }
     .map_err(|e| anyhow!("scenario {} did not run: {e:#}", prepared.scenario.name()))?;
