@@ -20,7 +20,7 @@ use uuid::Uuid;
 use crate::consumer::{self, ConsumerKind, Faults};
 use crate::crash::{self, CrashPlan};
 use crate::db::Database;
-use crate::relay::{Relay, RelayConfig};
+use crate::relay::{Relay, RelayConfig, RelayDesign, RELAY_APPLICATION_NAME};
 use crate::sink::HttpSink;
 use crate::writer::{self, DualWriteOrder, Ending};
 
@@ -105,6 +105,10 @@ enum Role {
         backoff_ms: u64,
         #[arg(long)]
         deadline_ms: u64,
+        #[arg(long, value_enum, default_value = "lock")]
+        design: RelayDesign,
+        #[arg(long, default_value_t = 30_000)]
+        lease_ms: u64,
     },
     /// The HTTP consumer; prints `listening URL` and serves until killed.
     Consumer {
@@ -116,6 +120,8 @@ enum Role {
         fail_next: u32,
         #[arg(long)]
         fail_first_delivery_of: Option<i64>,
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
     },
 }
 
@@ -167,15 +173,22 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             max_attempts,
             backoff_ms,
             deadline_ms,
+            design,
+            lease_ms,
         } => {
             let config = RelayConfig {
+                design,
+                lease: Duration::from_millis(lease_ms),
                 batch,
                 max_attempts,
                 backoff_base: Duration::from_millis(backoff_ms),
                 deadline: Duration::from_millis(deadline_ms),
                 ..RelayConfig::default()
             };
-            let client = target.connect().await?;
+            // Named, so that a scenario can find this relay's session in pg_stat_activity.
+            let mut db = target.database().config()?;
+            db.application_name(format!("{RELAY_APPLICATION_NAME} {name}"));
+            let client = crate::db::connect(&db).await?;
             let mut relay = Relay::new(client, HttpSink::new(&sink)?, config, Some(name));
             relay.run_until_drained().await?;
         }
@@ -184,11 +197,13 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             kind,
             fail_next,
             fail_first_delivery_of,
+            delay_ms,
         } => {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let faults = Faults {
                 fail_next,
                 fail_first_delivery_of,
+                delay: Duration::from_millis(delay_ms),
             };
             let config = target.database().config()?;
             consumer::serve(listener, config, kind, faults, announce_listening).await?;

@@ -1,6 +1,6 @@
 //! What happened, counted from the database with SQL, as the article counts it.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use tokio_postgres::{Client, Row};
 
 /// Deliveries as the consumer saw them, and what is missing at the consumer.
@@ -81,6 +81,39 @@ SELECT o.id FROM outbox o
  WHERE NOT EXISTS (SELECT 1 FROM consumer.receipts r
                     WHERE r.event_id = o.event_id AND NOT r.injected_fault)
  ORDER BY o.id";
+
+/// Makes this session's own counts (rows inserted, deleted) visible in pg_stat_user_tables
+/// right after the statement (PostgreSQL 15+; counts are otherwise flushed about once a second).
+pub const FLUSH_OWN_STATS: &str = "SELECT pg_stat_force_next_flush()";
+
+/// A table's size on disk and its live and dead tuples (after [`FLUSH_OWN_STATS`]).
+pub const TABLE_STORAGE: &str = "
+SELECT pg_relation_size(relid) AS relation_bytes,
+       pg_total_relation_size(relid) AS total_bytes,
+       pg_size_pretty(pg_relation_size(relid)) AS relation_size,
+       pg_size_pretty(pg_total_relation_size(relid)) AS total_size,
+       n_live_tup,
+       n_dead_tup
+  FROM pg_stat_user_tables
+ WHERE relid = to_regclass($1)";
+
+/// Dead tuples left in the partitions of $1, as pg_stat_user_tables counts them.
+pub const PARTITION_DEAD_TUPLES: &str = "
+SELECT COALESCE(sum(n_dead_tup), 0)::bigint
+  FROM pg_stat_user_tables
+ WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($1))";
+
+/// A relation's size on disk (table or index).
+pub const RELATION_BYTES: &str = "SELECT pg_relation_size(to_regclass($1))";
+
+/// The size and the live and dead tuples of `table`, this session's own changes included.
+pub async fn table_storage(client: &Client, table: &str) -> Result<Row> {
+    client
+        .batch_execute(FLUSH_OWN_STATS)
+        .await
+        .context("cannot flush statistics (pg_stat_force_next_flush needs PostgreSQL 15+)")?;
+    Ok(client.query_one(TABLE_STORAGE, &[&table]).await?)
+}
 
 pub async fn one_row(client: &Client, sql: &str) -> Result<Row> {
     Ok(client.query_one(sql, &[]).await?)

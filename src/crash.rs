@@ -55,9 +55,10 @@ impl CrashPoint {
             CrashPoint::WriterAfterCommitBeforeSend | CrashPoint::WriterAfterSendBeforeCommit => {
                 "writer::dual_write"
             }
-            CrashPoint::RelayAfterFetchBeforeSend
-            | CrashPoint::RelayAfterSendBeforeMark
-            | CrashPoint::RelayAfterMarkBeforeCommit => "relay::Relay::deliver_batch",
+            CrashPoint::RelayAfterFetchBeforeSend | CrashPoint::RelayAfterSendBeforeMark => {
+                "relay::deliver_rows (lock and claim relays)"
+            }
+            CrashPoint::RelayAfterMarkBeforeCommit => "relay::Relay::deliver_locked_batch",
             CrashPoint::ConsumerAfterEffectBeforeCommit
             | CrashPoint::ConsumerAfterCommitBeforeReply => "consumer::apply_delivery",
         }

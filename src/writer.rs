@@ -34,7 +34,8 @@ pub enum DualWriteOrder {
     SendFirst,
 }
 
-fn order_payload(order_id: i64) -> serde_json::Value {
+/// The event payload of an order, as the article writes it.
+pub fn order_payload(order_id: i64) -> serde_json::Value {
     json!({ "order_id": order_id, "amount": "1200" })
 }
 

@@ -4,6 +4,7 @@
 
 pub mod dual_write;
 pub mod outbox_atomicity;
+pub mod partial_index;
 pub mod relay_crash;
 pub mod retry_backoff;
 pub mod watermark_gap;
@@ -35,11 +36,11 @@ pub enum Scenario {
     RetryBackoff,
     RelayCrash,
     WatermarkGap,
+    PartialIndex,
 }
 
 /// Catalogue entries (SCENARIOS.md) not built yet, so that asking for one says so.
-const PLANNED: [&str; 8] = [
-    "partial-index",
+const PLANNED: [&str; 7] = [
     "multi-relay-ordering",
     "ordering-on-failure",
     "notify-latency",
@@ -50,12 +51,13 @@ const PLANNED: [&str; 8] = [
 ];
 
 impl Scenario {
-    pub const ALL: [Scenario; 5] = [
+    pub const ALL: [Scenario; 6] = [
         Scenario::DualWrite,
         Scenario::OutboxAtomicity,
         Scenario::RetryBackoff,
         Scenario::RelayCrash,
         Scenario::WatermarkGap,
+        Scenario::PartialIndex,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,6 +67,7 @@ impl Scenario {
             Scenario::RetryBackoff => "retry-backoff",
             Scenario::RelayCrash => "relay-crash",
             Scenario::WatermarkGap => "watermark-gap",
+            Scenario::PartialIndex => "partial-index",
         }
     }
 
@@ -76,6 +79,7 @@ impl Scenario {
             Scenario::RetryBackoff => include_str!("../../scenarios/retry-backoff.toml"),
             Scenario::RelayCrash => include_str!("../../scenarios/relay-crash.toml"),
             Scenario::WatermarkGap => include_str!("../../scenarios/watermark-gap.toml"),
+            Scenario::PartialIndex => include_str!("../../scenarios/partial-index.toml"),
         }
     }
 
@@ -115,6 +119,7 @@ enum Params {
     RetryBackoff(retry_backoff::Params),
     RelayCrash(relay_crash::Params),
     WatermarkGap(watermark_gap::Params),
+    PartialIndex(partial_index::Params),
 }
 
 /// Reads the file and validates the parameters before anything is started.
@@ -141,6 +146,7 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
             Params::RelayCrash(p)
         }
         Scenario::WatermarkGap => Params::WatermarkGap(spec.params(&params)?),
+        Scenario::PartialIndex => Params::PartialIndex(spec.params(&params)?),
     };
     Ok(Prepared {
         scenario,
@@ -168,9 +174,21 @@ pub struct Outcome {
 pub struct Ctx<'a> {
     server: &'a PgServer,
     scenario: Scenario,
+    spec: &'a Spec,
 }
 
 impl Ctx<'_> {
+    /// The article's figure for `metric`, from the scenario file's checks ("" where it has none),
+    /// for tables that put the article beside the measurement.
+    pub fn article(&self, metric: &str) -> String {
+        self.spec
+            .checks
+            .iter()
+            .filter(|check| check.metric == metric)
+            .find_map(|check| check.article_text())
+            .unwrap_or_default()
+    }
+
     /// A fresh database with the article's schema, named after the scenario and `part`.
     pub async fn database(&self, part: &str) -> Result<Database> {
         let label = format!("{}_{part}", self.scenario.name());
@@ -187,7 +205,8 @@ impl Ctx<'_> {
     ) -> Result<ConsumerProcess> {
         let mut cmd = ChildCommand::new("consumer", db)
             .arg("kind", kind.name())
-            .arg("fail-next", faults.fail_next);
+            .arg("fail-next", faults.fail_next)
+            .arg("delay-ms", faults.delay.as_millis());
         if let Some(id) = faults.fail_first_delivery_of {
             cmd = cmd.arg("fail-first-delivery-of", id);
         }
@@ -219,17 +238,41 @@ impl Ctx<'_> {
         config: &RelayConfig,
         crash: Option<CrashPlan>,
     ) -> Result<ChildRun> {
-        ChildCommand::new("relay", db)
-            .arg("sink", sink)
-            .arg("name", name)
-            .arg("batch", config.batch)
-            .arg("max-attempts", config.max_attempts)
-            .arg("backoff-ms", config.backoff_base.as_millis())
-            .arg("deadline-ms", config.deadline.as_millis())
-            .crash_at(crash)
+        relay_command(db, sink, name, config, crash)
             .run(CHILD_TIMEOUT)
             .await
     }
+
+    /// A relay child started in the background, for scenarios that watch it while it runs.
+    pub fn spawn_relay(
+        &self,
+        db: &Database,
+        sink: &str,
+        name: &str,
+        config: &RelayConfig,
+        crash: Option<CrashPlan>,
+    ) -> tokio::task::JoinHandle<Result<ChildRun>> {
+        tokio::spawn(relay_command(db, sink, name, config, crash).run(CHILD_TIMEOUT))
+    }
+}
+
+fn relay_command(
+    db: &Database,
+    sink: &str,
+    name: &str,
+    config: &RelayConfig,
+    crash: Option<CrashPlan>,
+) -> ChildCommand {
+    ChildCommand::new("relay", db)
+        .arg("sink", sink)
+        .arg("name", name)
+        .arg_enum("design", config.design)
+        .arg("lease-ms", config.lease.as_millis())
+        .arg("batch", config.batch)
+        .arg("max-attempts", config.max_attempts)
+        .arg("backoff-ms", config.backoff_base.as_millis())
+        .arg("deadline-ms", config.deadline.as_millis())
+        .crash_at(crash)
 }
 
 /// Runs one prepared scenario on `server` and judges it.
@@ -239,6 +282,7 @@ pub async fn run(server: &PgServer, prepared: &Prepared) -> Result<Report> {
     let ctx = Ctx {
         server,
         scenario: prepared.scenario,
+        spec: &prepared.spec,
     };
     let outcome = match &prepared.typed {
         Params::DualWrite(p) => dual_write::run(&ctx, p).await,
@@ -246,6 +290,7 @@ pub async fn run(server: &PgServer, prepared: &Prepared) -> Result<Report> {
         Params::RetryBackoff(p) => retry_backoff::run(&ctx, p).await,
         Params::RelayCrash(p) => relay_crash::run(&ctx, p).await,
         Params::WatermarkGap(p) => watermark_gap::run(&ctx, p).await,
+        Params::PartialIndex(p) => partial_index::run(&ctx, p).await,
     }
     .map_err(|e| anyhow!("scenario {} did not run: {e:#}", prepared.scenario.name()))?;
     let checks = checks::evaluate(&prepared.spec, &prepared.params, &outcome.metrics)?;
