@@ -39,7 +39,6 @@ SELECT c.relkind::text AS relkind,
 const PARTITIONS_OLDER_THAN: &str = "
 SELECT format('%I.%I', n.nspname, c.relname) AS partition,
        b.upper_bound::text AS upper_bound,
-       pg_total_relation_size(c.oid) AS total_bytes,
        pg_size_pretty(pg_total_relation_size(c.oid)) AS size
   FROM pg_inherits i
   JOIN pg_class c ON c.oid = i.inhrelid
@@ -66,9 +65,14 @@ pub const DROP: &str = "DROP TABLE {partition}";
 pub fn create_daily_partition(day: NaiveDate) -> String {
     let next = day.succ_opt().expect("a day before the end of time");
     format!(
-        "CREATE TABLE outbox_p_{} PARTITION OF outbox_p FOR VALUES FROM ('{day} 00:00+00') TO ('{next} 00:00+00')",
-        day.format("%Y_%m_%d")
+        "CREATE TABLE {} PARTITION OF outbox_p FOR VALUES FROM ('{day} 00:00+00') TO ('{next} 00:00+00')",
+        daily_partition_name(day)
     )
+}
+
+/// `outbox_p_2026_11_03`.
+pub fn daily_partition_name(day: NaiveDate) -> String {
+    format!("outbox_p_{}", day.format("%Y_%m_%d"))
 }
 
 /// How old a partition's whole range must be to be pruned: `3d`, `12h`, `90m`, `30s`.
@@ -116,8 +120,7 @@ pub struct OldPartition {
     pub name: String,
     /// Where its range ends, as the server prints a timestamptz.
     pub upper_bound: String,
-    pub total_bytes: i64,
-    /// `pg_size_pretty` of `total_bytes`.
+    /// Its size with its indexes, as `pg_size_pretty` prints it.
     pub size: String,
     /// What the guard counted.
     pub unpublished: i64,
@@ -130,7 +133,7 @@ pub enum Action {
     Dropped { detach_ms: f64, drop_ms: f64 },
     /// Dry run: the guard passed, it would be dropped.
     WouldDrop,
-    /// The guard found unpublished rows: kept, never dropped.
+    /// The guard found unpublished rows: kept, never dropped (dry run or not).
     Kept,
 }
 
@@ -156,7 +159,7 @@ impl fmt::Display for Pruned {
             ),
             Action::Kept => write!(
                 f,
-                "kept {} (ended {}): {} unpublished row(s) still waiting for the relay",
+                "keeping {} (ended {}): {} unpublished row(s) still waiting for the relay, not dropped",
                 p.name, p.upper_bound, p.unpublished
             ),
         }
@@ -184,7 +187,6 @@ pub async fn prune(
         let partition = OldPartition {
             name: row.get("partition"),
             upper_bound: row.get("upper_bound"),
-            total_bytes: row.get("total_bytes"),
             size: row.get("size"),
             unpublished: 0,
         };

@@ -2,6 +2,7 @@
 //! parameters, the per-scenario databases and child processes, and turning an outcome into a
 //! [`Report`] with its checks.
 
+pub mod cleanup;
 pub mod dual_write;
 pub mod outbox_atomicity;
 pub mod partial_index;
@@ -37,27 +38,28 @@ pub enum Scenario {
     RelayCrash,
     WatermarkGap,
     PartialIndex,
+    Cleanup,
 }
 
 /// Catalogue entries (SCENARIOS.md) not built yet, so that asking for one says so.
-const PLANNED: [&str; 7] = [
+const PLANNED: [&str; 6] = [
     "multi-relay-ordering",
     "ordering-on-failure",
     "notify-latency",
     "batch-throughput",
     "redis-stream",
     "claim-vs-lock",
-    "cleanup",
 ];
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 7] = [
         Scenario::DualWrite,
         Scenario::OutboxAtomicity,
         Scenario::RetryBackoff,
         Scenario::RelayCrash,
         Scenario::WatermarkGap,
         Scenario::PartialIndex,
+        Scenario::Cleanup,
     ];
 
     pub fn name(self) -> &'static str {
@@ -68,6 +70,7 @@ impl Scenario {
             Scenario::RelayCrash => "relay-crash",
             Scenario::WatermarkGap => "watermark-gap",
             Scenario::PartialIndex => "partial-index",
+            Scenario::Cleanup => "cleanup",
         }
     }
 
@@ -80,6 +83,7 @@ impl Scenario {
             Scenario::RelayCrash => include_str!("../../scenarios/relay-crash.toml"),
             Scenario::WatermarkGap => include_str!("../../scenarios/watermark-gap.toml"),
             Scenario::PartialIndex => include_str!("../../scenarios/partial-index.toml"),
+            Scenario::Cleanup => include_str!("../../scenarios/cleanup.toml"),
         }
     }
 
@@ -120,6 +124,7 @@ enum Params {
     RelayCrash(relay_crash::Params),
     WatermarkGap(watermark_gap::Params),
     PartialIndex(partial_index::Params),
+    Cleanup(cleanup::Params),
 }
 
 /// Reads the file and validates the parameters before anything is started.
@@ -147,6 +152,7 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
         }
         Scenario::WatermarkGap => Params::WatermarkGap(spec.params(&params)?),
         Scenario::PartialIndex => Params::PartialIndex(spec.params(&params)?),
+        Scenario::Cleanup => Params::Cleanup(spec.params(&params)?),
     };
     Ok(Prepared {
         scenario,
@@ -291,6 +297,7 @@ pub async fn run(server: &PgServer, prepared: &Prepared) -> Result<Report> {
         Params::RelayCrash(p) => relay_crash::run(&ctx, p).await,
         Params::WatermarkGap(p) => watermark_gap::run(&ctx, p).await,
         Params::PartialIndex(p) => partial_index::run(&ctx, p).await,
+        Params::Cleanup(p) => cleanup::run(&ctx, p).await,
     }
     .map_err(|e| anyhow!("scenario {} did not run: {e:#}", prepared.scenario.name()))?;
     let checks = checks::evaluate(&prepared.spec, &prepared.params, &outcome.metrics)?;
