@@ -2,6 +2,7 @@
 //! parameters, the per-scenario databases and child processes, and turning an outcome into a
 //! [`Report`] with its checks.
 
+pub mod claim_vs_lock;
 pub mod cleanup;
 pub mod dual_write;
 pub mod outbox_atomicity;
@@ -39,26 +40,27 @@ pub enum Scenario {
     WatermarkGap,
     PartialIndex,
     Cleanup,
+    ClaimVsLock,
 }
 
 /// Catalogue entries (SCENARIOS.md) not built yet, so that asking for one says so.
-const PLANNED: [&str; 6] = [
+const PLANNED: [&str; 5] = [
     "multi-relay-ordering",
     "ordering-on-failure",
     "notify-latency",
     "batch-throughput",
     "redis-stream",
-    "claim-vs-lock",
 ];
 
 impl Scenario {
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::DualWrite,
         Scenario::OutboxAtomicity,
         Scenario::RetryBackoff,
         Scenario::RelayCrash,
         Scenario::WatermarkGap,
         Scenario::PartialIndex,
+        Scenario::ClaimVsLock,
         Scenario::Cleanup,
     ];
 
@@ -71,6 +73,7 @@ impl Scenario {
             Scenario::WatermarkGap => "watermark-gap",
             Scenario::PartialIndex => "partial-index",
             Scenario::Cleanup => "cleanup",
+            Scenario::ClaimVsLock => "claim-vs-lock",
         }
     }
 
@@ -84,6 +87,7 @@ impl Scenario {
             Scenario::WatermarkGap => include_str!("../../scenarios/watermark-gap.toml"),
             Scenario::PartialIndex => include_str!("../../scenarios/partial-index.toml"),
             Scenario::Cleanup => include_str!("../../scenarios/cleanup.toml"),
+            Scenario::ClaimVsLock => include_str!("../../scenarios/claim-vs-lock.toml"),
         }
     }
 
@@ -125,6 +129,7 @@ enum Params {
     WatermarkGap(watermark_gap::Params),
     PartialIndex(partial_index::Params),
     Cleanup(cleanup::Params),
+    ClaimVsLock(claim_vs_lock::Params),
 }
 
 /// Reads the file and validates the parameters before anything is started.
@@ -153,6 +158,11 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
         Scenario::WatermarkGap => Params::WatermarkGap(spec.params(&params)?),
         Scenario::PartialIndex => Params::PartialIndex(spec.params(&params)?),
         Scenario::Cleanup => Params::Cleanup(spec.params(&params)?),
+        Scenario::ClaimVsLock => {
+            let p: claim_vs_lock::Params = spec.params(&params)?;
+            p.validate()?;
+            Params::ClaimVsLock(p)
+        }
     };
     Ok(Prepared {
         scenario,
@@ -298,6 +308,7 @@ pub async fn run(server: &PgServer, prepared: &Prepared) -> Result<Report> {
         Params::WatermarkGap(p) => watermark_gap::run(&ctx, p).await,
         Params::PartialIndex(p) => partial_index::run(&ctx, p).await,
         Params::Cleanup(p) => cleanup::run(&ctx, p).await,
+        Params::ClaimVsLock(p) => claim_vs_lock::run(&ctx, p).await,
     }
     .map_err(|e| anyhow!("scenario {} did not run: {e:#}", prepared.scenario.name()))?;
     let checks = checks::evaluate(&prepared.spec, &prepared.params, &outcome.metrics)?;
