@@ -150,19 +150,17 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
         Scenario::DualWrite => Params::DualWrite(spec.params(&params)?),
         Scenario::OutboxAtomicity => Params::OutboxAtomicity(spec.params(&params)?),
         Scenario::RetryBackoff => Params::RetryBackoff(spec.params(&params)?),
-        Scenario::RelayCrash => {
-            let p: relay_crash::Params = spec.params(&params)?;
-            p.validate()?;
-            Params::RelayCrash(p)
-        }
+        Scenario::RelayCrash => Params::RelayCrash(validated(
+            spec.params(&params)?,
+            relay_crash::Params::validate,
+        )?),
         Scenario::WatermarkGap => Params::WatermarkGap(spec.params(&params)?),
         Scenario::PartialIndex => Params::PartialIndex(spec.params(&params)?),
         Scenario::Cleanup => Params::Cleanup(spec.params(&params)?),
-        Scenario::ClaimVsLock => {
-            let p: claim_vs_lock::Params = spec.params(&params)?;
-            p.validate()?;
-            Params::ClaimVsLock(p)
-        }
+        Scenario::ClaimVsLock => Params::ClaimVsLock(validated(
+            spec.params(&params)?,
+            claim_vs_lock::Params::validate,
+        )?),
     };
     Ok(Prepared {
         scenario,
@@ -170,6 +168,12 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
         params,
         typed,
     })
+}
+
+/// Parameters whose relations (not only types) need checking before anything starts.
+fn validated<P>(params: P, validate: impl Fn(&P) -> Result<()>) -> Result<P> {
+    validate(&params)?;
+    Ok(params)
 }
 
 impl Prepared {
