@@ -100,7 +100,7 @@ impl Plan {
             node = n.plans.first();
             depth += 1;
         }
-        lines.push(format!(" Execution Time: {:.3} ms", self.execution_ms));
+        lines.push(format!("Execution Time: {:.3} ms", self.execution_ms));
         lines
     }
 }
