@@ -21,7 +21,7 @@ use crate::consumer::{self, ConsumerKind, Faults};
 use crate::crash::{self, CrashPlan};
 use crate::db::Database;
 use crate::redis_server;
-use crate::relay::{Partition, Relay, RelayConfig, Wakeup};
+use crate::relay::{Partition, Relay, RelayConfig, RelayDesign, Wakeup, RELAY_APPLICATION_NAME};
 use crate::sink::{HttpSink, Sink};
 use crate::stream_consumer::StreamWorker;
 use crate::writer::{self, DualWriteOrder, Ending};
@@ -119,6 +119,10 @@ enum Role {
         backoff_ms: u64,
         #[arg(long)]
         deadline_ms: u64,
+        #[arg(long, value_enum, default_value = "lock")]
+        design: RelayDesign,
+        #[arg(long, default_value_t = 30_000)]
+        lease_ms: u64,
         /// i/N: only aggregates with abs(hashtext(aggregate_id)) % N = i.
         #[arg(long)]
         partition: Option<Partition>,
@@ -159,6 +163,8 @@ enum Role {
         fail_next: u32,
         #[arg(long)]
         fail_first_delivery_of: Option<i64>,
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
     },
 }
 
@@ -234,6 +240,8 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             max_attempts,
             backoff_ms,
             deadline_ms,
+            design,
+            lease_ms,
             partition,
             guard,
             follow,
@@ -241,6 +249,8 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             stream_prefix,
         } => {
             let config = RelayConfig {
+                design,
+                lease: Duration::from_millis(lease_ms),
                 batch,
                 max_attempts,
                 backoff_base: Duration::from_millis(backoff_ms),
@@ -249,9 +259,11 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
                 head_of_line_guard: guard,
                 ..RelayConfig::default()
             };
+            // Named, so that a scenario can find this relay's session in pg_stat_activity.
+            let mut db = target.database().config()?;
+            db.application_name(format!("{RELAY_APPLICATION_NAME} {name}"));
             let sink = Sink::connect(&sink, in_flight, &stream_prefix).await?;
             let listen = matches!(follow, Some(Wakeup::Notify { .. }));
-            let db = target.database().config()?;
             let mut relay = Relay::connect(&db, sink, config, Some(name), listen).await?;
             match follow {
                 Some(wakeup) => relay.follow(wakeup).await?,
@@ -281,11 +293,13 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             kind,
             fail_next,
             fail_first_delivery_of,
+            delay_ms,
         } => {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let faults = Faults {
                 fail_next,
                 fail_first_delivery_of,
+                delay: Duration::from_millis(delay_ms),
             };
             let config = target.database().config()?;
             consumer::serve(listener, config, kind, faults, announce_listening).await?;

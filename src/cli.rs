@@ -10,6 +10,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::child::{self, ChildArgs};
 use crate::crash::CrashPoint;
 use crate::db::{self, PgServer, ServerChoice};
+use crate::partitions::{self, Action, Age};
 use crate::redis_server::Redis;
 use crate::relay;
 use crate::report::{Report, Table};
@@ -35,7 +36,8 @@ Examples:
   outbox-lab scenario relay-crash --events 20 --crash-after 7 --format json
   outbox-lab scenario all
   outbox-lab scenario dual-write --database-url postgres://user@host/db
-  outbox-lab crash-points";
+  outbox-lab crash-points
+  outbox-lab prune --database-url postgres://user@host/shop --older-than 3d --dry-run";
 
 /// A laboratory for the Transactional Outbox pattern on PostgreSQL: runs the article's
 /// experiments with real processes that really crash, and counts the damage with SQL.
@@ -68,6 +70,16 @@ Exit status: 0 every check passed, 1 a check failed, 2 bad input or environment.
         #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
         database_url: String,
     },
+    /// Detach and drop the daily partitions of a partitioned outbox older than a cutoff; a
+    /// partition that still holds an unpublished row is kept and reported, never dropped.
+    #[command(after_help = "Examples:
+  outbox-lab prune --database-url postgres://user@host/shop --older-than 3d --dry-run
+  outbox-lab prune --database-url postgres://user@host/shop --older-than 3d
+
+A partition is pruned when its whole range ends at least that long ago (3d, 12h, 90m, 30s).
+Each one is checked first (SELECT count(*) ... WHERE published_at IS NULL, under a lock);
+exit status 0 even when one is kept: kept partitions are reported on stderr.")]
+    Prune(PruneArgs),
     /// Stop and remove throwaway clusters left behind (--keep, or a killed run).
     Clean,
     /// A component in a child process (used by the scenarios).
@@ -121,6 +133,22 @@ struct ScenarioArgs {
     crash_after: Option<u32>,
 }
 
+#[derive(Debug, Args)]
+struct PruneArgs {
+    /// The database of the partitioned outbox.
+    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+    database_url: String,
+    /// Prune partitions whose range ended at least this long ago: 3d, 12h, 90m, 30s.
+    #[arg(long, value_name = "AGE")]
+    older_than: String,
+    /// The partitioned outbox (daily RANGE partitions on created_at, as the article's).
+    #[arg(long, default_value = "outbox_p")]
+    table: String,
+    /// Say what would be dropped and kept; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
 /// An error that ends the run with its own exit status.
 #[derive(Debug, thiserror::Error)]
 #[error("interrupted by {0}; cleaned up")]
@@ -132,6 +160,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Scenario(args) => scenario(args).await,
         Command::CrashPoints => crash_points(),
         Command::Requeue { database_url } => requeue(&database_url).await,
+        Command::Prune(args) => prune(args).await,
         Command::Clean => {
             for dir in throwaway::clean() {
                 println!("removed {}", dir.display());
@@ -179,6 +208,31 @@ async fn requeue(database_url: &str) -> Result<ExitCode> {
     let client = db::connect(&db::parse_url(database_url)?).await?;
     let rows = relay::requeue(&client).await?;
     println!("requeued {rows} undelivered outbox rows");
+    Ok(ExitCode::from(exit::OK))
+}
+
+async fn prune(args: PruneArgs) -> Result<ExitCode> {
+    let older_than: Age = args
+        .older_than
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--older-than: {e}"))?;
+    let mut client = db::connect(&db::parse_url(&args.database_url)?).await?;
+    let pruned = partitions::prune(&mut client, &args.table, older_than, args.dry_run).await?;
+    if pruned.is_empty() {
+        println!(
+            "nothing to prune: no partition of {} ended {} ago or earlier",
+            args.table, args.older_than
+        );
+    }
+    for p in &pruned {
+        match p.action {
+            Action::Kept => eprintln!("outbox-lab: warning: {p}"),
+            _ => println!("{p}"),
+        }
+    }
+    if args.dry_run {
+        println!("dry run: nothing was changed");
+    }
     Ok(ExitCode::from(exit::OK))
 }
 

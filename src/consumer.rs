@@ -9,6 +9,7 @@
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
@@ -64,6 +65,8 @@ pub struct Faults {
     pub fail_next: u32,
     /// Answer 500 to the first delivery of the outbox row with this id.
     pub fail_first_delivery_of: Option<i64>,
+    /// A slow sink: take this long over each delivery before handling it.
+    pub delay: Duration,
 }
 
 struct State {
@@ -72,6 +75,7 @@ struct State {
     fail_next: AtomicU32,
     fail_first_delivery_of: Option<i64>,
     failed_first_delivery: AtomicBool,
+    delay: Duration,
 }
 
 impl State {
@@ -119,6 +123,7 @@ pub async fn serve(
         fail_next: AtomicU32::new(faults.fail_next),
         fail_first_delivery_of: faults.fail_first_delivery_of,
         failed_first_delivery: AtomicBool::new(false),
+        delay: faults.delay,
     });
     on_ready(listener.local_addr()?);
     loop {
@@ -148,6 +153,7 @@ async fn handle(
         },
         Err(e) => return Ok(reply(StatusCode::BAD_REQUEST, &format!("bad body: {e}"))),
     };
+    tokio::time::sleep(state.delay).await;
     Ok(match handle_delivery(&state, &event).await {
         Ok(Some(result)) => reply(StatusCode::OK, result),
         Ok(None) => reply(StatusCode::INTERNAL_SERVER_ERROR, "injected fault"),

@@ -58,9 +58,10 @@ impl CrashPoint {
             CrashPoint::WriterAfterCommitBeforeSend | CrashPoint::WriterAfterSendBeforeCommit => {
                 "writer::dual_write"
             }
-            CrashPoint::RelayAfterFetchBeforeSend
-            | CrashPoint::RelayAfterSendBeforeMark
-            | CrashPoint::RelayAfterMarkBeforeCommit => "relay::Relay::deliver_batch",
+            CrashPoint::RelayAfterFetchBeforeSend | CrashPoint::RelayAfterSendBeforeMark => {
+                "relay::deliver_rows (lock and claim relays)"
+            }
+            CrashPoint::RelayAfterMarkBeforeCommit => "relay::Relay::deliver_locked_batch",
             CrashPoint::ConsumerAfterEffectBeforeCommit
             | CrashPoint::ConsumerAfterCommitBeforeReply => "consumer::apply",
             CrashPoint::StreamWorkerAfterApplyBeforeAck => "stream_consumer::StreamWorker::work",
@@ -79,7 +80,9 @@ impl CrashPoint {
             CrashPoint::WriterAfterSendBeforeCommit => {
                 "dual write: event sent for an order that never commits"
             }
-            CrashPoint::RelayAfterFetchBeforeSend => "batch locked, nothing sent yet",
+            CrashPoint::RelayAfterFetchBeforeSend => {
+                "batch fetched (locked or claimed), nothing sent yet"
+            }
             CrashPoint::RelayAfterSendBeforeMark => {
                 "event delivered, published_at not written: it is sent again"
             }

@@ -1,15 +1,19 @@
 //! The relay: reads undelivered outbox rows, delivers them, and marks them published.
 //!
-//! The article's relay ([`Relay`]) holds the rows' locks in the delivering transaction: a crash
-//! releases them at once, and the rows are simply fetched again. Two watermark relays
-//! ([`WatermarkRelay`], [`XidWatermarkRelay`]) remember how far they got instead of marking rows;
-//! the first one loses events (watermark-gap), the second shows how to make a watermark safe.
+//! The article's relay ([`Relay`] with [`RelayDesign::Lock`]) holds the rows' locks in the
+//! delivering transaction: a crash releases them at once, and the rows are simply fetched again.
+//! The other common design ([`RelayDesign::Claim`]) writes a `claimed_at`/`claimed_by` lease and
+//! commits it before delivering: no transaction stays open, but a crashed relay's rows wait for
+//! the lease to expire (claim-vs-lock). A following relay wakes up by polling or by LISTEN/NOTIFY
+//! ([`Wakeup`]). Two watermark relays ([`WatermarkRelay`], [`XidWatermarkRelay`]) remember how far
+//! they got instead of marking rows; the first one loses events (watermark-gap), the second shows
+//! how to make a watermark safe.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use tokio_postgres::Client;
+use tokio_postgres::{Client, GenericClient, Row};
 
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_postgres::types::ToSql;
@@ -70,6 +74,32 @@ UPDATE outbox
        next_attempt_at = clock_timestamp() + $3::float8 * (2 ^ attempts) * interval '1 millisecond'
  WHERE id = $1";
 
+/// Relay children name their sessions `outbox-lab relay NAME` (`application_name`).
+pub const RELAY_APPLICATION_NAME: &str = "outbox-lab relay";
+
+/// The claim design's fetch: due, undelivered rows that no live lease covers, claimed by this
+/// relay in the same statement. It commits at once: no transaction stays open while delivering.
+pub const CLAIM_BATCH: &str = "
+UPDATE outbox
+   SET claimed_at = clock_timestamp(), claimed_by = $3
+ WHERE id IN (SELECT id
+                FROM outbox
+               WHERE published_at IS NULL
+                 AND next_attempt_at <= clock_timestamp()
+                 AND attempts < $1
+                 AND (claimed_at IS NULL
+                      OR claimed_at < clock_timestamp() - $4::float8 * interval '1 millisecond')
+               ORDER BY id
+               LIMIT $2
+                 FOR UPDATE SKIP LOCKED)
+RETURNING id, event_id, aggregate_type, aggregate_id, event_type, payload";
+
+/// The claim design's mark: only the rows whose lease this relay still holds.
+pub const MARK_CLAIMED_PUBLISHED: &str = "
+UPDATE outbox
+   SET published_at = clock_timestamp(), attempts = attempts + 1
+ WHERE id = ANY($1) AND claimed_by = $2";
+
 /// What is left to do: undelivered rows under the limit, and how long until the next is due.
 pub const PENDING: &str = "
 SELECT count(*),
@@ -105,6 +135,25 @@ SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload, xid::tex
  WHERE (xid, id) > ($1::text::xid8, $2)
    AND xid < pg_snapshot_xmin(pg_current_snapshot())
  ORDER BY xid, id";
+
+/// How a relay keeps other relays off the rows it is delivering.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum RelayDesign {
+    /// The article's: row locks held by the delivering transaction (`FOR UPDATE SKIP LOCKED`).
+    #[default]
+    Lock,
+    /// A lease: `claimed_at`/`claimed_by` written and committed before delivering.
+    Claim,
+}
+
+impl RelayDesign {
+    pub fn name(self) -> &'static str {
+        match self {
+            RelayDesign::Lock => "lock",
+            RelayDesign::Claim => "claim",
+        }
+    }
+}
 
 /// Relay `index` of `count` relays that split the aggregates between them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,6 +223,10 @@ impl std::fmt::Display for Wakeup {
 /// How the article's relay behaves.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
+    /// Lock (the article) or claim (lease).
+    pub design: RelayDesign,
+    /// Claim design: another relay may take a claimed row once its claim is this old.
+    pub lease: Duration,
     /// Rows per fetch (the article's LIMIT 100).
     pub batch: i64,
     /// Rows with this many attempts are dead letters (the article's `attempts < 5`).
@@ -193,6 +246,8 @@ pub struct RelayConfig {
 impl Default for RelayConfig {
     fn default() -> Self {
         RelayConfig {
+            design: RelayDesign::Lock,
+            lease: Duration::from_secs(30),
             batch: 100,
             max_attempts: 5,
             backoff_base: Duration::from_millis(200),
@@ -212,7 +267,8 @@ pub struct BatchOutcome {
     pub failed: usize,
 }
 
-/// The article's polling relay, with its row locks held while it delivers.
+/// The article's polling relay, with its row locks held while it delivers (or, in the claim
+/// design, a committed lease).
 pub struct Relay {
     db: tokio_postgres::Config,
     client: Client,
@@ -223,6 +279,8 @@ pub struct Relay {
     fetch: String,
     /// Prints the article's log lines (`[relay 0] ...`) to stdout when set; children do.
     log_name: Option<String>,
+    /// Claim design: the `claimed_by` of this relay's leases, unique to its process.
+    claimant: String,
 }
 
 impl Relay {
@@ -234,8 +292,18 @@ impl Relay {
         log_name: Option<String>,
         listen: bool,
     ) -> Result<Relay> {
+        if config.design == RelayDesign::Claim
+            && (config.partition.is_some() || config.head_of_line_guard)
+        {
+            bail!("the claim design takes no partition and no head-of-line guard");
+        }
         let (client, notifications) = open_connection(db, listen).await?;
         let fetch = fetch_statement(config.partition.is_some(), config.head_of_line_guard);
+        let claimant = format!(
+            "relay {}/pid {}",
+            log_name.as_deref().unwrap_or("-"),
+            std::process::id()
+        );
         Ok(Relay {
             db: db.clone(),
             client,
@@ -244,11 +312,20 @@ impl Relay {
             config,
             fetch,
             log_name,
+            claimant,
         })
     }
 
-    /// Fetch, deliver and mark one batch in one transaction.
+    /// Fetch, deliver and mark one batch, as the design says.
     pub async fn deliver_batch(&mut self) -> Result<BatchOutcome> {
+        match self.config.design {
+            RelayDesign::Lock => self.deliver_locked_batch().await,
+            RelayDesign::Claim => self.deliver_claimed_batch().await,
+        }
+    }
+
+    /// The article's: fetch, deliver and mark in one transaction that holds the row locks.
+    async fn deliver_locked_batch(&mut self) -> Result<BatchOutcome> {
         let tx = self.client.transaction().await?;
         let rows = match self.config.partition {
             None => {
@@ -269,45 +346,48 @@ impl Relay {
                 tx.query(&self.fetch, &params).await?
             }
         };
-        if rows.is_empty() {
-            tx.commit().await?;
-            return Ok(BatchOutcome::default());
-        }
-        crash::point(CrashPoint::RelayAfterFetchBeforeSend);
-        let events: Vec<Event> = rows.iter().map(Event::from_outbox_row).collect();
-        let results = self
-            .sink
-            .deliver(&events, || {
-                crash::point(CrashPoint::RelayAfterSendBeforeMark)
-            })
-            .await;
-        let mut outcome = BatchOutcome {
-            fetched: rows.len(),
-            ..Default::default()
-        };
-        let mut delivered: Vec<i64> = Vec::with_capacity(rows.len());
-        for (event, result) in events.iter().zip(results) {
-            let id = event.outbox_id.expect("outbox rows have ids");
-            match result {
-                Ok(()) => delivered.push(id),
-                Err(e) => {
-                    let error = format!("{e:#}");
-                    log_line(
-                        self.log_name.as_deref(),
-                        format_args!("outbox id={id} failed: {error}"),
-                    );
-                    let base_ms = self.config.backoff_base.as_secs_f64() * 1000.0;
-                    tx.execute(MARK_FAILED, &[&id, &error, &base_ms]).await?;
-                    outcome.failed += 1;
-                }
-            }
-        }
-        outcome.sent = delivered.len();
+        let (outcome, delivered) = deliver_rows(
+            &self.sink,
+            &self.config,
+            self.log_name.as_deref(),
+            &tx,
+            &rows,
+        )
+        .await?;
         if !delivered.is_empty() {
             tx.execute(MARK_PUBLISHED, &[&delivered]).await?;
+            crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
         }
-        crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
         tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// The lease: claim (committed), deliver outside any transaction, mark what was delivered.
+    async fn deliver_claimed_batch(&mut self) -> Result<BatchOutcome> {
+        let lease_ms = self.config.lease.as_secs_f64() * 1000.0;
+        let params: [&(dyn ToSql + Sync); 4] = [
+            &self.config.max_attempts,
+            &self.config.batch,
+            &self.claimant,
+            &lease_ms,
+        ];
+        let mut rows = self.client.query(CLAIM_BATCH, &params).await?;
+        // UPDATE ... RETURNING has no order; deliver oldest first, as the lock design does.
+        rows.sort_by_key(|row| row.get::<_, i64>("id"));
+        // A failed row keeps its claim: it is retried once both its backoff and the lease ran out.
+        let (outcome, delivered) = deliver_rows(
+            &self.sink,
+            &self.config,
+            self.log_name.as_deref(),
+            &self.client,
+            &rows,
+        )
+        .await?;
+        if !delivered.is_empty() {
+            self.client
+                .execute(MARK_CLAIMED_PUBLISHED, &[&delivered, &self.claimant])
+                .await?;
+        }
         Ok(outcome)
     }
 
@@ -400,6 +480,47 @@ async fn open_connection(
         .batch_execute(&format!("LISTEN {}", schema::NOTIFY_CHANNEL))
         .await?;
     Ok((client, Some(notifications)))
+}
+
+/// Sends the fetched rows through the sink; a failure is recorded (with its backoff) through
+/// `db`. Returns the ids delivered, for the mark.
+async fn deliver_rows(
+    sink: &Sink,
+    config: &RelayConfig,
+    log_name: Option<&str>,
+    db: &impl GenericClient,
+    rows: &[Row],
+) -> Result<(BatchOutcome, Vec<i64>)> {
+    let mut outcome = BatchOutcome {
+        fetched: rows.len(),
+        ..Default::default()
+    };
+    if rows.is_empty() {
+        return Ok((outcome, Vec::new()));
+    }
+    crash::point(CrashPoint::RelayAfterFetchBeforeSend);
+    let events: Vec<Event> = rows.iter().map(Event::from_outbox_row).collect();
+    let results = sink
+        .deliver(&events, || {
+            crash::point(CrashPoint::RelayAfterSendBeforeMark)
+        })
+        .await;
+    let mut delivered: Vec<i64> = Vec::with_capacity(rows.len());
+    for (event, result) in events.iter().zip(results) {
+        let id = event.outbox_id.expect("outbox rows have ids");
+        match result {
+            Ok(()) => delivered.push(id),
+            Err(e) => {
+                let error = format!("{e:#}");
+                log_line(log_name, format_args!("outbox id={id} failed: {error}"));
+                let base_ms = config.backoff_base.as_secs_f64() * 1000.0;
+                db.execute(MARK_FAILED, &[&id, &error, &base_ms]).await?;
+                outcome.failed += 1;
+            }
+        }
+    }
+    outcome.sent = delivered.len();
+    Ok((outcome, delivered))
 }
 
 /// The article's relay log line (`[relay 0] ...`), for relays that have a name.

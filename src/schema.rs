@@ -81,6 +81,14 @@ pub const DROP_NOTIFY_TRIGGER: &str = "
 DROP TRIGGER outbox_notify_trg ON outbox;
 DROP FUNCTION outbox_notify();";
 
+/// The storage scenarios measure what each statement leaves behind (dead tuples, dead index
+/// entries): autovacuum must not clean up in between, at a moment of its choosing.
+pub const NO_AUTOVACUUM: &str = "ALTER TABLE outbox SET (autovacuum_enabled = off)";
+
+/// The claim design of claim-vs-lock: a lease on each row instead of a lock.
+pub const ADD_CLAIM_COLUMNS: &str =
+    "ALTER TABLE outbox ADD COLUMN claimed_at timestamptz, ADD COLUMN claimed_by text";
+
 pub async fn create(client: &Client) -> Result<()> {
     client
         .batch_execute(CREATE)

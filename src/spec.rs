@@ -112,6 +112,14 @@ impl Spec {
 }
 
 impl CheckSpec {
+    /// The article's figure as shown beside the measured one.
+    pub fn article_text(&self) -> Option<String> {
+        self.article.as_ref().map(|figure| match figure {
+            toml::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        })
+    }
+
     fn validate(&self) -> Result<()> {
         match (&self.equals, &self.at_least, &self.at_most) {
             (None, None, None) => bail!("needs equals, at_least or at_most"),

@@ -62,6 +62,11 @@ pub fn paced_offset(k: u64, interval_ms: u64, seed: u64) -> Duration {
     Duration::from_secs_f64(at_ms / 1000.0)
 }
 
+/// The event payload of an order, as the article writes it.
+pub fn order_payload(order_id: i64) -> serde_json::Value {
+    json!({ "order_id": order_id, "amount": "1200" })
+}
+
 /// The outbox way: the order and its events in one transaction; nothing is sent here.
 pub async fn create_order_with_events(
     client: &mut Client,
@@ -72,7 +77,8 @@ pub async fn create_order_with_events(
     let tx = client.transaction().await?;
     let order_id: i64 = tx.query_one(INSERT_ORDER, &[&customer_id]).await?.get(0);
     for n in 1..=events_per_order {
-        let payload = json!({ "order_id": order_id, "amount": "1200", "seq": n });
+        let mut payload = order_payload(order_id);
+        payload["seq"] = n.into();
         tx.execute(
             INSERT_OUTBOX,
             &[&order_id.to_string(), &event_type(n), &payload],
@@ -109,7 +115,7 @@ pub async fn dual_write(
         aggregate_type: "orders".into(),
         aggregate_id: order_id.to_string(),
         event_type: event_type(1),
-        payload: json!({ "order_id": order_id, "amount": "1200" }),
+        payload: order_payload(order_id),
     };
     match order {
         DualWriteOrder::CommitFirst => {

@@ -45,7 +45,7 @@ fn unknown_scenario_lists_the_known_ones() {
 
 #[test]
 fn catalogued_but_unbuilt_scenario_says_so() {
-    assert_usage_error(&run(&["scenario", "partial-index"]), "not implemented yet");
+    assert_usage_error(&run(&["scenario", "notify-latency"]), "not implemented yet");
 }
 
 #[test]

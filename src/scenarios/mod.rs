@@ -3,10 +3,13 @@
 //! [`Report`] with its checks.
 
 pub mod batch_throughput;
+pub mod claim_vs_lock;
+pub mod cleanup;
 pub mod dual_write;
 pub mod multi_relay_ordering;
 pub mod ordering_on_failure;
 pub mod outbox_atomicity;
+pub mod partial_index;
 pub mod redis_stream;
 pub mod relay_crash;
 pub mod retry_backoff;
@@ -37,6 +40,7 @@ pub const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
 pub enum Scenario {
     DualWrite,
     OutboxAtomicity,
+    PartialIndex,
     RetryBackoff,
     RelayCrash,
     MultiRelayOrdering,
@@ -44,21 +48,19 @@ pub enum Scenario {
     BatchThroughput,
     RedisStream,
     WatermarkGap,
+    ClaimVsLock,
+    Cleanup,
 }
 
 /// Catalogue entries (SCENARIOS.md) not built yet, so that asking for one says so.
-const PLANNED: &[&str] = &[
-    "partial-index",
-    "notify-latency",
-    "claim-vs-lock",
-    "cleanup",
-];
+const PLANNED: &[&str] = &["notify-latency"];
 
 impl Scenario {
     /// In the article's order.
     pub const ALL: &[Scenario] = &[
         Scenario::DualWrite,
         Scenario::OutboxAtomicity,
+        Scenario::PartialIndex,
         Scenario::RetryBackoff,
         Scenario::RelayCrash,
         Scenario::MultiRelayOrdering,
@@ -66,6 +68,8 @@ impl Scenario {
         Scenario::BatchThroughput,
         Scenario::RedisStream,
         Scenario::WatermarkGap,
+        Scenario::ClaimVsLock,
+        Scenario::Cleanup,
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +83,9 @@ impl Scenario {
             Scenario::RedisStream => "redis-stream",
             Scenario::BatchThroughput => "batch-throughput",
             Scenario::MultiRelayOrdering => "multi-relay-ordering",
+            Scenario::PartialIndex => "partial-index",
+            Scenario::Cleanup => "cleanup",
+            Scenario::ClaimVsLock => "claim-vs-lock",
         }
     }
 
@@ -96,6 +103,9 @@ impl Scenario {
             Scenario::MultiRelayOrdering => {
                 include_str!("../../scenarios/multi-relay-ordering.toml")
             }
+            Scenario::PartialIndex => include_str!("../../scenarios/partial-index.toml"),
+            Scenario::Cleanup => include_str!("../../scenarios/cleanup.toml"),
+            Scenario::ClaimVsLock => include_str!("../../scenarios/claim-vs-lock.toml"),
         }
     }
 
@@ -146,6 +156,9 @@ enum Params {
     BatchThroughput(batch_throughput::Params),
     RedisStream(redis_stream::Params),
     WatermarkGap(watermark_gap::Params),
+    PartialIndex(partial_index::Params),
+    Cleanup(cleanup::Params),
+    ClaimVsLock(claim_vs_lock::Params),
 }
 
 /// Reads the file and validates the parameters before anything is started.
@@ -172,16 +185,21 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
         Scenario::DualWrite => Params::DualWrite(spec.params(&params)?),
         Scenario::OutboxAtomicity => Params::OutboxAtomicity(spec.params(&params)?),
         Scenario::RetryBackoff => Params::RetryBackoff(spec.params(&params)?),
-        Scenario::RelayCrash => {
-            let p: relay_crash::Params = spec.params(&params)?;
-            p.validate()?;
-            Params::RelayCrash(p)
-        }
+        Scenario::RelayCrash => Params::RelayCrash(validated(
+            spec.params(&params)?,
+            relay_crash::Params::validate,
+        )?),
         Scenario::WatermarkGap => Params::WatermarkGap(spec.params(&params)?),
         Scenario::OrderingOnFailure => Params::OrderingOnFailure(spec.params(&params)?),
         Scenario::RedisStream => Params::RedisStream(spec.params(&params)?),
         Scenario::BatchThroughput => Params::BatchThroughput(spec.params(&params)?),
         Scenario::MultiRelayOrdering => Params::MultiRelayOrdering(spec.params(&params)?),
+        Scenario::PartialIndex => Params::PartialIndex(spec.params(&params)?),
+        Scenario::Cleanup => Params::Cleanup(spec.params(&params)?),
+        Scenario::ClaimVsLock => Params::ClaimVsLock(validated(
+            spec.params(&params)?,
+            claim_vs_lock::Params::validate,
+        )?),
     };
     Ok(Prepared {
         scenario,
@@ -189,6 +207,12 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
         params,
         typed,
     })
+}
+
+/// Parameters whose relations (not only types) need checking before anything starts.
+fn validated<P>(params: P, validate: impl Fn(&P) -> Result<()>) -> Result<P> {
+    validate(&params)?;
+    Ok(params)
 }
 
 impl Prepared {
@@ -210,9 +234,21 @@ pub struct Ctx<'a> {
     server: &'a PgServer,
     redis: &'a Redis,
     scenario: Scenario,
+    spec: &'a Spec,
 }
 
 impl Ctx<'_> {
+    /// The article's figure for `metric`, from the scenario file's checks ("" where it has none),
+    /// for tables that put the article beside the measurement.
+    pub fn article(&self, metric: &str) -> String {
+        self.spec
+            .checks
+            .iter()
+            .filter(|check| check.metric == metric)
+            .find_map(|check| check.article_text())
+            .unwrap_or_default()
+    }
+
     /// A fresh database with the article's schema, named after the scenario and `part`.
     pub async fn database(&self, part: &str) -> Result<Database> {
         let label = format!("{}_{part}", self.scenario.name());
@@ -229,7 +265,8 @@ impl Ctx<'_> {
     ) -> Result<ConsumerProcess> {
         let mut cmd = ChildCommand::new("consumer", db)
             .arg("kind", kind.name())
-            .arg("fail-next", faults.fail_next);
+            .arg("fail-next", faults.fail_next)
+            .arg("delay-ms", faults.delay.as_millis());
         if let Some(id) = faults.fail_first_delivery_of {
             cmd = cmd.arg("fail-first-delivery-of", id);
         }
@@ -279,6 +316,22 @@ impl Ctx<'_> {
             .await
     }
 
+    /// A relay child started in the background, for scenarios that watch it while it runs.
+    pub fn spawn_relay(
+        &self,
+        db: &Database,
+        sink: &str,
+        name: &str,
+        config: &RelayConfig,
+        crash: Option<CrashPlan>,
+    ) -> tokio::task::JoinHandle<Result<ChildRun>> {
+        tokio::spawn(
+            self.relay(db, sink, name, config)
+                .crash_at(crash)
+                .run(CHILD_TIMEOUT),
+        )
+    }
+
     /// The command line of a relay child; add `--follow`, `--in-flight` as needed.
     pub fn relay(
         &self,
@@ -290,6 +343,8 @@ impl Ctx<'_> {
         let mut cmd = ChildCommand::new("relay", db)
             .arg("sink", sink)
             .arg("name", name)
+            .arg_enum("design", config.design)
+            .arg("lease-ms", config.lease.as_millis())
             .arg("batch", config.batch)
             .arg("max-attempts", config.max_attempts)
             .arg("backoff-ms", config.backoff_base.as_millis())
@@ -322,6 +377,7 @@ pub async fn run(server: &PgServer, redis: &Redis, prepared: &Prepared) -> Resul
         server,
         redis,
         scenario: prepared.scenario,
+        spec: &prepared.spec,
     };
     let outcome = match &prepared.typed {
         Params::DualWrite(p) => dual_write::run(&ctx, p).await,
@@ -333,6 +389,9 @@ pub async fn run(server: &PgServer, redis: &Redis, prepared: &Prepared) -> Resul
         Params::RedisStream(p) => redis_stream::run(&ctx, p).await,
         Params::BatchThroughput(p) => batch_throughput::run(&ctx, p).await,
         Params::MultiRelayOrdering(p) => multi_relay_ordering::run(&ctx, p).await,
+        Params::PartialIndex(p) => partial_index::run(&ctx, p).await,
+        Params::Cleanup(p) => cleanup::run(&ctx, p).await,
+        Params::ClaimVsLock(p) => claim_vs_lock::run(&ctx, p).await,
     }
     .map_err(|e| anyhow!("scenario {} did not run: {e:#}", prepared.scenario.name()))?;
     let checks = checks::evaluate(&prepared.spec, &prepared.params, &outcome.metrics)?;
