@@ -280,7 +280,9 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
         } => {
             let mut worker = StreamWorker {
                 redis: redis_server::connect(&redis_url).await?,
-                db: target.connect().await?,
+                db: consumer::pool(target.database().config()?, 1)?
+                    .get()
+                    .await?,
                 stream,
                 name: worker,
                 kind,

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Pool, RecyclingMethod};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -22,7 +22,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::NoTls;
 
 use crate::crash::{self, CrashPoint};
 use crate::event::Event;
@@ -103,14 +103,7 @@ pub async fn serve(
     faults: Faults,
     on_ready: impl FnOnce(std::net::SocketAddr),
 ) -> Result<()> {
-    let manager = Manager::from_config(
-        db,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager).max_size(POOL_SIZE).build()?;
+    let pool = pool(db, POOL_SIZE)?;
     // Fail now, not at the first request, if the database is unreachable.
     drop(
         pool.get()
@@ -171,7 +164,7 @@ async fn handle_delivery(state: &State, event: &Event) -> Result<Option<&'static
     Ok(Some(apply(&mut conn, state.kind, event).await?))
 }
 
-async fn record_receipt(client: &Client, event: &Event, injected_fault: bool) -> Result<()> {
+async fn record_receipt(client: &ClientWrapper, event: &Event, injected_fault: bool) -> Result<()> {
     let params: [&(dyn ToSql + Sync); 5] = [
         &event.event_id,
         &event.outbox_id,
@@ -179,22 +172,32 @@ async fn record_receipt(client: &Client, event: &Event, injected_fault: bool) ->
         &event.event_type,
         &injected_fault,
     ];
-    client.execute(RECORD_RECEIPT, &params).await?;
+    // Prepared once per pooled connection: a fresh prepare would cost a round trip per event.
+    let statement = client.prepare_cached(RECORD_RECEIPT).await?;
+    client.execute(&statement, &params).await?;
     Ok(())
 }
 
 /// Records the receipt, then the side effect: for every delivery (naive), or only for an
 /// event's first (idempotent, with the event id recorded in the same transaction). Used for
 /// HTTP deliveries and for the Redis stream's workers alike.
-pub async fn apply(client: &mut Client, kind: ConsumerKind, event: &Event) -> Result<&'static str> {
+pub async fn apply(
+    client: &mut ClientWrapper,
+    kind: ConsumerKind,
+    event: &Event,
+) -> Result<&'static str> {
     record_receipt(client, event, false).await?;
     let tx = client.transaction().await?;
     let first_delivery = match kind {
         ConsumerKind::Naive => true,
-        ConsumerKind::Idempotent => tx.execute(MARK_PROCESSED, &[&event.event_id]).await? == 1,
+        ConsumerKind::Idempotent => {
+            let mark = tx.prepare_cached(MARK_PROCESSED).await?;
+            tx.execute(&mark, &[&event.event_id]).await? == 1
+        }
     };
     if first_delivery {
-        tx.execute(CREATE_SHIPMENT, &[&event.aggregate_id, &event.event_id])
+        let ship = tx.prepare_cached(CREATE_SHIPMENT).await?;
+        tx.execute(&ship, &[&event.aggregate_id, &event.event_id])
             .await?;
     }
     crash::point(CrashPoint::ConsumerAfterEffectBeforeCommit);
@@ -206,6 +209,18 @@ pub async fn apply(client: &mut Client, kind: ConsumerKind, event: &Event) -> Re
     } else {
         "duplicate-ignored"
     })
+}
+
+/// A pool of connections to the consumer's database.
+pub fn pool(db: tokio_postgres::Config, size: usize) -> Result<Pool> {
+    let manager = Manager::from_config(
+        db,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Ok(Pool::builder(manager).max_size(size).build()?)
 }
 
 fn reply(status: StatusCode, text: &str) -> Response<Full<Bytes>> {

@@ -13,7 +13,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use tokio_postgres::{Client, GenericClient, Row};
+use tokio_postgres::{Client, GenericClient, Row, Statement};
 
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_postgres::types::ToSql;
@@ -276,7 +276,10 @@ pub struct Relay {
     notifications: Option<UnboundedReceiver<Notification>>,
     sink: Sink,
     config: RelayConfig,
-    fetch: String,
+    /// The fetch and the mark of this relay's design, prepared once per connection: a
+    /// statement prepared per query would cost a round trip on every batch.
+    fetch: Statement,
+    mark: Statement,
     /// Prints the article's log lines (`[relay 0] ...`) to stdout when set; children do.
     log_name: Option<String>,
     /// Claim design: the `claimed_by` of this relay's leases, unique to its process.
@@ -298,7 +301,7 @@ impl Relay {
             bail!("the claim design takes no partition and no head-of-line guard");
         }
         let (client, notifications) = open_connection(db, listen).await?;
-        let fetch = fetch_statement(config.partition.is_some(), config.head_of_line_guard);
+        let (fetch, mark) = prepare(&client, &config).await?;
         let claimant = format!(
             "relay {}/pid {}",
             log_name.as_deref().unwrap_or("-"),
@@ -311,6 +314,7 @@ impl Relay {
             sink,
             config,
             fetch,
+            mark,
             log_name,
             claimant,
         })
@@ -355,7 +359,7 @@ impl Relay {
         )
         .await?;
         if !delivered.is_empty() {
-            tx.execute(MARK_PUBLISHED, &[&delivered]).await?;
+            tx.execute(&self.mark, &[&delivered]).await?;
             crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
         }
         tx.commit().await?;
@@ -371,7 +375,7 @@ impl Relay {
             &self.claimant,
             &lease_ms,
         ];
-        let mut rows = self.client.query(CLAIM_BATCH, &params).await?;
+        let mut rows = self.client.query(&self.fetch, &params).await?;
         // UPDATE ... RETURNING has no order; deliver oldest first, as the lock design does.
         rows.sort_by_key(|row| row.get::<_, i64>("id"));
         // A failed row keeps its claim: it is retried once both its backoff and the lease ran out.
@@ -385,7 +389,7 @@ impl Relay {
         .await?;
         if !delivered.is_empty() {
             self.client
-                .execute(MARK_CLAIMED_PUBLISHED, &[&delivered, &self.claimant])
+                .execute(&self.mark, &[&delivered, &self.claimant])
                 .await?;
         }
         Ok(outcome)
@@ -458,6 +462,7 @@ impl Relay {
                     format_args!("connection lost, listening again"),
                 );
                 let (client, notifications) = open_connection(&self.db, true).await?;
+                (self.fetch, self.mark) = prepare(&client, &self.config).await?;
                 self.client = client;
                 self.notifications = notifications;
             }
@@ -465,6 +470,18 @@ impl Relay {
         }
         Ok(())
     }
+}
+
+/// The design's fetch and mark, prepared on `client`.
+async fn prepare(client: &Client, config: &RelayConfig) -> Result<(Statement, Statement)> {
+    let (fetch, mark) = match config.design {
+        RelayDesign::Lock => (
+            fetch_statement(config.partition.is_some(), config.head_of_line_guard),
+            MARK_PUBLISHED,
+        ),
+        RelayDesign::Claim => (CLAIM_BATCH.to_string(), MARK_CLAIMED_PUBLISHED),
+    };
+    Ok((client.prepare(&fetch).await?, client.prepare(mark).await?))
 }
 
 /// A connection, LISTENing when asked.
