@@ -2,9 +2,11 @@
 //!
 //! *Naive*: one shipment per delivery. *Idempotent*: records the event id in
 //! `consumer.processed_events` in the same transaction as the shipment, and answers 200 to a
-//! duplicate without shipping again. Every request is first written to `consumer.receipts`, so
-//! scenarios count deliveries from the database. Faults are injected here on request: answer 500
-//! to the next N requests, or to the first delivery of one outbox row.
+//! duplicate without shipping again. Every delivery is written to `consumer.receipts` in the
+//! transaction of its side effect, so scenarios count deliveries from the database. Faults are
+//! injected here on request: answer 500 to the next N requests, or to the first delivery of one
+//! outbox row (those requests are logged as receipts with `injected_fault`), or wait before
+//! answering (a slow sink).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -13,7 +15,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{
+    ClientWrapper, GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod,
+};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -31,15 +35,23 @@ pub const RECORD_RECEIPT: &str = "
 INSERT INTO consumer.receipts(event_id, outbox_id, order_id, event_type, injected_fault)
 VALUES ($1, $2, $3, $4, $5)";
 
-/// The idempotency check: a row only for the first delivery of an event.
-pub const MARK_PROCESSED: &str =
-    "INSERT INTO consumer.processed_events(event_id) VALUES ($1) ON CONFLICT DO NOTHING";
-
+/// The naive consumer's side effect: a shipment for every delivery.
 pub const CREATE_SHIPMENT: &str =
     "INSERT INTO consumer.shipments(order_id, event_id) VALUES ($1, $2)";
 
-/// Connections the consumer keeps open; enough for the relays of these scenarios.
-const POOL_SIZE: usize = 8;
+/// The idempotent consumer's side effect: the article's `INSERT INTO processed_events ... ON
+/// CONFLICT DO NOTHING` and, only if that inserted a row (the event's first delivery), the
+/// shipment; in one statement, so one round trip. Affects 1 row, or 0 for a duplicate.
+pub const SHIP_FIRST_DELIVERY: &str = "
+WITH first_delivery AS (
+  INSERT INTO consumer.processed_events(event_id) VALUES ($2)
+  ON CONFLICT DO NOTHING
+  RETURNING event_id)
+INSERT INTO consumer.shipments(order_id, event_id)
+SELECT $1, event_id FROM first_delivery";
+
+/// Connections the consumer keeps open: as many as a relay sends requests at once.
+const POOL_SIZE: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ConsumerKind {
@@ -164,7 +176,11 @@ async fn handle_delivery(state: &State, event: &Event) -> Result<Option<&'static
     Ok(Some(apply(&mut conn, state.kind, event).await?))
 }
 
-async fn record_receipt(client: &ClientWrapper, event: &Event, injected_fault: bool) -> Result<()> {
+async fn record_receipt(
+    client: &impl GenericClient,
+    event: &Event,
+    injected_fault: bool,
+) -> Result<()> {
     let params: [&(dyn ToSql + Sync); 5] = [
         &event.event_id,
         &event.outbox_id,
@@ -178,33 +194,31 @@ async fn record_receipt(client: &ClientWrapper, event: &Event, injected_fault: b
     Ok(())
 }
 
-/// Records the receipt, then the side effect: for every delivery (naive), or only for an
-/// event's first (idempotent, with the event id recorded in the same transaction). Used for
-/// HTTP deliveries and for the Redis stream's workers alike.
+/// One transaction: the receipt, and the side effect, for every delivery (naive) or only for
+/// an event's first (idempotent, with the event id recorded in the same transaction). The two
+/// statements go out together (pipelined). Used for HTTP deliveries and for the Redis
+/// stream's workers alike.
 pub async fn apply(
     client: &mut ClientWrapper,
     kind: ConsumerKind,
     event: &Event,
 ) -> Result<&'static str> {
-    record_receipt(client, event, false).await?;
     let tx = client.transaction().await?;
-    let first_delivery = match kind {
-        ConsumerKind::Naive => true,
-        ConsumerKind::Idempotent => {
-            let mark = tx.prepare_cached(MARK_PROCESSED).await?;
-            tx.execute(&mark, &[&event.event_id]).await? == 1
-        }
+    let effect = match kind {
+        ConsumerKind::Naive => CREATE_SHIPMENT,
+        ConsumerKind::Idempotent => SHIP_FIRST_DELIVERY,
     };
-    if first_delivery {
-        let ship = tx.prepare_cached(CREATE_SHIPMENT).await?;
-        tx.execute(&ship, &[&event.aggregate_id, &event.event_id])
-            .await?;
-    }
+    let effect = tx.prepare_cached(effect).await?;
+    let (_, shipped) = tokio::try_join!(record_receipt(&tx, event, false), async {
+        Ok(tx
+            .execute(&effect, &[&event.aggregate_id, &event.event_id])
+            .await?)
+    },)?;
     crash::point(CrashPoint::ConsumerAfterEffectBeforeCommit);
     tx.commit().await?;
     crash::point(CrashPoint::ConsumerAfterCommitBeforeReply);
     // A duplicate is a success for the sender: an error would make the relay retry forever.
-    Ok(if first_delivery {
+    Ok(if shipped == 1 {
         "shipped"
     } else {
         "duplicate-ignored"

@@ -32,7 +32,8 @@ CREATE INDEX outbox_unpublished_idx ON outbox (id) WHERE published_at IS NULL;
 
 CREATE SCHEMA consumer;
 
--- every HTTP request that reached the consumer, answered or not
+-- every delivery the consumer processed (in the transaction of its side effect), and every
+-- request it answered with an injected fault
 CREATE TABLE consumer.receipts (
   seq            bigserial   PRIMARY KEY,
   event_id       uuid        NOT NULL,
