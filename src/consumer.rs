@@ -9,6 +9,7 @@
 //! answering (a slow sink).
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +26,7 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
+use tokio::task::JoinSet;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::NoTls;
 
@@ -49,6 +51,9 @@ WITH first_delivery AS (
   RETURNING event_id)
 INSERT INTO consumer.shipments(order_id, event_id)
 SELECT $1, event_id FROM first_delivery";
+
+/// How long a stopping consumer waits for requests under way.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// Connections the consumer keeps open: as many as a relay sends requests at once.
 const POOL_SIZE: usize = 16;
@@ -114,6 +119,7 @@ pub async fn serve(
     kind: ConsumerKind,
     faults: Faults,
     on_ready: impl FnOnce(std::net::SocketAddr),
+    shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     let pool = pool(db, POOL_SIZE)?;
     // Fail now, not at the first request, if the database is unreachable.
@@ -131,10 +137,16 @@ pub async fn serve(
         delay: faults.delay,
     });
     on_ready(listener.local_addr()?);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
     loop {
-        let (stream, _) = listener.accept().await?;
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => accepted?,
+            () = &mut shutdown => break,
+        };
+        while connections.try_join_next().is_some() {} // reap closed connections
         let state = state.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let service = service_fn(move |request| handle(state.clone(), request));
             // A relay that dies mid-request ends its connection: nothing to report.
             let _ = http1::Builder::new()
@@ -142,6 +154,13 @@ pub async fn serve(
                 .await;
         });
     }
+    // Stopping: let requests under way finish (a keep-alive connection that stays idle is
+    // dropped after the bound), so no delivery is cut between its commit and its reply.
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    Ok(())
 }
 
 async fn handle(

@@ -9,11 +9,14 @@
 //! they got instead of marking rows; the first one loses events (watermark-gap), the second shows
 //! how to make a watermark safe.
 
-use std::io::Write;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use tokio_postgres::{Client, GenericClient, Row, Statement};
+use tracing::info;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_postgres::types::ToSql;
@@ -107,6 +110,16 @@ SELECT count(*),
   FROM outbox
  WHERE published_at IS NULL
    AND attempts < $1";
+
+/// What `/metrics` reports from the table: dead letters, and the age of the oldest row still
+/// to deliver (how far the relays lag behind).
+pub const BACKLOG: &str = "
+SELECT count(*) FILTER (WHERE attempts >= $1) AS dead_letters,
+       COALESCE(EXTRACT(EPOCH FROM clock_timestamp()
+                - min(created_at) FILTER (WHERE attempts < $1)), 0)::float8
+         AS oldest_unpublished_age_s
+  FROM outbox
+ WHERE published_at IS NULL";
 
 /// Rows that used up their attempts: no relay fetches them again until they are requeued.
 pub const DEAD_LETTERS: &str = "
@@ -280,8 +293,10 @@ pub struct Relay {
     /// statement prepared per query would cost a round trip on every batch.
     fetch: Statement,
     mark: Statement,
-    /// Prints the article's log lines (`[relay 0] ...`) to stdout when set; children do.
-    log_name: Option<String>,
+    /// Names the relay in its log lines (`[relay 0] ...`) and its leases.
+    name: String,
+    /// What it delivered, for `/metrics`.
+    stats: Arc<RelayStats>,
     /// Claim design: the `claimed_by` of this relay's leases, unique to its process.
     claimant: String,
 }
@@ -292,7 +307,7 @@ impl Relay {
         db: &tokio_postgres::Config,
         sink: Sink,
         config: RelayConfig,
-        log_name: Option<String>,
+        name: &str,
         listen: bool,
     ) -> Result<Relay> {
         if config.design == RelayDesign::Claim
@@ -302,11 +317,7 @@ impl Relay {
         }
         let (client, notifications) = open_connection(db, listen).await?;
         let (fetch, mark) = prepare(&client, &config).await?;
-        let claimant = format!(
-            "relay {}/pid {}",
-            log_name.as_deref().unwrap_or("-"),
-            std::process::id()
-        );
+        let claimant = format!("relay {name}/pid {}", std::process::id());
         Ok(Relay {
             db: db.clone(),
             client,
@@ -315,17 +326,30 @@ impl Relay {
             config,
             fetch,
             mark,
-            log_name,
+            name: name.to_string(),
+            stats: Arc::default(),
             claimant,
         })
     }
 
+    /// Its counters, shared with a `/metrics` endpoint.
+    pub fn stats(&self) -> Arc<RelayStats> {
+        self.stats.clone()
+    }
+
     /// Fetch, deliver and mark one batch, as the design says.
     pub async fn deliver_batch(&mut self) -> Result<BatchOutcome> {
-        match self.config.design {
-            RelayDesign::Lock => self.deliver_locked_batch().await,
-            RelayDesign::Claim => self.deliver_claimed_batch().await,
-        }
+        let outcome = match self.config.design {
+            RelayDesign::Lock => self.deliver_locked_batch().await?,
+            RelayDesign::Claim => self.deliver_claimed_batch().await?,
+        };
+        self.stats
+            .delivered
+            .fetch_add(outcome.sent as u64, Ordering::Relaxed);
+        self.stats
+            .failed
+            .fetch_add(outcome.failed as u64, Ordering::Relaxed);
+        Ok(outcome)
     }
 
     /// The article's: fetch, deliver and mark in one transaction that holds the row locks.
@@ -350,14 +374,8 @@ impl Relay {
                 tx.query(&self.fetch, &params).await?
             }
         };
-        let (outcome, delivered) = deliver_rows(
-            &self.sink,
-            &self.config,
-            self.log_name.as_deref(),
-            &tx,
-            &rows,
-        )
-        .await?;
+        let (outcome, delivered) =
+            deliver_rows(&self.sink, &self.config, &self.name, &tx, &rows).await?;
         if !delivered.is_empty() {
             tx.execute(&self.mark, &[&delivered]).await?;
             crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
@@ -379,14 +397,8 @@ impl Relay {
         // UPDATE ... RETURNING has no order; deliver oldest first, as the lock design does.
         rows.sort_by_key(|row| row.get::<_, i64>("id"));
         // A failed row keeps its claim: it is retried once both its backoff and the lease ran out.
-        let (outcome, delivered) = deliver_rows(
-            &self.sink,
-            &self.config,
-            self.log_name.as_deref(),
-            &self.client,
-            &rows,
-        )
-        .await?;
+        let (outcome, delivered) =
+            deliver_rows(&self.sink, &self.config, &self.name, &self.client, &rows).await?;
         if !delivered.is_empty() {
             self.client
                 .execute(&self.mark, &[&delivered, &self.claimant])
@@ -411,10 +423,7 @@ impl Relay {
                 .await?;
             let (pending, due_in_ms): (i64, f64) = (row.get(0), row.get(1));
             if pending == 0 {
-                log_line(
-                    self.log_name.as_deref(),
-                    format_args!("exit. sent_total={sent_total}"),
-                );
+                info!(relay = %self.name, "exit. sent_total={sent_total}");
                 return Ok(sent_total);
             }
             if started.elapsed() > self.config.deadline {
@@ -434,17 +443,38 @@ impl Relay {
         }
     }
 
-    /// Delivers what arrives, waking up as `wakeup` says, until the process is stopped.
-    pub async fn follow(&mut self, wakeup: Wakeup) -> Result<()> {
+    /// Delivers what arrives, waking up as `wakeup` says, until `shutdown` resolves. A batch
+    /// under way is always finished (sent, marked, committed) first: stopping loses nothing and
+    /// sends nothing twice.
+    pub async fn follow(
+        &mut self,
+        wakeup: Wakeup,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<()> {
+        tokio::pin!(shutdown);
         loop {
             let outcome = self.deliver_batch().await?;
-            if outcome.fetched as i64 >= self.config.batch {
-                continue; // more may be waiting
+            let more_waiting = outcome.fetched as i64 >= self.config.batch;
+            tokio::select! {
+                biased;
+                () = &mut shutdown => {
+                    info!(relay = %self.name, "stopping after its last batch");
+                    return Ok(());
+                }
+                waited = self.wait(wakeup, more_waiting) => waited?,
             }
-            match wakeup {
-                Wakeup::Poll(every) => tokio::time::sleep(every).await,
-                Wakeup::Notify { fallback } => self.wait_for_notify(fallback).await?,
+        }
+    }
+
+    /// Until the next fetch: none if more rows are waiting, else as `wakeup` says.
+    async fn wait(&mut self, wakeup: Wakeup, more_waiting: bool) -> Result<()> {
+        match wakeup {
+            _ if more_waiting => Ok(()),
+            Wakeup::Poll(every) => {
+                tokio::time::sleep(every).await;
+                Ok(())
             }
+            Wakeup::Notify { fallback } => self.wait_for_notify(fallback).await,
         }
     }
 
@@ -457,10 +487,7 @@ impl Relay {
                 while notifications.try_recv().is_ok() {}
             }
             Ok(None) => {
-                log_line(
-                    self.log_name.as_deref(),
-                    format_args!("connection lost, listening again"),
-                );
+                info!(relay = %self.name, "connection lost, listening again");
                 let (client, notifications) = open_connection(&self.db, true).await?;
                 (self.fetch, self.mark) = prepare(&client, &self.config).await?;
                 self.client = client;
@@ -504,7 +531,7 @@ async fn open_connection(
 async fn deliver_rows(
     sink: &Sink,
     config: &RelayConfig,
-    log_name: Option<&str>,
+    name: &str,
     db: &impl GenericClient,
     rows: &[Row],
 ) -> Result<(BatchOutcome, Vec<i64>)> {
@@ -529,7 +556,7 @@ async fn deliver_rows(
             Ok(()) => delivered.push(id),
             Err(e) => {
                 let error = format!("{e:#}");
-                log_line(log_name, format_args!("outbox id={id} failed: {error}"));
+                info!(relay = %name, "outbox id={id} failed: {error}");
                 let base_ms = config.backoff_base.as_secs_f64() * 1000.0;
                 db.execute(MARK_FAILED, &[&id, &error, &base_ms]).await?;
                 outcome.failed += 1;
@@ -540,13 +567,11 @@ async fn deliver_rows(
     Ok((outcome, delivered))
 }
 
-/// The article's relay log line (`[relay 0] ...`), for relays that have a name.
-fn log_line(name: Option<&str>, line: std::fmt::Arguments<'_>) {
-    if let Some(name) = name {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "[relay {name}] {line}");
-        let _ = out.flush();
-    }
+/// A relay's counters since it started.
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    pub delivered: AtomicU64,
+    pub failed: AtomicU64,
 }
 
 /// Delivers rows after the highest id it has seen, and never looks back.
