@@ -16,9 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use deadpool_postgres::{
-    ClientWrapper, GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod,
-};
+use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Pool, RecyclingMethod};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -187,19 +185,15 @@ async fn handle(
 
 /// Answers one delivery: an injected fault, or [`apply`]. `None` when a fault was injected.
 async fn handle_delivery(state: &State, event: &Event) -> Result<Option<&'static str>> {
-    let mut conn = state.pool.get().await?;
+    let conn = state.pool.get().await?;
     if state.inject_fault(event) {
         record_receipt(&conn, event, true).await?;
         return Ok(None);
     }
-    Ok(Some(apply(&mut conn, state.kind, event).await?))
+    Ok(Some(apply(&conn, state.kind, event).await?))
 }
 
-async fn record_receipt(
-    client: &impl GenericClient,
-    event: &Event,
-    injected_fault: bool,
-) -> Result<()> {
+async fn record_receipt(client: &ClientWrapper, event: &Event, injected_fault: bool) -> Result<()> {
     let params: [&(dyn ToSql + Sync); 5] = [
         &event.event_id,
         &event.outbox_id,
@@ -214,27 +208,38 @@ async fn record_receipt(
 }
 
 /// One transaction: the receipt, and the side effect, for every delivery (naive) or only for
-/// an event's first (idempotent, with the event id recorded in the same transaction). The two
-/// statements go out together (pipelined). Used for HTTP deliveries and for the Redis
-/// stream's workers alike.
+/// an event's first (idempotent, with the event id recorded in the same transaction). BEGIN and
+/// the two statements go out together (pipelined): one round trip, then the COMMIT. Used for
+/// HTTP deliveries and for the Redis stream's workers alike.
 pub async fn apply(
-    client: &mut ClientWrapper,
+    client: &ClientWrapper,
     kind: ConsumerKind,
     event: &Event,
 ) -> Result<&'static str> {
-    let tx = client.transaction().await?;
     let effect = match kind {
         ConsumerKind::Naive => CREATE_SHIPMENT,
         ConsumerKind::Idempotent => SHIP_FIRST_DELIVERY,
     };
-    let effect = tx.prepare_cached(effect).await?;
-    let (_, shipped) = tokio::try_join!(record_receipt(&tx, event, false), async {
-        Ok(tx
-            .execute(&effect, &[&event.aggregate_id, &event.event_id])
-            .await?)
-    },)?;
+    let effect = client.prepare_cached(effect).await?;
+    let written = tokio::try_join!(
+        async { Ok(client.batch_execute("BEGIN").await?) },
+        record_receipt(client, event, false),
+        async {
+            Ok(client
+                .execute(&effect, &[&event.aggregate_id, &event.event_id])
+                .await?)
+        },
+    );
+    let shipped = match written {
+        Ok((_, _, shipped)) => shipped,
+        Err(e) => {
+            // The connection goes back to the pool: it must not stay inside the transaction.
+            let _ = client.batch_execute("ROLLBACK").await;
+            return Err(e);
+        }
+    };
     crash::point(CrashPoint::ConsumerAfterEffectBeforeCommit);
-    tx.commit().await?;
+    client.batch_execute("COMMIT").await?;
     crash::point(CrashPoint::ConsumerAfterCommitBeforeReply);
     // A duplicate is a success for the sender: an error would make the relay retry forever.
     Ok(if shipped == 1 {

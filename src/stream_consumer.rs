@@ -40,7 +40,7 @@ impl StreamWorker {
             }
             for entry in &entries {
                 let event = event_of(&self.stream, entry)?;
-                consumer::apply(&mut self.db, self.kind, &event).await?;
+                consumer::apply(&self.db, self.kind, &event).await?;
             }
             crash::point(CrashPoint::StreamWorkerAfterApplyBeforeAck);
             let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
