@@ -349,6 +349,7 @@ impl Ctx<'_> {
             .arg("max-attempts", config.max_attempts)
             .arg("backoff-ms", config.backoff_base.as_millis())
             .arg("deadline-ms", config.deadline.as_millis())
+            .arg("request-timeout-ms", config.request_timeout.as_millis())
             .arg("stream-prefix", self.redis.key_prefix());
         if let Some(partition) = config.partition {
             cmd = cmd.arg("partition", partition);
