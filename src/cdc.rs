@@ -66,6 +66,15 @@ SELECT (pg_current_wal_lsn() - restart_lsn)::bigint AS retained_bytes,
   FROM pg_replication_slots
  WHERE slot_name = $1";
 
+pub const CURRENT_WAL_LSN: &str = "SELECT pg_current_wal_lsn()::text";
+
+/// WAL written since $1.
+pub const WAL_SINCE: &str = "SELECT (pg_current_wal_lsn() - $1::text::pg_lsn)::bigint";
+
+/// A slot's `restart_lsn` only moves on at a running-transactions record in the WAL: the
+/// background writer logs one every 15 s, a checkpoint logs one at once.
+pub const CHECKPOINT: &str = "CHECKPOINT";
+
 /// Slots on the server, ours or not (a leftover slot retains WAL forever).
 pub const SLOTS_OF_DATABASE: &str = "SELECT count(*) FROM pg_replication_slots WHERE database = $1";
 

@@ -87,6 +87,9 @@ enum Role {
         /// Instead of --orders: write as fast as possible for this long.
         #[arg(long)]
         duration_ms: Option<u64>,
+        /// Delete the outbox rows again in the same transaction (the Debezium-style outbox).
+        #[arg(long)]
+        delete_outbox: bool,
     },
     /// The naive app: INSERT the order and POST the event itself.
     NaiveApp {
@@ -220,6 +223,7 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             interval_ms,
             seed,
             duration_ms,
+            delete_outbox,
         } => {
             let mut client = target.connect().await?;
             let started = Instant::now();
@@ -241,6 +245,7 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
                     customer_id,
                     events_per_order,
                     ending,
+                    delete_outbox,
                 )
                 .await?;
             }
