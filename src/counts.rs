@@ -224,6 +224,10 @@ SELECT NOT EXISTS (SELECT 1 FROM outbox o
                     WHERE NOT EXISTS (SELECT 1 FROM consumer.receipts r
                                        WHERE r.event_id = o.event_id AND NOT r.injected_fault))";
 
+/// Whether the relay has marked every outbox row published.
+pub const ALL_PUBLISHED: &str =
+    "SELECT NOT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL)";
+
 /// Whether the consumer has received (answered 200) at least $1 deliveries.
 pub const RECEIVED_AT_LEAST: &str =
     "SELECT count(*) >= $1 FROM consumer.receipts WHERE NOT injected_fault";

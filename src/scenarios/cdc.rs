@@ -177,11 +177,16 @@ impl<'a> Bench<'a> {
         Ok(())
     }
 
-    /// Stops the following relay; the log-tailing one only once it has confirmed everything,
-    /// so that what it delivered is not streamed again.
+    /// Stops the following relay once it has marked (or confirmed) everything it delivered, so
+    /// that nothing is delivered again but what the crash leaves behind.
     async fn stop_relay(&mut self) -> Result<()> {
-        if self.design == Design::Cdc {
-            cdc::wait_caught_up(&self.client, &self.slot, DELIVERY_LIMIT).await?;
+        match self.design {
+            Design::Cdc => cdc::wait_caught_up(&self.client, &self.slot, DELIVERY_LIMIT).await?,
+            Design::Poll100 | Design::Notify => {
+                if !wait_until(&self.client, counts::ALL_PUBLISHED, &[]).await? {
+                    bail!("the {} relay left rows unmarked", self.design.name());
+                }
+            }
         }
         if let Some(relay) = self.relay.take() {
             relay.stop().await?;
