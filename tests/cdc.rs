@@ -3,20 +3,14 @@
 
 mod common;
 
-use common::{outbox_lab, query_i64, scenario, scratch_dir, Run};
+use common::{assert_passed, query_i64, scenario};
 
 /// A CDC relay that dies after sending and before confirming loses nothing: the restarted relay
 /// streams the unconfirmed transaction again (one duplicate), and the slot is dropped after.
 #[test]
 fn cdc_relay_crash_after_send_before_confirm_loses_nothing() {
     let run = scenario("cdc", &["--quick"]);
-    assert_eq!(
-        run.code,
-        0,
-        "{}{}",
-        run.stderr,
-        run.failed_checks().join("\n")
-    );
+    assert_passed(&run);
     assert_eq!(run.metric("cdc.lost"), 0);
     assert_eq!(run.metric("cdc.duplicates"), 1);
     let events = run.json()["params"]["latency_events"].as_i64().unwrap()
@@ -45,13 +39,7 @@ fn cdc_relay_crash_after_send_before_confirm_loses_nothing() {
 #[test]
 fn reply_lost_duplicates_for_naive_none_for_idempotent() {
     let run = scenario("reply-lost", &[]);
-    assert_eq!(
-        run.code,
-        0,
-        "{}{}",
-        run.stderr,
-        run.failed_checks().join("\n")
-    );
+    assert_passed(&run);
     assert_eq!(run.metric("naive.replies_lost"), 2);
     assert_eq!(run.metric("naive.resets"), 1);
     assert_eq!(run.metric("naive.duplicate_shipments"), 2);
@@ -59,29 +47,4 @@ fn reply_lost_duplicates_for_naive_none_for_idempotent() {
     assert_eq!(run.metric("idempotent.duplicate_shipments"), 0);
     assert_eq!(run.metric("idempotent.distinct_events"), 5);
     assert_eq!(run.metric("lost"), 0);
-}
-
-/// A misspelt network fault is bad input: one line, exit 2, before anything runs.
-#[test]
-fn misspelt_network_fault_is_a_usage_error() {
-    let results = scratch_dir("cdc-bad-input");
-    let output = outbox_lab()
-        .args([
-            "scenario",
-            "reply-lost",
-            "--set",
-            "faults=[\"reply-lots@2\"]",
-        ])
-        .arg("--results-dir")
-        .arg(&results)
-        .output()
-        .unwrap();
-    let run = Run::from(output);
-    assert_eq!(run.code, 2, "stderr: {}", run.stderr);
-    assert_eq!(run.stderr.trim().lines().count(), 1, "{}", run.stderr);
-    assert!(
-        run.stderr.contains("unknown network fault 'reply-lots'"),
-        "{}",
-        run.stderr
-    );
 }
