@@ -17,13 +17,14 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
+use crate::cdc::{CdcConfig, CdcRelay};
 use crate::consumer::{self, ConsumerKind, Faults};
 use crate::crash::{self, CrashPlan};
 use crate::db::Database;
 use crate::logging::{self, LogFormat};
 use crate::redis_server;
 use crate::relay::{Partition, Relay, RelayConfig, RelayDesign, Wakeup, RELAY_APPLICATION_NAME};
-use crate::sink::{HttpSink, Sink};
+use crate::sink::{HttpSink, Sink, DEFAULT_REQUEST_TIMEOUT};
 use crate::stream_consumer::StreamWorker;
 use crate::throwaway;
 use crate::writer::{self, DualWriteOrder, Ending};
@@ -88,6 +89,9 @@ enum Role {
         /// Instead of --orders: write as fast as possible for this long.
         #[arg(long)]
         duration_ms: Option<u64>,
+        /// Delete the outbox rows again in the same transaction (the Debezium-style outbox).
+        #[arg(long)]
+        delete_outbox: bool,
     },
     /// The naive app: INSERT the order and POST the event itself.
     NaiveApp {
@@ -137,6 +141,29 @@ enum Role {
         /// Aggregates delivered to at once over HTTP.
         #[arg(long, default_value_t = 1)]
         in_flight: usize,
+        /// An HTTP delivery unanswered for this long failed.
+        #[arg(long, default_value_t = DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)]
+        request_timeout_ms: u64,
+        #[arg(long, default_value = "")]
+        stream_prefix: String,
+    },
+    /// The log-tailing relay: streams the outbox's INSERTs from a replication slot until killed.
+    CdcRelay {
+        #[command(flatten)]
+        target: Target,
+        /// http://… (the consumer) or redis://… (a stream per aggregate type).
+        #[arg(long)]
+        sink: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        slot: String,
+        #[arg(long)]
+        max_attempts: u32,
+        #[arg(long)]
+        backoff_ms: u64,
+        #[arg(long, default_value_t = DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)]
+        request_timeout_ms: u64,
         #[arg(long, default_value = "")]
         stream_prefix: String,
     },
@@ -176,6 +203,7 @@ impl Role {
             Role::Writer { target, .. }
             | Role::NaiveApp { target, .. }
             | Role::Relay { target, .. }
+            | Role::CdcRelay { target, .. }
             | Role::StreamWorker { target, .. }
             | Role::Consumer { target, .. } => target,
         }
@@ -198,6 +226,7 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             interval_ms,
             seed,
             duration_ms,
+            delete_outbox,
         } => {
             let mut client = target.connect().await?;
             let started = Instant::now();
@@ -219,6 +248,7 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
                     customer_id,
                     events_per_order,
                     ending,
+                    delete_outbox,
                 )
                 .await?;
             }
@@ -249,6 +279,7 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             guard,
             follow,
             in_flight,
+            request_timeout_ms,
             stream_prefix,
         } => {
             let config = RelayConfig {
@@ -260,12 +291,14 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
                 deadline: Duration::from_millis(deadline_ms),
                 partition,
                 head_of_line_guard: guard,
+                request_timeout: Duration::from_millis(request_timeout_ms),
                 ..RelayConfig::default()
             };
             // Named, so that a scenario can find this relay's session in pg_stat_activity.
             let mut db = target.database().config()?;
             db.application_name(format!("{RELAY_APPLICATION_NAME} {name}"));
-            let sink = Sink::connect(&sink, in_flight, &stream_prefix).await?;
+            let request_timeout = Duration::from_millis(request_timeout_ms);
+            let sink = Sink::connect(&sink, in_flight, request_timeout, &stream_prefix).await?;
             let listen = matches!(follow, Some(Wakeup::Notify { .. }));
             let mut relay = Relay::connect(&db, sink, config, &name, listen).await?;
             match follow {
@@ -273,6 +306,30 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
                 Some(wakeup) => relay.follow(wakeup, std::future::pending()).await?,
                 None => drop(relay.run_until_drained().await?),
             }
+        }
+        Role::CdcRelay {
+            target,
+            sink,
+            name,
+            slot,
+            max_attempts,
+            backoff_ms,
+            request_timeout_ms,
+            stream_prefix,
+        } => {
+            let config = CdcConfig {
+                slot,
+                backoff_base: Duration::from_millis(backoff_ms),
+                max_attempts,
+            };
+            let mut db = target.database().config()?;
+            db.application_name(format!("{RELAY_APPLICATION_NAME} {name}"));
+            let request_timeout = Duration::from_millis(request_timeout_ms);
+            let sink = Sink::connect(&sink, 1, request_timeout, &stream_prefix).await?;
+            CdcRelay::connect(&db, sink, config, Some(name))
+                .await?
+                .follow()
+                .await?;
         }
         Role::StreamWorker {
             target,
@@ -434,26 +491,17 @@ impl ChildCommand {
 
     /// Runs to the end (or kills it after `timeout`) and classifies how it ended.
     pub async fn run(self, timeout: Duration) -> Result<ChildRun> {
+        self.spawn()?.finish(timeout).await
+    }
+
+    /// Starts it in the background, for children that run until stopped (following relays).
+    pub fn spawn(self) -> Result<RunningChild> {
         let child = self
             .command()?
             .spawn()
             .context("cannot start a child process")?;
-        match tokio::time::timeout(timeout, child.wait_with_output()).await {
-            Err(_) => Ok(ChildRun {
-                end: ChildEnd::TimedOut,
-                stdout: String::new(),
-            }),
-            Ok(output) => {
-                let output = output?;
-                let stderr = String::from_utf8_lossy(&output.stderr);
-                Ok(ChildRun {
-                    end: classify(output.status, &stderr),
-                    stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-                })
-            }
-        }
+        Ok(RunningChild { child })
     }
-
     /// Starts a consumer and waits until it says where it listens.
     pub async fn spawn_consumer(self) -> Result<ConsumerProcess> {
         let mut child = self
@@ -466,7 +514,10 @@ impl ChildCommand {
         match ready {
             Ok(Ok(Some(line))) if line.starts_with("listening ") => {
                 let url = line["listening ".len()..].trim().to_string();
-                Ok(ConsumerProcess { child, url })
+                Ok(ConsumerProcess {
+                    process: RunningChild { child },
+                    url,
+                })
             }
             _ => {
                 let _ = child.start_kill();
@@ -483,19 +534,49 @@ impl ChildCommand {
     }
 }
 
+/// A child running in the background.
+pub struct RunningChild {
+    child: Child,
+}
+
+impl RunningChild {
+    /// Waits for its end (or kills it after `timeout`) and classifies how it ended.
+    pub async fn finish(self, timeout: Duration) -> Result<ChildRun> {
+        match tokio::time::timeout(timeout, self.child.wait_with_output()).await {
+            Err(_) => Ok(ChildRun {
+                end: ChildEnd::TimedOut,
+                stdout: String::new(),
+            }),
+            Ok(output) => {
+                let output = output?;
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                Ok(ChildRun {
+                    end: classify(output.status, &stderr),
+                    stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+                })
+            }
+        }
+    }
+
+    /// Kills it and waits until it is gone.
+    pub async fn stop(mut self) -> Result<()> {
+        let _ = self.child.start_kill();
+        self.child.wait().await?;
+        Ok(())
+    }
+}
+
 /// A running consumer child.
 pub struct ConsumerProcess {
-    child: Child,
+    process: RunningChild,
     /// Its base URL, e.g. `http://127.0.0.1:41234`.
     pub url: String,
 }
 
 impl ConsumerProcess {
     /// Kills it and waits until it is gone.
-    pub async fn stop(mut self) -> Result<()> {
-        let _ = self.child.start_kill();
-        self.child.wait().await?;
-        Ok(())
+    pub async fn stop(self) -> Result<()> {
+        self.process.stop().await
     }
 }
 

@@ -19,19 +19,21 @@ pub enum CrashPoint {
     RelayAfterFetchBeforeSend,
     RelayAfterSendBeforeMark,
     RelayAfterMarkBeforeCommit,
+    CdcRelayAfterSendBeforeConfirm,
     ConsumerAfterEffectBeforeCommit,
     ConsumerAfterCommitBeforeReply,
     StreamWorkerAfterApplyBeforeAck,
 }
 
 impl CrashPoint {
-    pub const ALL: [CrashPoint; 9] = [
+    pub const ALL: [CrashPoint; 10] = [
         CrashPoint::WriterAfterInsertBeforeCommit,
         CrashPoint::WriterAfterCommitBeforeSend,
         CrashPoint::WriterAfterSendBeforeCommit,
         CrashPoint::RelayAfterFetchBeforeSend,
         CrashPoint::RelayAfterSendBeforeMark,
         CrashPoint::RelayAfterMarkBeforeCommit,
+        CrashPoint::CdcRelayAfterSendBeforeConfirm,
         CrashPoint::ConsumerAfterEffectBeforeCommit,
         CrashPoint::ConsumerAfterCommitBeforeReply,
         CrashPoint::StreamWorkerAfterApplyBeforeAck,
@@ -45,6 +47,7 @@ impl CrashPoint {
             CrashPoint::RelayAfterFetchBeforeSend => "relay-after-fetch-before-send",
             CrashPoint::RelayAfterSendBeforeMark => "relay-after-send-before-mark",
             CrashPoint::RelayAfterMarkBeforeCommit => "relay-after-mark-before-commit",
+            CrashPoint::CdcRelayAfterSendBeforeConfirm => "cdc-relay-after-send-before-confirm",
             CrashPoint::ConsumerAfterEffectBeforeCommit => "consumer-after-effect-before-commit",
             CrashPoint::ConsumerAfterCommitBeforeReply => "consumer-after-commit-before-reply",
             CrashPoint::StreamWorkerAfterApplyBeforeAck => "stream-worker-after-apply-before-ack",
@@ -62,6 +65,7 @@ impl CrashPoint {
                 "relay::deliver_rows (lock and claim relays)"
             }
             CrashPoint::RelayAfterMarkBeforeCommit => "relay::Relay::deliver_locked_batch",
+            CrashPoint::CdcRelayAfterSendBeforeConfirm => "cdc::CdcRelay::deliver",
             CrashPoint::ConsumerAfterEffectBeforeCommit
             | CrashPoint::ConsumerAfterCommitBeforeReply => "consumer::apply",
             CrashPoint::StreamWorkerAfterApplyBeforeAck => "stream_consumer::StreamWorker::work",
@@ -88,6 +92,9 @@ impl CrashPoint {
             }
             CrashPoint::RelayAfterMarkBeforeCommit => {
                 "batch delivered and marked, the marking transaction never commits"
+            }
+            CrashPoint::CdcRelayAfterSendBeforeConfirm => {
+                "event delivered, its transaction's end not confirmed to the slot: streamed again"
             }
             CrashPoint::ConsumerAfterEffectBeforeCommit => {
                 "shipment written, consumer transaction never commits, no reply"

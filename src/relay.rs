@@ -26,7 +26,7 @@ use crate::crash::{self, CrashPoint};
 use crate::db;
 use crate::event::Event;
 use crate::schema;
-use crate::sink::{HttpSink, Sink};
+use crate::sink::{HttpSink, Sink, DEFAULT_REQUEST_TIMEOUT};
 
 /// The article's fetch: due, undelivered rows under the attempt limit, oldest first, locked so
 /// that concurrent relays take different rows.
@@ -254,6 +254,8 @@ pub struct RelayConfig {
     pub partition: Option<Partition>,
     /// Skip events whose aggregate has an earlier undelivered event.
     pub head_of_line_guard: bool,
+    /// An HTTP delivery unanswered for this long failed (a lost reply included).
+    pub request_timeout: Duration,
 }
 
 impl Default for RelayConfig {
@@ -268,6 +270,7 @@ impl Default for RelayConfig {
             deadline: Duration::from_secs(60),
             partition: None,
             head_of_line_guard: false,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
         }
     }
 }

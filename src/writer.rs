@@ -20,6 +20,10 @@ INSERT INTO outbox(aggregate_type, aggregate_id, event_type, payload)
 VALUES ('orders', $1, $2, $3)
 RETURNING id, event_id";
 
+/// The Debezium-style outbox: the rows go again in the transaction that wrote them; only the
+/// WAL (and so a log-tailing relay) ever carries them.
+pub const DELETE_OUTBOX_ROWS: &str = "DELETE FROM outbox WHERE id = ANY($1)";
+
 /// Events without orders, many at once, for throughput runs: one statement for `$1` rows.
 pub const LOAD_EVENTS: &str = "
 INSERT INTO outbox(aggregate_type, aggregate_id, event_type, payload)
@@ -67,23 +71,31 @@ pub fn order_payload(order_id: i64) -> serde_json::Value {
     json!({ "order_id": order_id, "amount": "1200" })
 }
 
-/// The outbox way: the order and its events in one transaction; nothing is sent here.
+/// The outbox way: the order and its events in one transaction; nothing is sent here. With
+/// `delete_outbox`, the transaction deletes its outbox rows again (Debezium-style).
 pub async fn create_order_with_events(
     client: &mut Client,
     customer_id: i64,
     events_per_order: u32,
     ending: Ending,
+    delete_outbox: bool,
 ) -> Result<i64> {
     let tx = client.transaction().await?;
     let order_id: i64 = tx.query_one(INSERT_ORDER, &[&customer_id]).await?.get(0);
+    let mut outbox_ids: Vec<i64> = Vec::with_capacity(events_per_order as usize);
     for n in 1..=events_per_order {
         let mut payload = order_payload(order_id);
         payload["seq"] = n.into();
-        tx.execute(
-            INSERT_OUTBOX,
-            &[&order_id.to_string(), &event_type(n), &payload],
-        )
-        .await?;
+        let row = tx
+            .query_one(
+                INSERT_OUTBOX,
+                &[&order_id.to_string(), &event_type(n), &payload],
+            )
+            .await?;
+        outbox_ids.push(row.get("id"));
+    }
+    if delete_outbox {
+        tx.execute(DELETE_OUTBOX_ROWS, &[&outbox_ids]).await?;
     }
     crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
     end(tx, ending).await?;

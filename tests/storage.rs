@@ -5,18 +5,8 @@
 mod common;
 
 use chrono::{TimeDelta, Utc};
-use common::{outbox_lab, query_i64, scenario, Run};
+use common::{assert_passed, outbox_lab, query_i64, scenario, Run};
 use outbox_lab::partitions;
-
-fn assert_passed(run: &Run) {
-    assert_eq!(
-        run.code,
-        0,
-        "{}{}",
-        run.stderr,
-        run.failed_checks().join("\n")
-    );
-}
 
 fn kept_database(run: &Run, suffix: &str) -> String {
     run.stderr

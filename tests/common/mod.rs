@@ -117,6 +117,17 @@ impl Run {
     }
 }
 
+/// The run worked and every check passed (else: its stderr and the failed checks).
+pub fn assert_passed(run: &Run) {
+    assert_eq!(
+        run.code,
+        0,
+        "{}{}",
+        run.stderr,
+        run.failed_checks().join("\n")
+    );
+}
+
 /// `outbox-lab scenario NAME ARGS --format json` against this binary's cluster.
 pub fn scenario(name: &str, args: &[&str]) -> Run {
     let results = scratch_dir(&format!("results-{name}"));
