@@ -67,12 +67,20 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         .collect();
     let fallback = Duration::from_millis(params.notify_fallback_ms);
     modes.push(("notify".into(), Wakeup::Notify { fallback }));
+    // Every sample, behind the percentiles: the page plots their distribution per mode.
+    let mut samples = Table::new("latency of every event", &["mode", "seq", "latency_ms"]).detail();
+    let bar = ctx.progress().bar(modes.len() as u64 + 1, "notify-latency");
     for (name, wakeup) in modes {
-        let row = measure_mode(ctx, params, &name, wakeup, &mut outcome).await?;
+        bar.set_message(format!("relay {name}"));
+        let row = measure_mode(ctx, params, &name, wakeup, &mut samples, &mut outcome).await?;
         table.push(row);
+        bar.inc(1);
     }
     outcome.tables.push(table);
+    bar.set_message("writers with and without trigger");
     writer_throughput(ctx, params, &mut outcome).await?;
+    bar.finish_and_clear();
+    outcome.tables.push(samples);
     Ok(outcome)
 }
 
@@ -82,6 +90,7 @@ async fn measure_mode(
     params: &Params,
     name: &str,
     wakeup: Wakeup,
+    samples: &mut Table,
     outcome: &mut Outcome,
 ) -> Result<Vec<String>> {
     let db = ctx.database(name).await?;
@@ -119,8 +128,14 @@ async fn measure_mode(
 
     let mut histogram = Histogram::<u64>::new_with_bounds(1, HISTOGRAM_MAX_US, 3)?;
     for row in client.query(counts::LATENCIES_MS, &[]).await? {
-        let latency_us = (row.get::<_, f64>(0) * 1000.0).round().max(1.0) as u64;
+        let (seq, latency_ms): (i64, f64) = (row.get("seq"), row.get("latency_ms"));
+        let latency_us = (latency_ms * 1000.0).round().max(1.0) as u64;
         histogram.saturating_record(latency_us);
+        samples.push(vec![
+            name.to_string(),
+            seq.to_string(),
+            format!("{latency_ms:.3}"),
+        ]);
     }
     let ms = |us: u64| (us as f64 / 10.0).round() / 100.0;
     let (p50, p99, max) = (

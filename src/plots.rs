@@ -1,0 +1,537 @@
+//! The plots of the report page, drawn with plotters' SVG backend from a scenario's saved
+//! tables and metrics (never from the expectations): latency distribution per relay mode,
+//! throughput against batch size per sink, ordering violations per relay configuration, table
+//! size through the cleanup steps, and a coloured grid for any matrix of counts.
+
+use anyhow::{anyhow, bail, Context, Result};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use crate::report::{Metrics, Report, Table};
+
+/// Size of a plot in SVG pixels; the page scales it to its column.
+const WIDTH: u32 = 760;
+const HEIGHT: u32 = 380;
+/// Okabe–Ito colours: told apart with every common colour-vision deficiency.
+const SERIES_COLOURS: [RGBColor; 6] = [
+    RGBColor(0, 114, 178),
+    RGBColor(213, 94, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(204, 121, 167),
+    RGBColor(230, 159, 0),
+    RGBColor(86, 180, 233),
+];
+const GOOD: RGBColor = RGBColor(0, 158, 115);
+const BAD: RGBColor = RGBColor(213, 94, 0);
+const FONT: &str = "sans-serif";
+
+/// One plot of the page.
+#[derive(Debug, Clone)]
+pub struct Plot {
+    /// Stable name, for the page's anchors and for tests.
+    pub id: &'static str,
+    /// What it shows, as the figure's caption.
+    pub title: String,
+    /// A complete `<svg>` element.
+    pub svg: String,
+}
+
+/// The plots a scenario's result supports; none when it has no table to draw from (a result
+/// saved by an older outbox-lab, a scenario without a plot).
+pub fn for_report(report: &Report) -> Result<Vec<Plot>> {
+    let plot = match report.scenario.as_str() {
+        "notify-latency" => table_with(report, &["mode", "latency_ms"]).map(latency_cdf),
+        "batch-throughput" => {
+            table_with(report, &["sink", "batch", "events_per_s"]).map(throughput_by_batch)
+        }
+        "multi-relay-ordering" => {
+            table_with(report, &["relays", "partitioned", "orders_out_of_order"])
+                .map(ordering_violations)
+        }
+        "cleanup" => Some(cleanup_table_size(&report.metrics)),
+        _ => None,
+    };
+    let plot = plot
+        .transpose()
+        .with_context(|| format!("cannot plot the results of {}", report.scenario))?;
+    Ok(plot.into_iter().collect())
+}
+
+/// The first table of the report that has all these columns.
+fn table_with<'r>(report: &'r Report, columns: &[&str]) -> Option<&'r Table> {
+    report
+        .tables
+        .iter()
+        .find(|t| columns.iter().all(|c| t.column(c).is_some()))
+}
+
+/// Cumulative distribution of latency per relay mode (log x axis): one step line per mode, from
+/// a table with the columns `mode` and `latency_ms` (one row per event).
+pub fn latency_cdf(samples: &Table) -> Result<Plot> {
+    let mode = column(samples, "mode")?;
+    let latency = column(samples, "latency_ms")?;
+    let mut modes: Vec<(String, Vec<f64>)> = Vec::new();
+    for row in &samples.rows {
+        let value = number(&row[latency])?;
+        match modes.iter_mut().find(|(name, _)| *name == row[mode]) {
+            Some((_, values)) => values.push(value),
+            None => modes.push((row[mode].clone(), vec![value])),
+        }
+    }
+    let all = modes.iter().flat_map(|(_, v)| v.iter().copied());
+    let (low, high) = bounds(all).ok_or_else(|| anyhow!("no latency samples"))?;
+    let svg = render(WIDTH, HEIGHT, |area| {
+        let mut chart = ChartBuilder::on(area)
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(56)
+            .build_cartesian_2d(((low * 0.8).max(0.01)..high * 1.25).log_scale(), 0.0..1.0)?;
+        chart
+            .configure_mesh()
+            .x_desc("latency, created_at to received_at (ms, log scale)")
+            .y_desc("share of events")
+            .y_label_formatter(&|share| format!("{:.0}%", share * 100.0))
+            .x_label_formatter(&|ms| short_number(*ms))
+            .label_style((FONT, 13))
+            .draw()?;
+        for (i, (name, values)) in modes.iter_mut().enumerate() {
+            values.sort_by(f64::total_cmp);
+            let colour = SERIES_COLOURS[i % SERIES_COLOURS.len()];
+            let n = values.len() as f64;
+            // A step at each sample: the share of events delivered within that latency.
+            let steps = values
+                .iter()
+                .enumerate()
+                .flat_map(|(k, &ms)| [(ms, k as f64 / n), (ms, (k + 1) as f64 / n)]);
+            chart
+                .draw_series(LineSeries::new(steps, colour.stroke_width(2)))?
+                .label(format!("{name} ({} events)", values.len()))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .label_font((FONT, 13))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .draw()?;
+        Ok(())
+    })?;
+    Ok(Plot {
+        id: "latency-cdf",
+        title: "Latency distribution per relay mode (cumulative)".into(),
+        svg,
+    })
+}
+
+/// Events per second against batch size (log x axis), a line per sink, from a table with the
+/// columns `sink`, `batch` and `events_per_s`.
+pub fn throughput_by_batch(cells: &Table) -> Result<Plot> {
+    let sink = column(cells, "sink")?;
+    let batch = column(cells, "batch")?;
+    let rate = column(cells, "events_per_s")?;
+    let mut sinks: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for row in &cells.rows {
+        let point = (number(&row[batch])?, number(&row[rate])?);
+        match sinks.iter_mut().find(|(name, _)| *name == row[sink]) {
+            Some((_, points)) => points.push(point),
+            None => sinks.push((row[sink].clone(), vec![point])),
+        }
+    }
+    let points = || sinks.iter().flat_map(|(_, p)| p.iter().copied());
+    let (low, high) = bounds(points().map(|p| p.0)).ok_or_else(|| anyhow!("no cells"))?;
+    let (_, top) = bounds(points().map(|p| p.1)).ok_or_else(|| anyhow!("no cells"))?;
+    let svg = render(WIDTH, HEIGHT, |area| {
+        let mut chart = ChartBuilder::on(area)
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(70)
+            .build_cartesian_2d(
+                ((low / 2.0).max(0.5)..high * 2.0).log_scale(),
+                0.0..top * 1.15,
+            )?;
+        chart
+            .configure_mesh()
+            .x_desc("batch size (rows per fetch, log scale)")
+            .y_desc("events per second")
+            .x_label_formatter(&|b| short_number(*b))
+            .y_label_formatter(&|r| short_number(*r))
+            .label_style((FONT, 13))
+            .draw()?;
+        for (i, (name, points)) in sinks.iter().enumerate() {
+            let colour = SERIES_COLOURS[i % SERIES_COLOURS.len()];
+            chart
+                .draw_series(LineSeries::new(
+                    points.iter().copied(),
+                    colour.stroke_width(2),
+                ))?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+                });
+            chart.draw_series(
+                points
+                    .iter()
+                    .map(|&point| Circle::new(point, 4, colour.filled())),
+            )?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .label_font((FONT, 13))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .draw()?;
+        Ok(())
+    })?;
+    Ok(Plot {
+        id: "throughput-by-batch",
+        title: "Throughput against batch size, per sink".into(),
+        svg,
+    })
+}
+
+/// Orders delivered out of order per relay configuration, from a table with the columns
+/// `relays`, `partitioned` and `orders_out_of_order` (and `reversals`, shown beside, if there).
+pub fn ordering_violations(configurations: &Table) -> Result<Plot> {
+    let relays = column(configurations, "relays")?;
+    let partitioned = column(configurations, "partitioned")?;
+    let out_of_order = column(configurations, "orders_out_of_order")?;
+    let reversals = configurations.column("reversals");
+    let mut bars = Vec::new();
+    for row in &configurations.rows {
+        let count = number(&row[out_of_order])?;
+        let layout = match row[partitioned].as_str() {
+            "true" | "t" => "partitioned",
+            _ => "unpartitioned",
+        };
+        let plural = if row[relays] == "1" {
+            "relay"
+        } else {
+            "relays"
+        };
+        let mut value = format!("{count:.0} orders");
+        if let Some(reversals) = reversals {
+            value.push_str(&format!(" ({} reversals)", row[reversals]));
+        }
+        bars.push(Bar {
+            label: format!("{} {plural}, {layout}", row[relays]),
+            value: count,
+            text: value,
+            colour: if count > 0.0 { BAD } else { GOOD },
+        });
+    }
+    Ok(Plot {
+        id: "ordering-violations",
+        title: "Orders whose events arrived out of order, per relay configuration".into(),
+        svg: horizontal_bars(&bars, "orders with an event overtaken by a later one")?,
+    })
+}
+
+/// The outbox table's file size after each step of the cleanup scenario, from its metrics
+/// `size_<step>_bytes` (before, after DELETE, after VACUUM, after VACUUM FULL).
+pub fn cleanup_table_size(metrics: &Metrics) -> Result<Plot> {
+    let steps = [
+        ("after loading", "size_before_bytes"),
+        ("after DELETE", "size_after_delete_bytes"),
+        ("after VACUUM", "size_after_vacuum_bytes"),
+        ("after VACUUM FULL", "size_after_vacuum_full_bytes"),
+    ];
+    let bars = steps
+        .iter()
+        .map(|(label, metric)| {
+            let bytes = metrics
+                .get(metric)
+                .and_then(serde_json::Value::as_f64)
+                .ok_or_else(|| anyhow!("metric {metric} missing"))?;
+            let mb = bytes / 1_048_576.0;
+            Ok(Bar {
+                label: label.to_string(),
+                value: mb,
+                text: format!("{mb:.1} MB"),
+                colour: SERIES_COLOURS[0],
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Plot {
+        id: "cleanup-table-size",
+        title: "Size of the outbox table's file through the cleanup steps".into(),
+        svg: horizontal_bars(&bars, "table file size (MB)")?,
+    })
+}
+
+/// A coloured grid of counts: one row per table row (its first cell names it), one column per
+/// further column; green where the count is 0, deeper red the larger it is, grey where a cell
+/// is not a number. Made for explore's crash point × design matrix of violations, and for any
+/// table shaped like it.
+pub fn matrix_grid(id: &'static str, matrix: &Table) -> Result<Plot> {
+    if matrix.columns.len() < 2 || matrix.rows.is_empty() {
+        bail!(
+            "a matrix needs a label column, a column of counts and a row; '{}' has {} columns and {} rows",
+            matrix.title,
+            matrix.columns.len(),
+            matrix.rows.len()
+        );
+    }
+    let (rows, columns) = (matrix.rows.len(), matrix.columns.len() - 1);
+    let counts: Vec<Vec<Option<f64>>> = matrix
+        .rows
+        .iter()
+        .map(|row| {
+            (1..=columns)
+                .map(|c| row.get(c).and_then(|cell| cell.parse().ok()))
+                .collect()
+        })
+        .collect();
+    let most = counts
+        .iter()
+        .flatten()
+        .flatten()
+        .fold(0.0_f64, |a, &b| a.max(b));
+    let row_label_width = 12 + 7 * longest(matrix.rows.iter().map(|r| r[0].as_str()));
+    let width = (row_label_width + 120 * columns as u32 + 24).max(360);
+    let height = 70 + 30 * rows as u32;
+    let svg = render(width, height, |area| {
+        let mut chart = ChartBuilder::on(area)
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(row_label_width)
+            .build_cartesian_2d(
+                (0..columns as i32).into_segmented(),
+                (0..rows as i32).into_segmented(),
+            )?;
+        let top_down = |r: usize| (rows - 1 - r) as i32;
+        chart
+            .configure_mesh()
+            .disable_mesh()
+            .x_labels(columns)
+            .y_labels(rows)
+            .x_label_formatter(&|v| segment_label(v, &matrix.columns[1..]))
+            .y_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) => matrix.rows[rows - 1 - *i as usize][0].clone(),
+                _ => String::new(),
+            })
+            .label_style((FONT, 12))
+            .draw()?;
+        for (r, row) in counts.iter().enumerate() {
+            for (c, count) in row.iter().enumerate() {
+                let (x, y) = (c as i32, top_down(r));
+                let fill = match *count {
+                    None => RGBColor(221, 221, 221),
+                    Some(n) if n <= 0.0 => RGBColor(199, 233, 192),
+                    Some(n) => heat(n / most),
+                };
+                let mut cell = Rectangle::new(
+                    [
+                        (SegmentValue::Exact(x), SegmentValue::Exact(y)),
+                        (SegmentValue::Exact(x + 1), SegmentValue::Exact(y + 1)),
+                    ],
+                    fill.filled(),
+                );
+                cell.set_margin(1, 1, 1, 1);
+                chart.draw_series(std::iter::once(cell))?;
+                let text = matrix.rows[r].get(c + 1).cloned().unwrap_or_default();
+                let ink = match *count {
+                    Some(n) if n > 0.0 && n / most > 0.5 => WHITE,
+                    _ => BLACK,
+                };
+                let style = TextStyle::from((FONT, 13).into_font())
+                    .color(&ink)
+                    .pos(Pos::new(HPos::Center, VPos::Center));
+                chart.draw_series(std::iter::once(Text::new(
+                    text,
+                    (SegmentValue::CenterOf(x), SegmentValue::CenterOf(y)),
+                    style,
+                )))?;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(Plot {
+        id,
+        title: matrix.title.clone(),
+        svg,
+    })
+}
+
+/// A bar of a horizontal bar chart.
+struct Bar {
+    label: String,
+    value: f64,
+    /// Written at the end of the bar.
+    text: String,
+    colour: RGBColor,
+}
+
+/// Bars from top to bottom in the given order, labelled on the left, values written beside.
+fn horizontal_bars(bars: &[Bar], x_desc: &str) -> Result<String> {
+    if bars.is_empty() {
+        bail!("nothing to draw");
+    }
+    let n = bars.len();
+    let most = bars.iter().fold(0.0_f64, |a, b| a.max(b.value));
+    // Room for the text after the longest bar; a scale even when every value is 0.
+    let right = if most > 0.0 { most * 1.35 } else { 1.0 };
+    let label_width = 16 + 7 * longest(bars.iter().map(|b| b.label.as_str()));
+    let height = (60 + 40 * n as u32).max(200);
+    render(WIDTH, height, |area| {
+        let mut chart = ChartBuilder::on(area)
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(label_width)
+            .build_cartesian_2d(0.0..right, (0..n as i32).into_segmented())?;
+        let top_down = |i: usize| (n - 1 - i) as i32;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .y_labels(n)
+            .y_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) => bars[n - 1 - *i as usize].label.clone(),
+                _ => String::new(),
+            })
+            .x_label_formatter(&|v| short_number(*v))
+            .x_desc(x_desc)
+            .label_style((FONT, 13))
+            .draw()?;
+        for (i, bar) in bars.iter().enumerate() {
+            let y = top_down(i);
+            let mut rect = Rectangle::new(
+                [
+                    (0.0, SegmentValue::Exact(y)),
+                    (bar.value, SegmentValue::Exact(y + 1)),
+                ],
+                bar.colour.filled(),
+            );
+            rect.set_margin(6, 6, 0, 0);
+            chart.draw_series(std::iter::once(rect))?;
+            let style =
+                TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+            chart.draw_series(std::iter::once(Text::new(
+                format!(" {}", bar.text),
+                (bar.value, SegmentValue::CenterOf(y)),
+                style,
+            )))?;
+        }
+        Ok(())
+    })
+}
+
+/// Draws on a fresh white SVG canvas and returns the `<svg>` element.
+fn render(
+    width: u32,
+    height: u32,
+    draw: impl FnOnce(&DrawingArea<SVGBackend<'_>, Shift>) -> Result<()>,
+) -> Result<String> {
+    let mut svg = String::new();
+    {
+        let area = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
+        area.fill(&WHITE)?;
+        draw(&area)?;
+        area.present()?;
+    }
+    Ok(svg)
+}
+
+fn column(table: &Table, name: &str) -> Result<usize> {
+    table
+        .column(name)
+        .ok_or_else(|| anyhow!("table '{}' has no column {name}", table.title))
+}
+
+fn number(cell: &str) -> Result<f64> {
+    cell.trim()
+        .parse()
+        .map_err(|_| anyhow!("'{cell}' is not a number"))
+}
+
+fn bounds(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    values.fold(None, |range, v| match range {
+        None => Some((v, v)),
+        Some((low, high)) => Some((low.min(v), high.max(v))),
+    })
+}
+
+/// Axis labels without a wall of digits: 0.5, 20, 1.5k, 12k.
+fn short_number(v: f64) -> String {
+    match v.abs() {
+        a if a >= 10_000.0 => format!("{:.0}k", v / 1000.0),
+        a if a >= 1000.0 => format!("{:.1}k", v / 1000.0),
+        a if a >= 10.0 || a == 0.0 => format!("{v:.0}"),
+        a if a >= 1.0 => format!("{v:.1}"),
+        _ => format!("{v:.2}"),
+    }
+}
+
+/// Characters of the longest label, to size the label area (plotters measures text only
+/// roughly without a font library, so this errs on the wide side).
+fn longest<'a>(labels: impl Iterator<Item = &'a str>) -> u32 {
+    labels.map(|l| l.chars().count() as u32).max().unwrap_or(0)
+}
+
+fn segment_label(value: &SegmentValue<i32>, names: &[String]) -> String {
+    match value {
+        SegmentValue::CenterOf(i) => names.get(*i as usize).cloned().unwrap_or_default(),
+        _ => String::new(),
+    }
+}
+
+/// From light orange (a few) to dark red (the most), for counts above zero.
+fn heat(share: f64) -> RGBColor {
+    let share = share.clamp(0.0, 1.0);
+    let mix = |light: f64, dark: f64| (light + (dark - light) * share).round() as u8;
+    RGBColor(mix(253.0, 165.0), mix(208.0, 15.0), mix(162.0, 21.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The matrix grid draws any rows × columns table of counts: a cell per count, its number
+    /// written in it, non-numbers greyed.
+    #[test]
+    fn matrix_grid_draws_a_cell_per_count() {
+        let mut matrix = Table::new(
+            "violations per crash point and design",
+            &["crash point", "naive", "idempotent", "mark-before-send"],
+        );
+        matrix.push(vec![
+            "relay-after-send-before-mark".into(),
+            "3".into(),
+            "0".into(),
+            "0".into(),
+        ]);
+        matrix.push(vec![
+            "writer-before-commit".into(),
+            "0".into(),
+            "0".into(),
+            "n/a".into(),
+        ]);
+        let plot = matrix_grid("explore-matrix", &matrix).unwrap();
+        assert!(plot.svg.starts_with("<svg"), "{}", &plot.svg[..80]);
+        assert!(plot.svg.contains("relay-after-send-before-mark"));
+        assert!(plot.svg.contains("mark-before-send"));
+        assert!(plot.svg.contains(">n/a<") || plot.svg.contains("n/a"));
+        // Six cells: one rectangle each, besides the white canvas.
+        assert!(plot.svg.matches("<rect").count() >= 7, "{}", plot.svg);
+    }
+
+    /// A matrix without counts is refused with a sentence, not drawn empty.
+    #[test]
+    fn matrix_grid_refuses_an_empty_table() {
+        let empty = Table::new("empty", &["crash point"]);
+        let error = matrix_grid("explore-matrix", &empty).unwrap_err();
+        assert!(error.to_string().contains("a matrix needs"), "{error}");
+    }
+
+    #[test]
+    fn short_numbers() {
+        assert_eq!(short_number(0.25), "0.25");
+        assert_eq!(short_number(5.0), "5.0");
+        assert_eq!(short_number(100.0), "100");
+        assert_eq!(short_number(1500.0), "1.5k");
+        assert_eq!(short_number(25000.0), "25k");
+    }
+}
