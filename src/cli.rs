@@ -1,5 +1,6 @@
 //! The command line: parsing (clap), and one function per subcommand.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -208,15 +209,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Scenario(args) => scenario(args).await,
         Command::Report { dir } => report(&dir),
         Command::Compare { a, b } => compare(&a, &b),
-        Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "outbox-lab",
-                &mut std::io::stdout(),
-            );
-            Ok(ExitCode::from(exit::OK))
-        }
+        Command::Completions { shell } => completions(shell),
         Command::CrashPoints => crash_points(),
         Command::Requeue { database_url } => requeue(&database_url).await,
         Command::Prune(args) => prune(args).await,
@@ -253,6 +246,19 @@ fn list() -> Result<ExitCode> {
     }
     println!("\nRun one with `outbox-lab scenario NAME`, or all with `outbox-lab scenario all`.");
     Ok(ExitCode::from(exit::OK))
+}
+
+/// The script goes through a buffer: clap_complete panics on a write error, and a reader that
+/// stops early (`| head`) is not an error.
+fn completions(shell: Shell) -> Result<ExitCode> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "outbox-lab", &mut script);
+    match std::io::stdout().write_all(&script) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("cannot write the completion script"))
+        }
+        _ => Ok(ExitCode::from(exit::OK)),
+    }
 }
 
 fn report(dir: &Path) -> Result<ExitCode> {

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::report::{Report, Table};
+use crate::report::{decimals, Report, Table};
 
 /// One table per scenario of either run, in A's order then B's: its checks, then every metric
 /// of either run (A's order, then those only B has).
@@ -70,24 +70,18 @@ fn change(a: &Option<Value>, b: &Option<Value>) -> String {
 fn text(value: &Value) -> String {
     match value {
         Value::String(s) => s.clone(),
-        Value::Number(n) if n.is_f64() => trimmed(n.as_f64().unwrap_or_default()),
+        Value::Number(n) if n.is_f64() => decimals(n.as_f64().unwrap_or_default(), 3),
         other => other.to_string(),
     }
 }
 
 fn signed(delta: f64) -> String {
-    let text = trimmed(delta);
+    let text = decimals(delta, 3);
     if delta > 0.0 {
         format!("+{text}")
     } else {
         text
     }
-}
-
-/// At most three decimals, without trailing zeros.
-fn trimmed(v: f64) -> String {
-    let text = format!("{v:.3}");
-    text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 #[cfg(test)]

@@ -28,9 +28,10 @@ nav ol { columns: 3; padding-left: 1.2rem; }
 nav a { color: #0b5cad; text-decoration: none; }
 section { background: #fff; border: 1px solid #ddd; border-radius: 8px; padding: 1rem 1.4rem;
           margin: 1.4rem 0; }
-table { border-collapse: collapse; font-size: .85rem; margin: .3rem 0 .8rem; }
+table { border-collapse: collapse; font-size: .85rem; margin: .3rem 0 .8rem; max-width: 100%; }
 th, td { border-bottom: 1px solid #e4e4e4; padding: .25rem .6rem; text-align: left;
-         vertical-align: top; }
+         vertical-align: top; overflow-wrap: anywhere; }
+td:first-child { white-space: nowrap; }
 th { background: #f0f0f3; font-weight: 600; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.pass { color: #00734f; font-weight: 600; }

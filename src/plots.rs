@@ -4,11 +4,13 @@
 //! size through the cleanup steps, and a coloured grid for any matrix of counts.
 
 use anyhow::{anyhow, bail, Context, Result};
+use plotters::coord::ranged1d::SegmentedCoord;
+use plotters::coord::types::RangedCoordi32;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::report::{Metrics, Report, Table};
+use crate::report::{decimals, Metrics, Report, Table};
 
 /// Size of a plot in SVG pixels; the page scales it to its column.
 const WIDTH: u32 = 760;
@@ -113,7 +115,8 @@ pub fn latency_cdf(samples: &Table) -> Result<Plot> {
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            // A CDF climbs to the right: its lower right corner stays empty.
+            .position(SeriesLabelPosition::LowerRight)
             .label_font((FONT, 13))
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK.mix(0.4))
@@ -248,10 +251,15 @@ pub fn cleanup_table_size(metrics: &Metrics) -> Result<Plot> {
                 .and_then(serde_json::Value::as_f64)
                 .ok_or_else(|| anyhow!("metric {metric} missing"))?;
             let mb = bytes / 1_048_576.0;
+            let text = if mb < 1.0 {
+                format!("{:.0} kB", bytes / 1024.0)
+            } else {
+                format!("{mb:.1} MB")
+            };
             Ok(Bar {
                 label: label.to_string(),
                 value: mb,
-                text: format!("{mb:.1} MB"),
+                text,
                 colour: SERIES_COLOURS[0],
             })
         })
@@ -299,21 +307,17 @@ pub fn matrix_grid(id: &'static str, matrix: &Table) -> Result<Plot> {
             .margin(12)
             .x_label_area_size(36)
             .y_label_area_size(row_label_width)
-            .build_cartesian_2d(
-                (0..columns as i32).into_segmented(),
-                (0..rows as i32).into_segmented(),
-            )?;
+            .build_cartesian_2d(categories(columns), categories(rows))?;
         let top_down = |r: usize| (rows - 1 - r) as i32;
+        // Segment 0 is at the bottom: the first row's name goes last.
+        let row_names: Vec<String> = matrix.rows.iter().rev().map(|r| r[0].clone()).collect();
         chart
             .configure_mesh()
             .disable_mesh()
             .x_labels(columns)
             .y_labels(rows)
             .x_label_formatter(&|v| segment_label(v, &matrix.columns[1..]))
-            .y_label_formatter(&|v| match v {
-                SegmentValue::CenterOf(i) => matrix.rows[rows - 1 - *i as usize][0].clone(),
-                _ => String::new(),
-            })
+            .y_label_formatter(&|v| segment_label(v, &row_names))
             .label_style((FONT, 12))
             .draw()?;
         for (r, row) in counts.iter().enumerate() {
@@ -382,16 +386,15 @@ fn horizontal_bars(bars: &[Bar], x_desc: &str) -> Result<String> {
             .margin(16)
             .x_label_area_size(44)
             .y_label_area_size(label_width)
-            .build_cartesian_2d(0.0..right, (0..n as i32).into_segmented())?;
+            .build_cartesian_2d(0.0..right, categories(n))?;
         let top_down = |i: usize| (n - 1 - i) as i32;
+        // Segment 0 is at the bottom: the first bar's label goes last.
+        let labels: Vec<String> = bars.iter().rev().map(|b| b.label.clone()).collect();
         chart
             .configure_mesh()
             .disable_y_mesh()
             .y_labels(n)
-            .y_label_formatter(&|v| match v {
-                SegmentValue::CenterOf(i) => bars[n - 1 - *i as usize].label.clone(),
-                _ => String::new(),
-            })
+            .y_label_formatter(&|v| segment_label(v, &labels))
             .x_label_formatter(&|v| short_number(*v))
             .x_desc(x_desc)
             .label_style((FONT, 13))
@@ -417,6 +420,11 @@ fn horizontal_bars(bars: &[Bar], x_desc: &str) -> Result<String> {
         }
         Ok(())
     })
+}
+
+/// An axis of `n` categories, one segment each (an integer range includes its end).
+fn categories(n: usize) -> SegmentedCoord<RangedCoordi32> {
+    (0..n as i32 - 1).into_segmented()
 }
 
 /// Draws on a fresh white SVG canvas and returns the `<svg>` element.
@@ -454,14 +462,14 @@ fn bounds(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     })
 }
 
-/// Axis labels without a wall of digits: 0.5, 20, 1.5k, 12k.
+/// Axis labels without a wall of digits: 0.25, 2, 2.5, 20, 1k, 1.5k, 12k.
 fn short_number(v: f64) -> String {
     match v.abs() {
         a if a >= 10_000.0 => format!("{:.0}k", v / 1000.0),
-        a if a >= 1000.0 => format!("{:.1}k", v / 1000.0),
-        a if a >= 10.0 || a == 0.0 => format!("{v:.0}"),
-        a if a >= 1.0 => format!("{v:.1}"),
-        _ => format!("{v:.2}"),
+        a if a >= 1000.0 => format!("{}k", decimals(v / 1000.0, 1)),
+        a if a >= 10.0 => format!("{v:.0}"),
+        a if a >= 1.0 => decimals(v, 1),
+        _ => decimals(v, 2),
     }
 }
 
@@ -471,9 +479,14 @@ fn longest<'a>(labels: impl Iterator<Item = &'a str>) -> u32 {
     labels.map(|l| l.chars().count() as u32).max().unwrap_or(0)
 }
 
+/// The name of a segment of a categorical axis (plotters also asks beyond the last one).
 fn segment_label(value: &SegmentValue<i32>, names: &[String]) -> String {
     match value {
-        SegmentValue::CenterOf(i) => names.get(*i as usize).cloned().unwrap_or_default(),
+        SegmentValue::CenterOf(i) => usize::try_from(*i)
+            .ok()
+            .and_then(|i| names.get(i))
+            .cloned()
+            .unwrap_or_default(),
         _ => String::new(),
     }
 }
@@ -528,9 +541,12 @@ mod tests {
 
     #[test]
     fn short_numbers() {
+        assert_eq!(short_number(0.0), "0");
         assert_eq!(short_number(0.25), "0.25");
-        assert_eq!(short_number(5.0), "5.0");
+        assert_eq!(short_number(5.0), "5");
+        assert_eq!(short_number(2.5), "2.5");
         assert_eq!(short_number(100.0), "100");
+        assert_eq!(short_number(1000.0), "1k");
         assert_eq!(short_number(1500.0), "1.5k");
         assert_eq!(short_number(25000.0), "25k");
     }

@@ -327,12 +327,19 @@ pub fn read_run(dir: &Path) -> Result<Vec<Report>> {
     Ok(reports)
 }
 
-/// One table for a whole run: each article figure beside what was measured, and every failed
-/// check; a scenario with neither gets one line with its count of passed checks.
+/// One table for a whole run: each article figure beside what was expected and measured, and
+/// every failed check; a scenario with neither gets one line with its count of passed checks.
 pub fn summary_table(reports: &[Report]) -> Table {
     let mut table = Table::new(
         "summary: the article's figures, measured",
-        &["scenario", "metric", "article figure", "measured", "check"],
+        &[
+            "scenario",
+            "metric",
+            "article figure",
+            "expected",
+            "measured",
+            "check",
+        ],
     );
     for report in reports {
         let verdict = |pass: bool| if pass { "PASS" } else { "FAIL" }.to_string();
@@ -344,6 +351,7 @@ pub fn summary_table(reports: &[Report]) -> Table {
                 vec![
                     c.metric.clone(),
                     c.article.clone().unwrap_or_default(),
+                    c.expected.clone(),
                     c.actual.clone(),
                     verdict(c.pass),
                 ]
@@ -352,6 +360,7 @@ pub fn summary_table(reports: &[Report]) -> Table {
         if rows.is_empty() {
             rows.push(vec![
                 "(every check)".into(),
+                String::new(),
                 String::new(),
                 format!("{} of {} pass", report.passed_count(), report.checks.len()),
                 verdict(report.passed()),
@@ -368,6 +377,16 @@ pub fn summary_table(reports: &[Report]) -> Table {
         }
     }
     table
+}
+
+/// `v` with at most `places` decimals and no trailing zeros: 2.5, 2, 0.125.
+pub fn decimals(v: f64, places: usize) -> String {
+    let text = format!("{v:.places$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
 }
 
 fn slug(title: &str) -> String {
