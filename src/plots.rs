@@ -6,7 +6,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use plotters::coord::ranged1d::SegmentedCoord;
 use plotters::coord::types::RangedCoordi32;
-use plotters::coord::Shift;
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -73,14 +73,7 @@ fn table_with<'r>(report: &'r Report, columns: &[&str]) -> Option<&'r Table> {
 pub fn latency_cdf(samples: &Table) -> Result<Plot> {
     let mode = column(samples, "mode")?;
     let latency = column(samples, "latency_ms")?;
-    let mut modes: Vec<(String, Vec<f64>)> = Vec::new();
-    for row in &samples.rows {
-        let value = number(&row[latency])?;
-        match modes.iter_mut().find(|(name, _)| *name == row[mode]) {
-            Some((_, values)) => values.push(value),
-            None => modes.push((row[mode].clone(), vec![value])),
-        }
-    }
+    let mut modes = grouped(samples, mode, |row| number(&row[latency]))?;
     let all = modes.iter().flat_map(|(_, v)| v.iter().copied());
     let (low, high) = bounds(all).ok_or_else(|| anyhow!("no latency samples"))?;
     let svg = render(WIDTH, HEIGHT, |area| {
@@ -106,22 +99,11 @@ pub fn latency_cdf(samples: &Table) -> Result<Plot> {
                 .iter()
                 .enumerate()
                 .flat_map(|(k, &ms)| [(ms, k as f64 / n), (ms, (k + 1) as f64 / n)]);
-            chart
-                .draw_series(LineSeries::new(steps, colour.stroke_width(2)))?
-                .label(format!("{name} ({} events)", values.len()))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
-                });
+            let label = format!("{name} ({} events)", values.len());
+            line(&mut chart, steps, colour, label)?;
         }
-        chart
-            .configure_series_labels()
-            // A CDF climbs to the right: its lower right corner stays empty.
-            .position(SeriesLabelPosition::LowerRight)
-            .label_font((FONT, 13))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .draw()?;
-        Ok(())
+        // A CDF climbs to the right: its lower right corner stays empty.
+        legend(&mut chart, SeriesLabelPosition::LowerRight)
     })?;
     Ok(Plot {
         id: "latency-cdf",
@@ -136,14 +118,9 @@ pub fn throughput_by_batch(cells: &Table) -> Result<Plot> {
     let sink = column(cells, "sink")?;
     let batch = column(cells, "batch")?;
     let rate = column(cells, "events_per_s")?;
-    let mut sinks: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for row in &cells.rows {
-        let point = (number(&row[batch])?, number(&row[rate])?);
-        match sinks.iter_mut().find(|(name, _)| *name == row[sink]) {
-            Some((_, points)) => points.push(point),
-            None => sinks.push((row[sink].clone(), vec![point])),
-        }
-    }
+    let sinks = grouped(cells, sink, |row| {
+        Ok((number(&row[batch])?, number(&row[rate])?))
+    })?;
     let points = || sinks.iter().flat_map(|(_, p)| p.iter().copied());
     let (low, high) = bounds(points().map(|p| p.0)).ok_or_else(|| anyhow!("no cells"))?;
     let (_, top) = bounds(points().map(|p| p.1)).ok_or_else(|| anyhow!("no cells"))?;
@@ -166,29 +143,14 @@ pub fn throughput_by_batch(cells: &Table) -> Result<Plot> {
             .draw()?;
         for (i, (name, points)) in sinks.iter().enumerate() {
             let colour = SERIES_COLOURS[i % SERIES_COLOURS.len()];
-            chart
-                .draw_series(LineSeries::new(
-                    points.iter().copied(),
-                    colour.stroke_width(2),
-                ))?
-                .label(name.as_str())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
-                });
+            line(&mut chart, points.iter().copied(), colour, name.clone())?;
             chart.draw_series(
                 points
                     .iter()
                     .map(|&point| Circle::new(point, 4, colour.filled())),
             )?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font((FONT, 13))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .draw()?;
-        Ok(())
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)
     })?;
     Ok(Plot {
         id: "throughput-by-batch",
@@ -420,6 +382,53 @@ fn horizontal_bars(bars: &[Bar], x_desc: &str) -> Result<String> {
         }
         Ok(())
     })
+}
+
+/// The table's rows grouped by the text in column `key`, in order of first appearance, each
+/// row read into a value.
+fn grouped<T>(
+    table: &Table,
+    key: usize,
+    value: impl Fn(&[String]) -> Result<T>,
+) -> Result<Vec<(String, Vec<T>)>> {
+    let mut groups: Vec<(String, Vec<T>)> = Vec::new();
+    for row in &table.rows {
+        let value = value(row)?;
+        match groups.iter_mut().find(|(name, _)| *name == row[key]) {
+            Some((_, values)) => values.push(value),
+            None => groups.push((row[key].clone(), vec![value])),
+        }
+    }
+    Ok(groups)
+}
+
+/// A line in `colour`, with its entry in the legend.
+fn line<CT: CoordTranslate<From = (f64, f64)>>(
+    chart: &mut ChartContext<'_, SVGBackend<'_>, CT>,
+    points: impl IntoIterator<Item = (f64, f64)>,
+    colour: RGBColor,
+    label: String,
+) -> Result<()> {
+    chart
+        .draw_series(LineSeries::new(points, colour.stroke_width(2)))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)));
+    Ok(())
+}
+
+/// The legend of the chart's lines, at `position`.
+fn legend<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+    position: SeriesLabelPosition,
+) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .label_font((FONT, 13))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.4))
+        .draw()?;
+    Ok(())
 }
 
 /// An axis of `n` categories, one segment each (an integer range includes its end).
