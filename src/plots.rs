@@ -235,8 +235,9 @@ pub fn cleanup_table_size(metrics: &Metrics) -> Result<Plot> {
 
 /// A coloured grid of counts: one row per table row (its first cell names it), one column per
 /// further column; green where the count is 0, deeper red the larger it is, grey where a cell
-/// is not a number. Made for explore's crash point × design matrix of violations, and for any
-/// table shaped like it.
+/// does not start with a number. A cell counts by its leading number and is written as it is
+/// (`3`, `3/40`, `3/40*`). Made for explore's matrix of violations (crash point or design ×
+/// invariant), and for any table shaped like it.
 pub fn matrix_grid(id: &'static str, matrix: &Table) -> Result<Plot> {
     if matrix.columns.len() < 2 || matrix.rows.is_empty() {
         bail!(
@@ -252,7 +253,7 @@ pub fn matrix_grid(id: &'static str, matrix: &Table) -> Result<Plot> {
         .iter()
         .map(|row| {
             (1..=columns)
-                .map(|c| row.get(c).and_then(|cell| cell.parse().ok()))
+                .map(|c| row.get(c).and_then(|cell| leading_number(cell)))
                 .collect()
         })
         .collect();
@@ -464,6 +465,15 @@ fn number(cell: &str) -> Result<f64> {
         .map_err(|_| anyhow!("'{cell}' is not a number"))
 }
 
+/// `3` of `3`, `3/40` or `3/40*`; None when the text does not start with a digit.
+fn leading_number(cell: &str) -> Option<f64> {
+    let cell = cell.trim();
+    let end = cell
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(cell.len());
+    cell[..end].parse().ok()
+}
+
 fn bounds(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     values.fold(None, |range, v| match range {
         None => Some((v, v)),
@@ -527,15 +537,16 @@ mod tests {
         ]);
         matrix.push(vec![
             "writer-before-commit".into(),
-            "0".into(),
-            "0".into(),
+            "0/40".into(),
+            "2/40*".into(),
             "n/a".into(),
         ]);
         let plot = matrix_grid("explore-matrix", &matrix).unwrap();
         assert!(plot.svg.starts_with("<svg"), "{}", &plot.svg[..80]);
         assert!(plot.svg.contains("relay-after-send-before-mark"));
         assert!(plot.svg.contains("mark-before-send"));
-        assert!(plot.svg.contains(">n/a<") || plot.svg.contains("n/a"));
+        assert!(plot.svg.contains("n/a"));
+        assert!(plot.svg.contains("2/40*"));
         // Six cells: one rectangle each, besides the white canvas.
         assert!(plot.svg.matches("<rect").count() >= 7, "{}", plot.svg);
     }
@@ -546,6 +557,15 @@ mod tests {
         let empty = Table::new("empty", &["crash point"]);
         let error = matrix_grid("explore-matrix", &empty).unwrap_err();
         assert!(error.to_string().contains("a matrix needs"), "{error}");
+    }
+
+    #[test]
+    fn cells_count_by_their_leading_number() {
+        assert_eq!(leading_number("3"), Some(3.0));
+        assert_eq!(leading_number(" 3/40* "), Some(3.0));
+        assert_eq!(leading_number("0/40"), Some(0.0));
+        assert_eq!(leading_number("n/a"), None);
+        assert_eq!(leading_number(""), None);
     }
 
     #[test]
