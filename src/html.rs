@@ -19,7 +19,7 @@ const FOLD_ROWS: usize = 25;
 const STYLE: &str = "
 body { font-family: system-ui, -apple-system, 'Segoe UI', 'Noto Sans', 'Noto Sans CJK JP',
        'Hiragino Sans', sans-serif; color: #1d1d1f; background: #fafafa; margin: 0; }
-main { max-width: 1100px; margin: 0 auto; padding: 1.5rem 2rem 4rem; }
+main { max-width: 1200px; margin: 0 auto; padding: 1.5rem 1.5rem 4rem; }
 h1 { font-size: 1.6rem; margin-bottom: .2rem; }
 h2 { font-size: 1.3rem; margin: 0; }
 h3 { font-size: 1rem; margin: 1.4rem 0 .4rem; }
@@ -28,10 +28,11 @@ nav ol { columns: 3; padding-left: 1.2rem; }
 nav a { color: #0b5cad; text-decoration: none; }
 section { background: #fff; border: 1px solid #ddd; border-radius: 8px; padding: 1rem 1.4rem;
           margin: 1.4rem 0; }
-table { border-collapse: collapse; font-size: .85rem; margin: .3rem 0 .8rem; max-width: 100%; }
-th, td { border-bottom: 1px solid #e4e4e4; padding: .25rem .6rem; text-align: left;
-         vertical-align: top; overflow-wrap: anywhere; }
-td:first-child { white-space: nowrap; }
+.table { overflow-x: auto; margin: .3rem 0 .8rem; }
+table { border-collapse: collapse; font-size: .85rem; }
+th, td { border-bottom: 1px solid #e4e4e4; padding: .25rem .5rem; text-align: left;
+         vertical-align: top; overflow-wrap: break-word; }
+td:first-child, td.num, td.pass, td.fail { white-space: nowrap; }
 th { background: #f0f0f3; font-weight: 600; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.pass { color: #00734f; font-weight: 600; }
@@ -190,7 +191,8 @@ fn scenario(out: &mut String, report: &Report) -> Result<()> {
 
 fn table(out: &mut String, table: &Table) {
     let numeric = table.numeric_columns();
-    out.push_str("<table>\n<thead><tr>");
+    // Wide tables scroll inside their box instead of running off the page.
+    out.push_str("<div class=\"table\"><table>\n<thead><tr>");
     for column in &table.columns {
         let _ = write!(out, "<th>{}</th>", escape(column));
     }
@@ -204,11 +206,13 @@ fn table(out: &mut String, table: &Table) {
                 _ if numeric.get(i).copied().unwrap_or(false) => " class=\"num\"",
                 _ => "",
             };
-            let _ = write!(out, "<td{class}>{}</td>", escape(cell));
+            // Long lists without spaces (receive orders) may break after a comma.
+            let text = escape(cell).replace(',', ",<wbr>");
+            let _ = write!(out, "<td{class}>{text}</td>");
         }
         out.push_str("</tr>\n");
     }
-    out.push_str("</tbody>\n</table>\n");
+    out.push_str("</tbody>\n</table></div>\n");
 }
 
 /// The id of a scenario's section.
