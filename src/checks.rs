@@ -2,13 +2,13 @@
 
 use anyhow::Result;
 use evalexpr::{ContextWithMutableVariables, DefaultNumericTypes, HashMapContext, Value};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::report::Metrics;
 use crate::spec::{CheckSpec, Spec};
 
 /// One judged expectation, as it appears in the output and in JSON.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CheckResult {
     pub name: String,
     pub metric: String,

@@ -1,23 +1,28 @@
 //! The command line: parsing (clap), and one function per subcommand.
 
-use std::path::PathBuf;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use clap_complete::Shell;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::child::{self, ChildArgs};
+use crate::compare;
 use crate::consumer::ConsumerKind;
 use crate::crash::CrashPoint;
 use crate::db::{self, PgServer, ServerChoice};
+use crate::html;
 use crate::logging::{self, LogFormat};
 use crate::partitions::{self, Action, Age};
+use crate::progress::Progress;
 use crate::redis_server::Redis;
 use crate::relay;
 use crate::relay::{Partition, RelayConfig, Wakeup};
-use crate::report::{Report, Table};
+use crate::report::{self, Report, Table};
 use crate::scenarios::{self, Overrides, Scenario};
 use crate::standalone::{self, RelayOptions};
 use crate::throwaway;
@@ -41,6 +46,8 @@ Examples:
   outbox-lab scenario relay-crash --events 20 --crash-after 7 --format json
   outbox-lab scenario all
   outbox-lab scenario dual-write --database-url postgres://user@host/db
+  outbox-lab report results/20261202-153635-38f9
+  outbox-lab compare results/20261202-153635-38f9 results/20261203-091500-1a2b
   outbox-lab crash-points
   outbox-lab prune --database-url postgres://user@host/shop --older-than 3d --dry-run";
 
@@ -55,17 +62,54 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// List the scenarios with the article section each reproduces.
+    /// List the scenarios, grouped by the article's sections.
+    #[command(after_help = "Example:
+  outbox-lab list")]
     List,
     /// Run a scenario (or all) and compare what it measures with the article.
     #[command(after_help = "Examples:
   outbox-lab scenario relay-crash
   outbox-lab scenario relay-crash --events 20 --crash-after 7 --format json
   outbox-lab scenario all --keep        # leave the cluster running for psql
+  outbox-lab scenario all --quiet 2>/dev/null > run.txt
+
+Every run writes results/<run-id>/: <scenario>.json, a CSV per table, and report.html (the
+page with every table, check and plot). Progress bars appear on stderr only when it is a
+terminal, and never with --quiet or --format json.
 
 Exit status: 0 every check passed, 1 a check failed, 2 bad input or environment.")]
     Scenario(ScenarioArgs),
+    /// Print a saved run's tables again and rewrite its report.html, without rerunning anything.
+    #[command(after_help = "Example:
+  outbox-lab report results/20261202-153635-38f9
+  xdg-open results/20261202-153635-38f9/report.html")]
+    Report {
+        /// A run's directory, as written by `outbox-lab scenario` (results/<run-id>).
+        dir: PathBuf,
+    },
+    /// Show two saved runs side by side: per scenario, every metric in A and B and the change.
+    #[command(after_help = "Example (before and after a relay change):
+  outbox-lab scenario batch-throughput          # -> results/20261202-153635-38f9
+  outbox-lab scenario batch-throughput          # -> results/20261203-091500-1a2b
+  outbox-lab compare results/20261202-153635-38f9 results/20261203-091500-1a2b")]
+    Compare {
+        /// The first run's directory (results/<run-id>).
+        a: PathBuf,
+        /// The second run's directory, compared with the first.
+        b: PathBuf,
+    },
+    /// Print a shell completion script.
+    #[command(after_help = "Examples:
+  outbox-lab completions bash > ~/.local/share/bash-completion/completions/outbox-lab
+  outbox-lab completions zsh > ~/.zfunc/_outbox-lab
+  outbox-lab completions fish > ~/.config/fish/completions/outbox-lab.fish")]
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: Shell,
+    },
     /// List every named crash point and the code path it interrupts.
+    #[command(after_help = "Example:
+  outbox-lab crash-points")]
     CrashPoints,
     /// Give dead letters their attempts back (the article's UPDATE outbox SET attempts = 0 ...).
     #[command(after_help = "Example:
@@ -97,6 +141,8 @@ exit status 0 even when one is kept: kept partitions are reported on stderr.")]
       --idempotent --create-schema")]
     Consumer(ConsumerArgs),
     /// Stop and remove throwaway clusters left behind (--keep, or a killed run).
+    #[command(after_help = "Example:
+  outbox-lab clean")]
     Clean,
     /// A component in a child process (used by the scenarios).
     #[command(hide = true)]
@@ -194,9 +240,12 @@ struct ScenarioArgs {
     /// Read scenario files from this directory instead of the built-in copies.
     #[arg(long)]
     scenarios_dir: Option<PathBuf>,
-    /// Where each run writes <run-id>/<scenario>.json and its tables as CSV.
+    /// Where each run writes <run-id>/<scenario>.json, its tables as CSV, and report.html.
     #[arg(long, default_value = "results")]
     results_dir: PathBuf,
+    /// No progress bars and no note on stderr where the results went; errors still show.
+    #[arg(long, short)]
+    quiet: bool,
     /// Set a scenario parameter (see its file in scenarios/), e.g. --set orders=10; repeatable.
     #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_assignment)]
     set: Vec<(String, toml::Value)>,
@@ -236,6 +285,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::List => list(),
         Command::Scenario(args) => scenario(args).await,
+        Command::Report { dir } => report(&dir),
+        Command::Compare { a, b } => compare(&a, &b),
+        Command::Completions { shell } => completions(shell),
         Command::CrashPoints => crash_points(),
         Command::Requeue { database_url } => requeue(&database_url).await,
         Command::Prune(args) => prune(args).await,
@@ -299,16 +351,58 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
+/// The scenarios under the article's section headings, in the article's order.
 fn list() -> Result<ExitCode> {
-    let mut table = Table::new(
-        "scenarios",
-        &["scenario", "article section", "what it shows"],
-    );
-    for scenario in Scenario::ALL {
-        let spec = scenario.spec(None)?;
-        table.push(vec![spec.name, spec.section, spec.summary]);
+    let specs = Scenario::ALL
+        .iter()
+        .map(|s| s.spec(None))
+        .collect::<Result<Vec<_>>>()?;
+    let width = specs.iter().map(|s| s.name.len()).max().unwrap_or(0);
+    let mut section = None;
+    for spec in &specs {
+        if section != Some(&spec.section) {
+            if section.is_some() {
+                println!();
+            }
+            println!("{}", spec.section);
+            section = Some(&spec.section);
+        }
+        println!("  {:width$}  {}", spec.name, spec.summary);
     }
-    println!("{}", table.render());
+    println!("\nRun one with `outbox-lab scenario NAME`, or all with `outbox-lab scenario all`.");
+    Ok(ExitCode::from(exit::OK))
+}
+
+/// The script goes through a buffer: clap_complete panics on a write error, and a reader that
+/// stops early (`| head`) is not an error.
+fn completions(shell: Shell) -> Result<ExitCode> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "outbox-lab", &mut script);
+    match std::io::stdout().write_all(&script) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("cannot write the completion script"))
+        }
+        _ => Ok(ExitCode::from(exit::OK)),
+    }
+}
+
+fn report(dir: &Path) -> Result<ExitCode> {
+    let reports = report::read_run(dir)?;
+    for report in &reports {
+        println!("{}", report.render_text());
+    }
+    println!("{}", summary(&reports));
+    let page = html::write(dir, &reports)?;
+    eprintln!("page written to {}", page.display());
+    Ok(ExitCode::from(exit::OK))
+}
+
+fn compare(a: &Path, b: &Path) -> Result<ExitCode> {
+    let (runs_a, runs_b) = (report::read_run(a)?, report::read_run(b)?);
+    println!("A = {}\nB = {}\n", a.display(), b.display());
+    for table in compare::compare(&runs_a, &runs_b) {
+        println!("{}\n{}\n", table.title, table.render());
+    }
     Ok(ExitCode::from(exit::OK))
 }
 
@@ -404,16 +498,23 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
     };
     let redis = Redis::new(args.redis_url.as_deref(), &run_id, args.keep);
     let results = args.results_dir.join(&run_id);
+    let progress = Progress::on_stderr(args.format == Format::Text && !args.quiet);
     let runs = async {
         let mut reports = Vec::new();
+        let bar = progress.bar(prepared.len() as u64, "scenarios");
         for p in &prepared {
-            let report = scenarios::run(&server, &redis, p).await?;
+            bar.set_message(p.scenario().name());
+            let report = scenarios::run(&server, &redis, p, &progress).await?;
             report.write_files(&results)?;
             if args.format == Format::Text {
-                println!("{}", report.render_text());
+                progress.suspend(|| println!("{}", report.render_text()));
             }
             reports.push(report);
+            // After every scenario: a run stopped halfway still leaves a page of what it has.
+            html::write(&results, &reports)?;
+            bar.inc(1);
         }
+        bar.finish_and_clear();
         Ok::<_, anyhow::Error>(reports)
     };
     let outcome = tokio::select! {
@@ -440,9 +541,15 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
         ),
         Format::Text => {
             if reports.len() > 1 {
-                println!("{}", summary(&reports).render());
+                println!("{}", summary(&reports));
             }
-            eprintln!("results written to {}", results.display());
+            if !args.quiet {
+                eprintln!(
+                    "results written to {}; the page: {}",
+                    results.display(),
+                    results.join(html::PAGE_FILE).display()
+                );
+            }
         }
     }
     Ok(ExitCode::from(if passed {
@@ -452,32 +559,17 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
     }))
 }
 
-fn summary(reports: &[Report]) -> Table {
-    let mut table = Table::new(
-        "summary",
-        &[
-            "scenario",
-            "article section",
-            "checks",
-            "result",
-            "elapsed_ms",
-        ],
-    );
-    for r in reports {
-        table.push(vec![
-            r.scenario.clone(),
-            r.section.clone(),
-            format!("{}/{}", r.passed_count(), r.checks.len()),
-            if r.passed() {
-                "reproduced"
-            } else {
-                "NOT reproduced"
-            }
-            .into(),
-            r.environment.elapsed_ms.to_string(),
-        ]);
-    }
-    table
+/// The run's summary table and its count of passed checks.
+fn summary(reports: &[Report]) -> String {
+    let checks: usize = reports.iter().map(|r| r.checks.len()).sum();
+    let passed: usize = reports.iter().map(Report::passed_count).sum();
+    let table = report::summary_table(reports);
+    format!(
+        "{}\n{}\n{passed} of {checks} checks pass in {} scenarios",
+        table.title,
+        table.render(),
+        reports.len()
+    )
 }
 
 /// `name=value`: the value as TOML (`10`, `0.5`, `true`, `[1, 2]`), else as a string.

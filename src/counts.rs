@@ -198,7 +198,7 @@ SELECT count(*) AS reversals, count(DISTINCT order_id) AS orders_out_of_order
 /// Commit-to-receipt latency per event as the article measures it: the consumer's received_at
 /// minus the outbox row's created_at (one server clock for both).
 pub const LATENCIES_MS: &str = "
-SELECT (EXTRACT(EPOCH FROM r.received_at - o.created_at) * 1000)::float8
+SELECT r.seq, (EXTRACT(EPOCH FROM r.received_at - o.created_at) * 1000)::float8 AS latency_ms
   FROM consumer.receipts r
   JOIN outbox o ON o.event_id = r.event_id
  WHERE NOT r.injected_fault

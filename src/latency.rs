@@ -11,20 +11,24 @@ use crate::counts;
 const HISTOGRAM_MAX_US: u64 = 60_000_000;
 
 /// The distribution of one run's deliveries.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct LatencySummary {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
     pub samples: u64,
+    /// Every delivery's latency, by receipt `seq`, for tables and plots.
+    pub each_ms: Vec<(i64, f64)>,
 }
 
 /// Every delivery the consumer received in this database.
 pub async fn measure(client: &Client) -> Result<LatencySummary> {
     let mut histogram = Histogram::<u64>::new_with_bounds(1, HISTOGRAM_MAX_US, 3)?;
+    let mut each_ms = Vec::new();
     for row in client.query(counts::LATENCIES_MS, &[]).await? {
-        let latency_us = (row.get::<_, f64>(0) * 1000.0).round().max(1.0) as u64;
-        histogram.saturating_record(latency_us);
+        let (seq, latency_ms): (i64, f64) = (row.get("seq"), row.get("latency_ms"));
+        histogram.saturating_record((latency_ms * 1000.0).round().max(1.0) as u64);
+        each_ms.push((seq, latency_ms));
     }
     let ms = |us: u64| (us as f64 / 10.0).round() / 100.0;
     Ok(LatencySummary {
@@ -32,5 +36,6 @@ pub async fn measure(client: &Client) -> Result<LatencySummary> {
         p99_ms: ms(histogram.value_at_quantile(0.99)),
         max_ms: ms(histogram.max()),
         samples: histogram.len(),
+        each_ms,
     })
 }

@@ -8,6 +8,7 @@ use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
+use crate::progress::Progress;
 use crate::writer::order_payload;
 
 /// The columns COPY fills, in both `outbox` and `outbox_p`; ids and event ids take their defaults.
@@ -38,8 +39,17 @@ pub struct OutboxRows {
     pub published: bool,
 }
 
+/// Rows between two moves of the progress bar: a move per row would cost more than the row.
+const ROWS_PER_TICK: i64 = 1000;
+
 /// COPYs the rows into `table` (a table of ours, not user input); returns rows copied.
-pub async fn copy_rows(client: &Client, table: &str, rows: &OutboxRows) -> Result<u64> {
+pub async fn copy_rows(
+    client: &Client,
+    table: &str,
+    rows: &OutboxRows,
+    progress: &Progress,
+) -> Result<u64> {
+    let bar = progress.bar(rows.count.max(0) as u64, format!("COPY into {table}"));
     let sink = client
         .copy_in(&COPY_OUTBOX_ROWS.replace("{table}", table))
         .await
@@ -64,9 +74,14 @@ pub async fn copy_rows(client: &Client, table: &str, rows: &OutboxRows) -> Resul
                 &published_at,
             ])
             .await?;
+        if (n + 1) % ROWS_PER_TICK == 0 {
+            bar.inc(ROWS_PER_TICK as u64);
+        }
     }
-    writer
+    let copied = writer
         .finish()
         .await
-        .with_context(|| format!("COPY into {table} failed"))
+        .with_context(|| format!("COPY into {table} failed"));
+    bar.finish_and_clear();
+    copied
 }

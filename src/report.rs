@@ -1,13 +1,14 @@
 //! The result of a scenario run: metrics, tables, checks, and how they are shown (psql-like
-//! tables on a terminal, one JSON document with `--format json`) and stored
-//! (`results/<run-id>/<scenario>.json` and one CSV per table).
+//! tables on a terminal, one JSON document with `--format json`, the summary of a run), stored
+//! (`results/<run-id>/<scenario>.json` and one CSV per table) and read back from a run's
+//! directory (`outbox-lab report`, `outbox-lab compare`).
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use comfy_table::{CellAlignment, ContentArrangement};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio_postgres::types::Type;
 use tokio_postgres::Row;
 
@@ -17,7 +18,7 @@ use crate::checks::CheckResult;
 const PSQL_STYLE: &str = "     -+ |          ";
 
 /// Flat map of dotted metric names to numbers or strings, in the order they were measured.
-#[derive(Debug, Default, Clone, Serialize)]
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Metrics(serde_json::Map<String, serde_json::Value>);
 
@@ -57,11 +58,15 @@ impl Metrics {
 }
 
 /// A table as printed, stored as CSV and put in JSON.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Table {
     pub title: String,
     pub columns: Vec<String>,
     pub rows: Vec<Vec<String>>,
+    /// Raw data behind a plot (every latency sample): in the JSON, the CSV and the page, but
+    /// left off the terminal, where its rows would bury the results.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub detail: bool,
 }
 
 impl Table {
@@ -70,7 +75,19 @@ impl Table {
             title: title.into(),
             columns: columns.iter().map(|c| c.to_string()).collect(),
             rows: vec![],
+            detail: false,
         }
+    }
+
+    /// Marks the table as raw data: kept in the files and the page, not printed on a terminal.
+    pub fn detail(mut self) -> Table {
+        self.detail = true;
+        self
+    }
+
+    /// The index of the column named `name`.
+    pub fn column(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|c| c == name)
     }
 
     pub fn push(&mut self, row: Vec<String>) {
@@ -91,7 +108,21 @@ impl Table {
             title: title.into(),
             columns,
             rows,
+            detail: false,
         }
+    }
+
+    /// For each column: does every row hold a number there (aligned right, as psql does)?
+    pub fn numeric_columns(&self) -> Vec<bool> {
+        (0..self.columns.len())
+            .map(|i| {
+                !self.rows.is_empty()
+                    && self
+                        .rows
+                        .iter()
+                        .all(|r| r.get(i).is_some_and(|c| c.parse::<f64>().is_ok()))
+            })
+            .collect()
     }
 
     pub fn render(&self) -> String {
@@ -103,12 +134,9 @@ impl Table {
         for row in &self.rows {
             table.add_row(row);
         }
-        for (i, column) in table.column_iter_mut().enumerate() {
-            let numeric = self
-                .rows
-                .iter()
-                .all(|r| r.get(i).is_some_and(|c| c.parse::<f64>().is_ok()));
-            if numeric && !self.rows.is_empty() {
+        let numeric = self.numeric_columns();
+        for (column, numeric) in table.column_iter_mut().zip(numeric) {
+            if numeric {
                 column.set_cell_alignment(CellAlignment::Right);
             }
         }
@@ -148,7 +176,7 @@ fn cell(row: &Row, i: usize) -> String {
 }
 
 /// Where and with what the run happened.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Environment {
     pub postgres_version: String,
     pub outbox_lab_version: String,
@@ -158,7 +186,7 @@ pub struct Environment {
 }
 
 /// One scenario's result: the JSON contract of SCENARIOS.md.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     pub scenario: String,
     pub section: String,
@@ -185,7 +213,16 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(out, "== {} ({}) ==\n", self.scenario, self.section);
         for table in &self.tables {
-            let _ = writeln!(out, "{}\n{}\n", table.title, table.render());
+            if table.detail {
+                let _ = writeln!(
+                    out,
+                    "{}: {} rows, in the CSV file and report.html\n",
+                    table.title,
+                    table.rows.len()
+                );
+            } else {
+                let _ = writeln!(out, "{}\n{}\n", table.title, table.render());
+            }
         }
         for note in &self.notes {
             let _ = writeln!(out, "{note}");
@@ -193,6 +230,20 @@ impl Report {
         if !self.notes.is_empty() {
             out.push('\n');
         }
+        let _ = writeln!(out, "{}", self.checks_table().render());
+        let _ = writeln!(
+            out,
+            "{}: {} of {} checks pass ({} ms)",
+            self.scenario,
+            self.passed_count(),
+            self.checks.len(),
+            self.environment.elapsed_ms
+        );
+        out
+    }
+
+    /// A line per check: the metric, measured, expected, the article's figure.
+    pub fn checks_table(&self) -> Table {
         let mut checks = Table::new(
             "checks",
             &[
@@ -214,16 +265,7 @@ impl Report {
                 c.name.clone(),
             ]);
         }
-        let _ = writeln!(out, "{}", checks.render());
-        let _ = writeln!(
-            out,
-            "{}: {} of {} checks pass ({} ms)",
-            self.scenario,
-            self.passed_count(),
-            self.checks.len(),
-            self.environment.elapsed_ms
-        );
-        out
+        checks
     }
 
     /// `<dir>/<scenario>.json` and `<dir>/<scenario>.<n>-<table>.csv`.
@@ -248,6 +290,102 @@ impl Report {
             csv.flush()?;
         }
         Ok(())
+    }
+}
+
+/// The scenario results saved in a run's directory (`results/<run-id>`), in the order they ran.
+pub fn read_run(dir: &Path) -> Result<Vec<Report>> {
+    if !dir.is_dir() {
+        bail!(
+            "{} is not a results directory (give results/<run-id>)",
+            dir.display()
+        );
+    }
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    let mut paths: Vec<PathBuf> = entries
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()
+        .with_context(|| format!("cannot read {}", dir.display()))?;
+    paths.retain(|p| p.extension().is_some_and(|e| e == "json"));
+    if paths.is_empty() {
+        bail!(
+            "no scenario results (*.json) in {}: give a directory written by `outbox-lab scenario`",
+            dir.display()
+        );
+    }
+    let mut reports = paths
+        .iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            serde_json::from_str::<Report>(&text)
+                .with_context(|| format!("{} is not a scenario result", path.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    reports.sort_by(|a, b| a.environment.started_at.cmp(&b.environment.started_at));
+    Ok(reports)
+}
+
+/// One table for a whole run: each article figure beside what was expected and measured, and
+/// every failed check; a scenario with neither gets one line with its count of passed checks.
+pub fn summary_table(reports: &[Report]) -> Table {
+    let mut table = Table::new(
+        "summary: the article's figures, measured",
+        &[
+            "scenario",
+            "metric",
+            "article figure",
+            "expected",
+            "measured",
+            "check",
+        ],
+    );
+    for report in reports {
+        let verdict = |pass: bool| if pass { "PASS" } else { "FAIL" }.to_string();
+        let mut rows: Vec<Vec<String>> = report
+            .checks
+            .iter()
+            .filter(|c| c.article.is_some() || !c.pass)
+            .map(|c| {
+                vec![
+                    c.metric.clone(),
+                    c.article.clone().unwrap_or_default(),
+                    c.expected.clone(),
+                    c.actual.clone(),
+                    verdict(c.pass),
+                ]
+            })
+            .collect();
+        if rows.is_empty() {
+            rows.push(vec![
+                "(every check)".into(),
+                String::new(),
+                String::new(),
+                format!("{} of {} pass", report.passed_count(), report.checks.len()),
+                verdict(report.passed()),
+            ]);
+        }
+        for (n, row) in rows.into_iter().enumerate() {
+            // The name once per scenario: the rows below it belong to it.
+            let name = if n == 0 {
+                report.scenario.clone()
+            } else {
+                String::new()
+            };
+            table.push([vec![name], row].concat());
+        }
+    }
+    table
+}
+
+/// `v` with at most `places` decimals and no trailing zeros: 2.5, 2, 0.125.
+pub fn decimals(v: f64, places: usize) -> String {
+    let text = format!("{v:.places$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
     }
 }
 

@@ -6,7 +6,7 @@ mod common;
 use std::io::Read;
 use std::net::TcpListener;
 
-use common::{outbox_lab, scratch_dir, Run};
+use common::{assert_usage_error, outbox_lab, scratch_dir, Run};
 
 fn run(args: &[&str]) -> Run {
     let results = scratch_dir("bad-input-results");
@@ -17,23 +17,6 @@ fn run(args: &[&str]) -> Run {
         .output()
         .unwrap();
     Run::from(output)
-}
-
-/// Exit 2 with a single line on stderr containing `needle`, and no JSON on stdout.
-fn assert_usage_error(run: &Run, needle: &str) {
-    assert_eq!(run.code, 2, "stderr: {}", run.stderr);
-    assert_eq!(
-        run.stderr.trim().lines().count(),
-        1,
-        "not one line: {}",
-        run.stderr
-    );
-    assert!(
-        run.stderr.contains(needle),
-        "'{needle}' not in: {}",
-        run.stderr
-    );
-    assert!(run.stdout.is_empty(), "stdout: {}", run.stdout);
 }
 
 #[test]

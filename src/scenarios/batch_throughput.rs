@@ -49,6 +49,8 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             "runs (events/s)",
         ],
     );
+    let cells = params.sinks.len() * params.batch_sizes.len() * params.runs as usize;
+    let bar = ctx.progress().bar(cells as u64, "batch-throughput cells");
     for sink in &params.sinks {
         let db = ctx.database(sink).await?;
         let client = db.connect().await?;
@@ -72,6 +74,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             let mut rates = Vec::new();
             let mut elapsed = Vec::new();
             for run in 0..params.runs {
+                bar.set_message(format!("{sink} batch {batch}, run {}", run + 1));
                 client.batch_execute(schema::RESET).await?;
                 if let Some(redis) = redis.as_mut() {
                     let _: i64 = redis.del(&stream).await?;
@@ -105,6 +108,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
                 }
                 rates.push(params.events as f64 / seconds);
                 elapsed.push(seconds * 1000.0);
+                bar.inc(1);
             }
             let name = format!("{sink}.batch{batch}");
             let rate = median(&rates);
@@ -128,6 +132,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             consumer.stop().await?;
         }
     }
+    bar.finish_and_clear();
     outcome.tables.push(table);
     Ok(outcome)
 }

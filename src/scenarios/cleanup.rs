@@ -60,7 +60,7 @@ async fn delete_and_vacuum(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome
         created_from: Utc::now() - TimeDelta::days(1),
         published: true,
     };
-    load::copy_rows(&client, "outbox", &published).await?;
+    load::copy_rows(&client, "outbox", &published, ctx.progress()).await?;
     // Written last, so they sit in the last blocks of the file.
     let waiting = OutboxRows {
         count: params.unpublished,
@@ -69,7 +69,7 @@ async fn delete_and_vacuum(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome
         published: false,
         ..published
     };
-    load::copy_rows(&client, "outbox", &waiting).await?;
+    load::copy_rows(&client, "outbox", &waiting, ctx.progress()).await?;
 
     let mut table = Table::new(
         "outbox on disk, step by step",
@@ -160,7 +160,7 @@ async fn drop_partitions(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome) 
         created_from: start_of(all_published_day),
         published: true,
     };
-    load::copy_rows(&client, "outbox_p", &old).await?;
+    load::copy_rows(&client, "outbox_p", &old, ctx.progress()).await?;
     let waiting = OutboxRows {
         count: 1,
         first_order_id: params.published + 1,
@@ -168,14 +168,14 @@ async fn drop_partitions(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome) 
         published: false,
         ..old
     };
-    load::copy_rows(&client, "outbox_p", &waiting).await?;
+    load::copy_rows(&client, "outbox_p", &waiting, ctx.progress()).await?;
     let current = OutboxRows {
         count: params.unpublished,
         first_order_id: params.published + 2,
         created_from: Utc::now(),
         ..waiting
     };
-    load::copy_rows(&client, "outbox_p", &current).await?;
+    load::copy_rows(&client, "outbox_p", &current, ctx.progress()).await?;
     let partitions_before: i64 = client.query_one(PARTITION_COUNT, &[]).await?.get(0);
     // The article's "20万行（52MB）のパーティション": the table file alone, as for `outbox`.
     let partition_bytes: i64 = client

@@ -28,6 +28,7 @@ use crate::child::{ChildCommand, ChildRun, ConsumerProcess};
 use crate::consumer::{ConsumerKind, Faults};
 use crate::crash::CrashPlan;
 use crate::db::{Database, PgServer};
+use crate::progress::Progress;
 use crate::redis_server::Redis;
 use crate::relay::RelayConfig;
 use crate::report::{Environment, Metrics, Report, Table};
@@ -253,9 +254,15 @@ pub struct Ctx<'a> {
     redis: &'a Redis,
     scenario: Scenario,
     spec: &'a Spec,
+    progress: &'a Progress,
 }
 
 impl Ctx<'_> {
+    /// Where the scenario's long steps show their progress (hidden unless a person watches).
+    pub fn progress(&self) -> &Progress {
+        self.progress
+    }
+
     /// The article's figure for `metric`, from the scenario file's checks ("" where it has none),
     /// for tables that put the article beside the measurement.
     pub fn article(&self, metric: &str) -> String {
@@ -408,7 +415,12 @@ impl Ctx<'_> {
 }
 
 /// Runs one prepared scenario on `server` and judges it.
-pub async fn run(server: &PgServer, redis: &Redis, prepared: &Prepared) -> Result<Report> {
+pub async fn run(
+    server: &PgServer,
+    redis: &Redis,
+    prepared: &Prepared,
+    progress: &Progress,
+) -> Result<Report> {
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let clock = Instant::now();
     let ctx = Ctx {
@@ -416,6 +428,7 @@ pub async fn run(server: &PgServer, redis: &Redis, prepared: &Prepared) -> Resul
         redis,
         scenario: prepared.scenario,
         spec: &prepared.spec,
+        progress,
     };
     let outcome = match &prepared.typed {
         Params::DualWrite(p) => dual_write::run(&ctx, p).await,

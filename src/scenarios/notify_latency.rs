@@ -65,12 +65,20 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         .collect();
     let fallback = Duration::from_millis(params.notify_fallback_ms);
     modes.push(("notify".into(), Wakeup::Notify { fallback }));
+    // Every sample, behind the percentiles: the page plots their distribution per mode.
+    let mut samples = Table::new("latency of every event", &["mode", "seq", "latency_ms"]).detail();
+    let bar = ctx.progress().bar(modes.len() as u64 + 1, "notify-latency");
     for (name, wakeup) in modes {
-        let row = measure_mode(ctx, params, &name, wakeup, &mut outcome).await?;
+        bar.set_message(format!("relay {name}"));
+        let row = measure_mode(ctx, params, &name, wakeup, &mut samples, &mut outcome).await?;
         table.push(row);
+        bar.inc(1);
     }
     outcome.tables.push(table);
+    bar.set_message("writers with and without trigger");
     writer_throughput(ctx, params, &mut outcome).await?;
+    bar.finish_and_clear();
+    outcome.tables.push(samples);
     Ok(outcome)
 }
 
@@ -80,6 +88,7 @@ async fn measure_mode(
     params: &Params,
     name: &str,
     wakeup: Wakeup,
+    samples: &mut Table,
     outcome: &mut Outcome,
 ) -> Result<Vec<String>> {
     let db = ctx.database(name).await?;
@@ -117,6 +126,13 @@ async fn measure_mode(
 
     let latency = latency::measure(&client).await?;
     let (p50, p99, max) = (latency.p50_ms, latency.p99_ms, latency.max_ms);
+    for (seq, latency_ms) in &latency.each_ms {
+        samples.push(vec![
+            name.to_string(),
+            seq.to_string(),
+            format!("{latency_ms:.3}"),
+        ]);
+    }
 
     // Nothing arrives now: every transaction is the relay looking for work. A backend that
     // reported statistics less than a second ago holds the rest back for up to 10 s: stop the

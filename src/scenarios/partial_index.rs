@@ -59,8 +59,8 @@ async fn clean(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome) -> Result<
     let db = ctx.database("clean").await?;
     let client = db.connect().await?;
     client.batch_execute(schema::NO_AUTOVACUUM).await?;
-    copy_first_rows(&client, params, true).await?;
-    load_unpublished(&client, params).await?;
+    copy_first_rows(ctx, &client, params, true).await?;
+    load_unpublished(ctx, &client, params).await?;
     client.batch_execute("ANALYZE outbox").await?;
     let table_bytes: i64 = client
         .query_one(counts::RELATION_BYTES, &[&"outbox"])
@@ -89,10 +89,10 @@ async fn churned(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome) -> Resul
     let db = ctx.database("churned").await?;
     let client = db.connect().await?;
     client.batch_execute(schema::NO_AUTOVACUUM).await?;
-    copy_first_rows(&client, params, false).await?;
+    copy_first_rows(ctx, &client, params, false).await?;
     let ids = counts::ids(&client, ALL_IDS, &[]).await?;
     client.execute(MARK_PUBLISHED, &[&ids]).await?;
-    load_unpublished(&client, params).await?;
+    load_unpublished(ctx, &client, params).await?;
     client.batch_execute("ANALYZE outbox").await?;
 
     let mut table = Table::new(
@@ -130,7 +130,12 @@ async fn churned(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome) -> Resul
 }
 
 /// The `published` rows (created a day ago), published already or not yet.
-async fn copy_first_rows(client: &Client, params: &Params, published: bool) -> Result<()> {
+async fn copy_first_rows(
+    ctx: &Ctx<'_>,
+    client: &Client,
+    params: &Params,
+    published: bool,
+) -> Result<()> {
     let rows = OutboxRows {
         count: params.published,
         first_order_id: 1,
@@ -138,12 +143,12 @@ async fn copy_first_rows(client: &Client, params: &Params, published: bool) -> R
         created_from: Utc::now() - TimeDelta::days(1),
         published,
     };
-    load::copy_rows(client, "outbox", &rows).await?;
+    load::copy_rows(client, "outbox", &rows, ctx.progress()).await?;
     Ok(())
 }
 
 /// The rows waiting for the relay, younger than every other.
-async fn load_unpublished(client: &Client, params: &Params) -> Result<()> {
+async fn load_unpublished(ctx: &Ctx<'_>, client: &Client, params: &Params) -> Result<()> {
     let rows = OutboxRows {
         count: params.unpublished,
         first_order_id: params.published + 1,
@@ -151,7 +156,7 @@ async fn load_unpublished(client: &Client, params: &Params) -> Result<()> {
         created_from: Utc::now(),
         published: false,
     };
-    load::copy_rows(client, "outbox", &rows).await?;
+    load::copy_rows(client, "outbox", &rows, ctx.progress()).await?;
     Ok(())
 }
 

@@ -128,6 +128,23 @@ pub fn assert_passed(run: &Run) {
     );
 }
 
+/// Exit 2 with a single line on stderr containing `needle`, and no JSON on stdout.
+pub fn assert_usage_error(run: &Run, needle: &str) {
+    assert_eq!(run.code, 2, "stderr: {}", run.stderr);
+    assert_eq!(
+        run.stderr.trim().lines().count(),
+        1,
+        "not one line: {}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains(needle),
+        "'{needle}' not in: {}",
+        run.stderr
+    );
+    assert!(run.stdout.is_empty(), "stdout: {}", run.stdout);
+}
+
 /// `outbox-lab scenario NAME ARGS --format json` against this binary's cluster.
 pub fn scenario(name: &str, args: &[&str]) -> Run {
     let results = scratch_dir(&format!("results-{name}"));
