@@ -14,12 +14,13 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::{Child, ChildStdin, Command};
 use uuid::Uuid;
 
 use crate::consumer::{self, ConsumerKind, Faults};
 use crate::crash::{self, CrashPlan};
 use crate::db::Database;
+use crate::explore::actors;
 use crate::relay::{Relay, RelayConfig};
 use crate::sink::HttpSink;
 use crate::writer::{self, DualWriteOrder, Ending};
@@ -112,10 +113,27 @@ enum Role {
         target: Target,
         #[arg(long, value_enum)]
         kind: ConsumerKind,
+        /// Listen here (0: any free port); a restarted consumer takes its predecessor's port.
+        #[arg(long, default_value_t = 0)]
+        port: u16,
         #[arg(long, default_value_t = 0)]
         fail_next: u32,
         #[arg(long)]
         fail_first_delivery_of: Option<i64>,
+    },
+    /// explore's writer: the workload's orders, skipping those already committed.
+    ExploreWriter {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        args: actors::WriterArgs,
+    },
+    /// explore's relay: one relay variant, until its outbox is drained and stdin is closed.
+    ExploreRelay {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        args: actors::RelayArgs,
     },
 }
 
@@ -125,7 +143,9 @@ impl Role {
             Role::Writer { target, .. }
             | Role::NaiveApp { target, .. }
             | Role::Relay { target, .. }
-            | Role::Consumer { target, .. } => target,
+            | Role::Consumer { target, .. }
+            | Role::ExploreWriter { target, .. }
+            | Role::ExploreRelay { target, .. } => target,
         }
     }
 }
@@ -182,10 +202,11 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
         Role::Consumer {
             target,
             kind,
+            port,
             fail_next,
             fail_first_delivery_of,
         } => {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
             let faults = Faults {
                 fail_next,
                 fail_first_delivery_of,
@@ -193,6 +214,10 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             let config = target.database().config()?;
             consumer::serve(listener, config, kind, faults, announce_listening).await?;
         }
+        Role::ExploreWriter { target, args } => {
+            actors::run_writer(&target.database(), args).await?
+        }
+        Role::ExploreRelay { target, args } => actors::run_relay(&target.database(), args).await?,
     }
     Ok(())
 }
@@ -289,11 +314,11 @@ impl ChildCommand {
         }
     }
 
-    fn command(&self) -> Result<Command> {
+    fn command(&self, stdin: Stdio) -> Result<Command> {
         let exe = std::env::current_exe().context("cannot find the outbox-lab binary")?;
         let mut cmd = Command::new(exe);
         cmd.args(&self.args)
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
@@ -303,29 +328,28 @@ impl ChildCommand {
     /// Runs to the end (or kills it after `timeout`) and classifies how it ended.
     pub async fn run(self, timeout: Duration) -> Result<ChildRun> {
         let child = self
-            .command()?
+            .command(Stdio::null())?
             .spawn()
             .context("cannot start a child process")?;
-        match tokio::time::timeout(timeout, child.wait_with_output()).await {
-            Err(_) => Ok(ChildRun {
-                end: ChildEnd::TimedOut,
-                stdout: String::new(),
-            }),
-            Ok(output) => {
-                let output = output?;
-                let stderr = String::from_utf8_lossy(&output.stderr);
-                Ok(ChildRun {
-                    end: classify(output.status, &stderr),
-                    stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-                })
-            }
-        }
+        RunningChild { child, stdin: None }.finish(timeout).await
+    }
+
+    /// Starts it with a pipe on stdin, which the child may read as "stop when done" once the
+    /// parent closes it ([`RunningChild::close_stdin`]).
+    pub fn spawn(self) -> Result<RunningChild> {
+        let mut child = self
+            .command(Stdio::piped())?
+            .spawn()
+            .context("cannot start a child process")?;
+        // Held apart: tokio's `Child::wait` would close it.
+        let stdin = child.stdin.take();
+        Ok(RunningChild { child, stdin })
     }
 
     /// Starts a consumer and waits until it says where it listens.
     pub async fn spawn_consumer(self) -> Result<ConsumerProcess> {
         let mut child = self
-            .command()?
+            .command(Stdio::null())?
             .spawn()
             .context("cannot start the consumer")?;
         let stdout = child.stdout.take().expect("piped");
@@ -351,6 +375,43 @@ impl ChildCommand {
     }
 }
 
+/// A child started with [`ChildCommand::spawn`].
+pub struct RunningChild {
+    child: Child,
+    /// The write end of the child's stdin; dropping it is the "stop when done" signal.
+    stdin: Option<ChildStdin>,
+}
+
+impl RunningChild {
+    /// Resolves when the process has ended (cancel-safe: a `select!` may drop it).
+    pub async fn exited(&mut self) {
+        let _ = self.child.wait().await;
+    }
+
+    /// Closes the child's stdin: end of input, read by the child as "stop when done".
+    pub fn close_stdin(&mut self) {
+        drop(self.stdin.take());
+    }
+
+    /// Waits for the end (or kills it after `timeout`) and classifies how it ended.
+    pub async fn finish(self, timeout: Duration) -> Result<ChildRun> {
+        match tokio::time::timeout(timeout, self.child.wait_with_output()).await {
+            Err(_) => Ok(ChildRun {
+                end: ChildEnd::TimedOut,
+                stdout: String::new(),
+            }),
+            Ok(output) => {
+                let output = output?;
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                Ok(ChildRun {
+                    end: classify(output.status, &stderr),
+                    stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+                })
+            }
+        }
+    }
+}
+
 /// A running consumer child.
 pub struct ConsumerProcess {
     child: Child,
@@ -359,6 +420,16 @@ pub struct ConsumerProcess {
 }
 
 impl ConsumerProcess {
+    /// Waits until it ends by itself (a crash) and classifies how (cancel-safe).
+    pub async fn ended(&mut self) -> Result<ChildEnd> {
+        let status = self.child.wait().await?;
+        let mut stderr = String::new();
+        if let Some(mut err) = self.child.stderr.take() {
+            err.read_to_string(&mut stderr).await?;
+        }
+        Ok(classify(status, &stderr))
+    }
+
     /// Kills it and waits until it is gone.
     pub async fn stop(mut self) -> Result<()> {
         let _ = self.child.start_kill();

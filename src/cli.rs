@@ -11,6 +11,7 @@ use crate::child::{self, ChildArgs};
 use crate::cluster;
 use crate::crash::CrashPoint;
 use crate::db::{self, PgServer, ServerChoice};
+use crate::explore::{self, ExploreArgs};
 use crate::relay;
 use crate::report::{Report, Table};
 use crate::scenarios::{self, Overrides, Scenario};
@@ -34,6 +35,7 @@ Examples:
   outbox-lab scenario relay-crash --events 20 --crash-after 7 --format json
   outbox-lab scenario all
   outbox-lab scenario dual-write --database-url postgres://user@host/db
+  outbox-lab explore
   outbox-lab crash-points";
 
 /// A laboratory for the Transactional Outbox pattern on PostgreSQL: runs the article's
@@ -57,6 +59,9 @@ enum Command {
 
 Exit status: 0 every check passed, 1 a check failed, 2 bad input or environment.")]
     Scenario(ScenarioArgs),
+    /// Every crash point against every design, judged by an invariant checker.
+    #[command(after_help = explore::EXAMPLES)]
+    Explore(ExploreArgs),
     /// List every named crash point and the code path it interrupts.
     CrashPoints,
     /// Give dead letters their attempts back (the article's UPDATE outbox SET attempts = 0 ...).
@@ -75,33 +80,40 @@ Exit status: 0 every check passed, 1 a check failed, 2 bad input or environment.
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Format {
+pub enum Format {
     Text,
     Json,
+}
+
+/// What the measuring commands share: the output format, the server, where results go.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+    /// Use this PostgreSQL server instead of a throwaway cluster; outbox-lab creates and drops
+    /// only databases named outboxlab_* there.
+    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Leave the throwaway cluster and the run's databases in place, and print how to reach them.
+    #[arg(long)]
+    pub keep: bool,
+    /// Directory with initdb and postgres (default: PATH, then /usr/lib/postgresql/*/bin).
+    #[arg(long, env = "OUTBOX_LAB_PG_BIN")]
+    pub pg_bin: Option<PathBuf>,
+    /// Where each run writes <run-id>/<name>.json and its tables as CSV.
+    #[arg(long, default_value = "results")]
+    pub results_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
 struct ScenarioArgs {
     /// Scenario name (see `outbox-lab list`), or `all`.
     name: String,
-    #[arg(long, value_enum, default_value = "text")]
-    format: Format,
-    /// Use this PostgreSQL server instead of a throwaway cluster; outbox-lab creates and drops
-    /// only databases named outboxlab_* there.
-    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
-    database_url: Option<String>,
-    /// Leave the throwaway cluster and the scenario databases in place, and print how to reach them.
-    #[arg(long)]
-    keep: bool,
-    /// Directory with initdb and postgres (default: PATH, then /usr/lib/postgresql/*/bin).
-    #[arg(long, env = "OUTBOX_LAB_PG_BIN")]
-    pg_bin: Option<PathBuf>,
+    #[command(flatten)]
+    run: RunArgs,
     /// Read scenario files from this directory instead of the built-in copies.
     #[arg(long)]
     scenarios_dir: Option<PathBuf>,
-    /// Where each run writes <run-id>/<scenario>.json and its tables as CSV.
-    #[arg(long, default_value = "results")]
-    results_dir: PathBuf,
     /// relay-crash: number of events.
     #[arg(long)]
     events: Option<u32>,
@@ -119,6 +131,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::List => list(),
         Command::Scenario(args) => scenario(args).await,
+        Command::Explore(args) => explore::command(args).await,
         Command::CrashPoints => crash_points(),
         Command::Requeue { database_url } => requeue(&database_url).await,
         Command::Clean => {
@@ -191,43 +204,24 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
         .map(|s| scenarios::prepare(*s, args.scenarios_dir.as_deref(), &overrides))
         .collect::<Result<Vec<_>>>()?;
 
-    let run_id = format!(
-        "{}-{:04x}",
-        chrono::Utc::now().format("%Y%m%d-%H%M%S"),
-        std::process::id() & 0xffff
-    );
-    let choice = ServerChoice {
-        database_url: args.database_url.as_deref(),
-        pg_bin: args.pg_bin.as_deref(),
-        keep: args.keep,
-    };
-    let server = tokio::select! {
-        server = PgServer::open(&choice, &run_id) => server?,
-        by = interrupted() => return Err(Interrupted(by).into()),
-    };
-    let results = args.results_dir.join(&run_id);
-    let runs = async {
+    let run_id = new_run_id();
+    let results = args.run.results_dir.join(&run_id);
+    let reports = on_server(&args.run, &run_id, async |server: &PgServer| {
         let mut reports = Vec::new();
         for p in &prepared {
-            let report = scenarios::run(&server, p).await?;
+            let report = scenarios::run(server, p).await?;
             report.write_files(&results)?;
-            if args.format == Format::Text {
+            if args.run.format == Format::Text {
                 println!("{}", report.render_text());
             }
             reports.push(report);
         }
-        Ok::<_, anyhow::Error>(reports)
-    };
-    let outcome = tokio::select! {
-        reports = runs => reports,
-        by = interrupted() => Err(Interrupted(by).into()),
-    };
-    let closed = server.close().await;
-    let reports = outcome?;
-    closed?;
+        Ok(reports)
+    })
+    .await?;
 
     let passed = reports.iter().all(Report::passed);
-    match args.format {
+    match args.run.format {
         Format::Json if reports.len() == 1 => {
             println!("{}", serde_json::to_string_pretty(&reports[0])?)
         }
@@ -251,6 +245,41 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
     } else {
         exit::CHECK_FAILED
     }))
+}
+
+/// A run's id: when it started (UTC) and which process ran it, e.g. `20261202-153635-38f9`.
+pub fn new_run_id() -> String {
+    format!(
+        "{}-{:04x}",
+        chrono::Utc::now().format("%Y%m%d-%H%M%S"),
+        std::process::id() & 0xffff
+    )
+}
+
+/// Opens the run's server, does `work` on it, and closes it (dropping what the run created),
+/// also when Ctrl-C or SIGTERM ends the work.
+pub async fn on_server<T>(
+    run: &RunArgs,
+    run_id: &str,
+    work: impl AsyncFnOnce(&PgServer) -> Result<T>,
+) -> Result<T> {
+    let choice = ServerChoice {
+        database_url: run.database_url.as_deref(),
+        pg_bin: run.pg_bin.as_deref(),
+        keep: run.keep,
+    };
+    let server = tokio::select! {
+        server = PgServer::open(&choice, run_id) => server?,
+        by = interrupted() => return Err(Interrupted(by).into()),
+    };
+    let outcome = tokio::select! {
+        outcome = work(&server) => outcome,
+        by = interrupted() => Err(Interrupted(by).into()),
+    };
+    let closed = server.close().await;
+    let outcome = outcome?;
+    closed?;
+    Ok(outcome)
 }
 
 fn summary(reports: &[Report]) -> Table {

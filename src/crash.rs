@@ -19,18 +19,20 @@ pub enum CrashPoint {
     RelayAfterFetchBeforeSend,
     RelayAfterSendBeforeMark,
     RelayAfterMarkBeforeCommit,
+    RelayAfterMarkBeforeSend,
     ConsumerAfterEffectBeforeCommit,
     ConsumerAfterCommitBeforeReply,
 }
 
 impl CrashPoint {
-    pub const ALL: [CrashPoint; 8] = [
+    pub const ALL: [CrashPoint; 9] = [
         CrashPoint::WriterAfterInsertBeforeCommit,
         CrashPoint::WriterAfterCommitBeforeSend,
         CrashPoint::WriterAfterSendBeforeCommit,
         CrashPoint::RelayAfterFetchBeforeSend,
         CrashPoint::RelayAfterSendBeforeMark,
         CrashPoint::RelayAfterMarkBeforeCommit,
+        CrashPoint::RelayAfterMarkBeforeSend,
         CrashPoint::ConsumerAfterEffectBeforeCommit,
         CrashPoint::ConsumerAfterCommitBeforeReply,
     ];
@@ -43,6 +45,7 @@ impl CrashPoint {
             CrashPoint::RelayAfterFetchBeforeSend => "relay-after-fetch-before-send",
             CrashPoint::RelayAfterSendBeforeMark => "relay-after-send-before-mark",
             CrashPoint::RelayAfterMarkBeforeCommit => "relay-after-mark-before-commit",
+            CrashPoint::RelayAfterMarkBeforeSend => "relay-after-mark-before-send",
             CrashPoint::ConsumerAfterEffectBeforeCommit => "consumer-after-effect-before-commit",
             CrashPoint::ConsumerAfterCommitBeforeReply => "consumer-after-commit-before-reply",
         }
@@ -55,9 +58,13 @@ impl CrashPoint {
             CrashPoint::WriterAfterCommitBeforeSend | CrashPoint::WriterAfterSendBeforeCommit => {
                 "writer::dual_write"
             }
-            CrashPoint::RelayAfterFetchBeforeSend
-            | CrashPoint::RelayAfterSendBeforeMark
-            | CrashPoint::RelayAfterMarkBeforeCommit => "relay::Relay::deliver_batch",
+            CrashPoint::RelayAfterFetchBeforeSend | CrashPoint::RelayAfterSendBeforeMark => {
+                "relay::Relay::deliver_batch, relay::StoredWatermarkRelay::deliver_new"
+            }
+            CrashPoint::RelayAfterMarkBeforeCommit => {
+                "relay::Relay::deliver_batch, relay::Relay::deliver_batch_marked_first"
+            }
+            CrashPoint::RelayAfterMarkBeforeSend => "relay::Relay::deliver_batch_marked_first",
             CrashPoint::ConsumerAfterEffectBeforeCommit
             | CrashPoint::ConsumerAfterCommitBeforeReply => "consumer::apply_delivery",
         }
@@ -80,7 +87,10 @@ impl CrashPoint {
                 "event delivered, published_at not written: it is sent again"
             }
             CrashPoint::RelayAfterMarkBeforeCommit => {
-                "batch delivered and marked, the marking transaction never commits"
+                "batch marked published, the marking transaction never commits"
+            }
+            CrashPoint::RelayAfterMarkBeforeSend => {
+                "mark-before-send: batch marked published and committed, not sent: lost"
             }
             CrashPoint::ConsumerAfterEffectBeforeCommit => {
                 "shipment written, consumer transaction never commits, no reply"

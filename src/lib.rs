@@ -6,7 +6,8 @@
 //! [`crash`] points. The harness around them: the throwaway PostgreSQL [`cluster`] and the
 //! [`db`] server and databases of a run, the [`schema`], the [`scenarios`] (one file per
 //! experiment, parameters and expected figures in [`spec`] files), the SQL that [`counts`] what
-//! happened, the [`checks`] against the article, and the [`report`].
+//! happened, the [`checks`] against the article, and the [`report`]. Beyond the article,
+//! [`explore`] runs every crash point against every design and checks invariants.
 
 pub mod checks;
 pub mod child;
@@ -17,6 +18,7 @@ pub mod counts;
 pub mod crash;
 pub mod db;
 pub mod event;
+pub mod explore;
 pub mod relay;
 pub mod report;
 pub mod scenarios;

@@ -4,6 +4,8 @@
 //! releases them at once, and the rows are simply fetched again. Two watermark relays
 //! ([`WatermarkRelay`], [`XidWatermarkRelay`]) remember how far they got instead of marking rows;
 //! the first one loses events (watermark-gap), the second shows how to make a watermark safe.
+//! For explore: the head-of-line guard, and two deliberately broken relays (mark before send,
+//! [`StoredWatermarkRelay`]) whose flaws the explorer must catch.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -23,6 +25,24 @@ SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload
  WHERE published_at IS NULL
    AND next_attempt_at <= clock_timestamp()
    AND attempts < $1
+ ORDER BY id
+ LIMIT $2
+ FOR UPDATE SKIP LOCKED";
+
+/// The fetch with the head-of-line guard: a row is due only when no older row of its aggregate is
+/// still undelivered, so a failing event holds back the later events of its aggregate (and only
+/// those) instead of letting them overtake it.
+pub const FETCH_BATCH_GUARDED: &str = "
+SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload
+  FROM outbox o
+ WHERE published_at IS NULL
+   AND next_attempt_at <= clock_timestamp()
+   AND attempts < $1
+   AND NOT EXISTS (SELECT 1 FROM outbox older
+                    WHERE older.aggregate_type = o.aggregate_type
+                      AND older.aggregate_id = o.aggregate_id
+                      AND older.id < o.id
+                      AND older.published_at IS NULL)
  ORDER BY id
  LIMIT $2
  FOR UPDATE SKIP LOCKED";
@@ -90,6 +110,10 @@ pub struct RelayConfig {
     pub idle_poll: Duration,
     /// Draining gives up after this long (a bound, so a stuck run cannot hang the harness).
     pub deadline: Duration,
+    /// Fetch with [`FETCH_BATCH_GUARDED`]: per-aggregate order survives failed deliveries.
+    pub head_of_line_guard: bool,
+    /// Also log every delivery attempt (`sending`, `sent`): the history explore audits.
+    pub log_attempts: bool,
 }
 
 impl Default for RelayConfig {
@@ -100,6 +124,8 @@ impl Default for RelayConfig {
             backoff_base: Duration::from_millis(200),
             idle_poll: Duration::from_millis(10),
             deadline: Duration::from_secs(60),
+            head_of_line_guard: false,
+            log_attempts: false,
         }
     }
 }
@@ -136,14 +162,20 @@ impl Relay {
         }
     }
 
+    fn fetch(&self) -> &'static str {
+        if self.config.head_of_line_guard {
+            FETCH_BATCH_GUARDED
+        } else {
+            FETCH_BATCH
+        }
+    }
+
     /// Fetch, deliver and mark one batch in one transaction.
     pub async fn deliver_batch(&mut self) -> Result<BatchOutcome> {
+        let fetch = self.fetch();
         let tx = self.client.transaction().await?;
         let rows = tx
-            .query(
-                FETCH_BATCH,
-                &[&self.config.max_attempts, &self.config.batch],
-            )
+            .query(fetch, &[&self.config.max_attempts, &self.config.batch])
             .await?;
         let mut outcome = BatchOutcome {
             fetched: rows.len(),
@@ -154,18 +186,14 @@ impl Relay {
             let event = Event::from_outbox_row(row);
             let id = event.outbox_id.expect("outbox rows have ids");
             crash::point(CrashPoint::RelayAfterFetchBeforeSend);
-            match self.sink.send(&event).await {
+            let log_name = self.log_name.as_deref();
+            match attempt(&self.sink, log_name, self.config.log_attempts, &event).await {
                 Ok(()) => {
                     delivered.push(id);
                     outcome.sent += 1;
                     crash::point(CrashPoint::RelayAfterSendBeforeMark);
                 }
-                Err(e) => {
-                    let error = format!("{e:#}");
-                    log_line(
-                        self.log_name.as_deref(),
-                        format_args!("outbox id={id} failed: {error}"),
-                    );
+                Err(error) => {
                     let base_ms = self.config.backoff_base.as_secs_f64() * 1000.0;
                     tx.execute(MARK_FAILED, &[&id, &error, &base_ms]).await?;
                     outcome.failed += 1;
@@ -178,6 +206,45 @@ impl Relay {
         crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
         tx.commit().await?;
         Ok(outcome)
+    }
+
+    /// The broken order (mark-before-send): mark the batch published and commit, then send. A
+    /// crash or a failed send after the commit loses the events: nothing sends them again.
+    pub async fn deliver_batch_marked_first(&mut self) -> Result<BatchOutcome> {
+        let fetch = self.fetch();
+        let tx = self.client.transaction().await?;
+        let rows = tx
+            .query(fetch, &[&self.config.max_attempts, &self.config.batch])
+            .await?;
+        let ids: Vec<i64> = rows.iter().map(|r| r.get("id")).collect();
+        if !ids.is_empty() {
+            tx.execute(MARK_PUBLISHED, &[&ids]).await?;
+        }
+        crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
+        tx.commit().await?;
+        let mut outcome = BatchOutcome {
+            fetched: rows.len(),
+            ..Default::default()
+        };
+        for row in &rows {
+            crash::point(CrashPoint::RelayAfterMarkBeforeSend);
+            let event = Event::from_outbox_row(row);
+            let log_name = self.log_name.as_deref();
+            match attempt(&self.sink, log_name, self.config.log_attempts, &event).await {
+                Ok(()) => outcome.sent += 1,
+                Err(_) => outcome.failed += 1,
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Undelivered rows under the attempt limit, due or not.
+    pub async fn pending(&self) -> Result<i64> {
+        let row = self
+            .client
+            .query_one(PENDING, &[&self.config.max_attempts])
+            .await?;
+        Ok(row.get(0))
     }
 
     /// Delivers until no undelivered row under the attempt limit is left; returns rows sent.
@@ -216,6 +283,31 @@ impl Relay {
                 self.config.idle_poll
             };
             tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// One delivery; the error as text (it is stored in `last_error`). A named relay logs failures,
+/// and with `log_attempts` every try (`sending`, then `sent` or `failed`): a `sending` without an
+/// answer is a try whose outcome the relay never learned (it died).
+async fn attempt(
+    sink: &HttpSink,
+    log_name: Option<&str>,
+    log_attempts: bool,
+    event: &Event,
+) -> std::result::Result<(), String> {
+    let id = event.outbox_id.expect("outbox rows have ids");
+    let trace = log_name.filter(|_| log_attempts);
+    log_line(trace, format_args!("outbox id={id} sending"));
+    match sink.send(event).await {
+        Ok(()) => {
+            log_line(trace, format_args!("outbox id={id} sent"));
+            Ok(())
+        }
+        Err(e) => {
+            let error = format!("{e:#}");
+            log_line(log_name, format_args!("outbox id={id} failed: {error}"));
+            Err(error)
         }
     }
 }
@@ -289,4 +381,76 @@ impl XidWatermarkRelay {
 /// Gives every undelivered row its attempts back (`outbox-lab requeue`); returns rows requeued.
 pub async fn requeue(client: &Client) -> Result<u64> {
     Ok(client.execute(REQUEUE, &[]).await?)
+}
+
+/// Where the stored watermark relay resumes: the highest id it has delivered.
+pub const LOAD_WATERMARK: &str =
+    "SELECT COALESCE(max(last_seen), 0) FROM relay_watermark WHERE relay = $1";
+
+pub const SAVE_WATERMARK: &str = "
+INSERT INTO relay_watermark(relay, last_seen) VALUES ($1, $2)
+ON CONFLICT (relay) DO UPDATE SET last_seen = EXCLUDED.last_seen";
+
+/// What the stored watermark relay has still to deliver: rows above its watermark. Rows below it
+/// that committed late are not counted; nothing will ever deliver them.
+pub const WATERMARK_PENDING: &str = "
+SELECT count(*) FROM outbox
+ WHERE id > COALESCE((SELECT max(last_seen) FROM relay_watermark WHERE relay = $1), 0)";
+
+/// A watermark relay as it is usually built for production: `id > last_seen`, with the
+/// watermark stored (and saved after each delivery) so that a restart resumes where it stopped.
+/// Crash-safe (a crash between send and save redelivers) but not gap-safe: a row whose
+/// transaction commits after a later id was delivered is below the watermark, and lost.
+pub struct StoredWatermarkRelay {
+    client: Client,
+    sink: HttpSink,
+    /// The key of its row in `relay_watermark`, and its log name.
+    name: String,
+}
+
+impl StoredWatermarkRelay {
+    pub fn new(client: Client, sink: HttpSink, name: String) -> StoredWatermarkRelay {
+        StoredWatermarkRelay { client, sink, name }
+    }
+
+    /// One pass; returns the rows delivered. A failed send ends the pass without moving the
+    /// watermark, so the row is tried again on the next pass.
+    pub async fn deliver_new(&mut self) -> Result<usize> {
+        let last_seen: i64 = self
+            .client
+            .query_one(LOAD_WATERMARK, &[&self.name])
+            .await?
+            .get(0);
+        let rows = self
+            .client
+            .query(FETCH_AFTER_WATERMARK, &[&last_seen])
+            .await?;
+        let mut delivered = 0;
+        for row in &rows {
+            let event = Event::from_outbox_row(row);
+            crash::point(CrashPoint::RelayAfterFetchBeforeSend);
+            if attempt(&self.sink, Some(&self.name), true, &event)
+                .await
+                .is_err()
+            {
+                break;
+            }
+            crash::point(CrashPoint::RelayAfterSendBeforeMark);
+            let id = event.outbox_id.expect("outbox rows have ids");
+            self.client
+                .execute(SAVE_WATERMARK, &[&self.name, &id])
+                .await?;
+            delivered += 1;
+        }
+        Ok(delivered)
+    }
+
+    /// Rows above the watermark.
+    pub async fn pending(&self) -> Result<i64> {
+        Ok(self
+            .client
+            .query_one(WATERMARK_PENDING, &[&self.name])
+            .await?
+            .get(0))
+    }
 }

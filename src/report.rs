@@ -114,7 +114,10 @@ impl Table {
         }
         // comfy-table pads the last column; psql does not.
         let text = table.to_string();
-        text.lines().map(str::trim_end).collect::<Vec<_>>().join("\n")
+        text.lines()
+            .map(str::trim_end)
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 }
 

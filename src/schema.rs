@@ -61,6 +61,19 @@ CREATE TABLE consumer.shipments (
 pub const ADD_WRITER_XID: &str =
     "ALTER TABLE outbox ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id()";
 
+/// Where explore's stored watermark relay keeps its position across restarts.
+pub const ADD_RELAY_WATERMARK: &str =
+    "CREATE TABLE relay_watermark (relay text PRIMARY KEY, last_seen bigint NOT NULL)";
+
+/// Empties every table and restarts the ids, so that explore reuses one database for many runs
+/// (a schedule costs a TRUNCATE instead of a CREATE DATABASE). The lock timeout bounds the wait
+/// for a killed child's session, which the server ends a moment after the process.
+pub const RESET: &str = "
+SET lock_timeout = '5s';
+TRUNCATE orders, outbox, relay_watermark,
+         consumer.receipts, consumer.processed_events, consumer.shipments
+RESTART IDENTITY";
+
 pub async fn create(client: &Client) -> Result<()> {
     client
         .batch_execute(CREATE)

@@ -1,6 +1,8 @@
 //! The writer: the business transaction that creates an order and, done right, its outbox row in
 //! the same transaction; done wrong (dual write), sends the event itself.
 
+use std::time::Duration;
+
 use anyhow::Result;
 use serde_json::json;
 use tokio_postgres::{Client, Transaction};
@@ -15,8 +17,12 @@ pub const INSERT_ORDER: &str =
 
 pub const INSERT_OUTBOX: &str = "
 INSERT INTO outbox(aggregate_type, aggregate_id, event_type, payload)
-VALUES ('orders', $1, 'OrderCreated', $2)
+VALUES ('orders', $1, $2, $3)
 RETURNING id, event_id";
+
+/// Customers (of those asked for) whose order is committed: a restarted writer skips them, as a
+/// client retrying a request it is unsure about would, by its own request key.
+pub const COMMITTED_CUSTOMERS: &str = "SELECT customer_id FROM orders WHERE customer_id = ANY($1)";
 
 /// How the business transaction ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -38,6 +44,14 @@ fn order_payload(order_id: i64) -> serde_json::Value {
     json!({ "order_id": order_id, "amount": "1200" })
 }
 
+/// The n-th event of an order (from 1): OrderCreated, then OrderUpdated2, OrderUpdated3, ...
+pub fn event_type(n: u32) -> String {
+    match n {
+        1 => "OrderCreated".into(),
+        n => format!("OrderUpdated{n}"),
+    }
+}
+
 /// The outbox way: the order and its event in one transaction; nothing is sent here.
 pub async fn create_order_with_event(
     client: &mut Client,
@@ -45,15 +59,72 @@ pub async fn create_order_with_event(
     ending: Ending,
 ) -> Result<i64> {
     let tx = client.transaction().await?;
-    let order_id: i64 = tx.query_one(INSERT_ORDER, &[&customer_id]).await?.get(0);
-    tx.execute(
-        INSERT_OUTBOX,
-        &[&order_id.to_string(), &order_payload(order_id)],
-    )
-    .await?;
+    let order_id = insert_order_with_events(&tx, customer_id, 1).await?;
     crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
     end(tx, ending).await?;
     Ok(order_id)
+}
+
+/// The order and its `events` outbox rows, in the caller's transaction.
+pub async fn insert_order_with_events(
+    tx: &Transaction<'_>,
+    customer_id: i64,
+    events: u32,
+) -> Result<i64> {
+    let order_id: i64 = tx.query_one(INSERT_ORDER, &[&customer_id]).await?.get(0);
+    for n in 1..=events {
+        tx.execute(
+            INSERT_OUTBOX,
+            &[
+                &order_id.to_string(),
+                &event_type(n),
+                &order_payload(order_id),
+            ],
+        )
+        .await?;
+    }
+    Ok(order_id)
+}
+
+/// Orders written in pairs by two sessions whose transactions overlap, as on any busy server:
+/// the second order of a pair commits first and the first `overlap` later (a slow request), so
+/// outbox ids do not become visible in id order.
+pub async fn write_overlapping_pairs(
+    slow: &mut Client,
+    fast: &mut Client,
+    customers: &[i64],
+    events_per_order: u32,
+    overlap: Duration,
+) -> Result<()> {
+    for pair in customers.chunks(2) {
+        let slow_tx = slow.transaction().await?;
+        insert_order_with_events(&slow_tx, pair[0], events_per_order).await?;
+        if let Some(&second) = pair.get(1) {
+            let fast_tx = fast.transaction().await?;
+            insert_order_with_events(&fast_tx, second, events_per_order).await?;
+            crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
+            fast_tx.commit().await?;
+            tokio::time::sleep(overlap).await;
+        }
+        crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
+        slow_tx.commit().await?;
+    }
+    Ok(())
+}
+
+/// Of `customers`, those without a committed order, in order.
+pub async fn uncommitted_customers(client: &Client, customers: &[i64]) -> Result<Vec<i64>> {
+    let committed: Vec<i64> = client
+        .query(COMMITTED_CUSTOMERS, &[&customers])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    Ok(customers
+        .iter()
+        .copied()
+        .filter(|c| !committed.contains(c))
+        .collect())
 }
 
 async fn end(tx: Transaction<'_>, ending: Ending) -> Result<()> {
@@ -80,7 +151,7 @@ pub async fn dual_write(
         outbox_id: None,
         aggregate_type: "orders".into(),
         aggregate_id: order_id.to_string(),
-        event_type: "OrderCreated".into(),
+        event_type: event_type(1),
         payload: order_payload(order_id),
     };
     match order {

@@ -15,7 +15,7 @@ use crate::relay::{Relay, RelayConfig, WatermarkRelay, XidWatermarkRelay};
 use crate::report::Table;
 use crate::schema;
 use crate::sink::HttpSink;
-use crate::writer::INSERT_OUTBOX;
+use crate::writer::{event_type, INSERT_OUTBOX};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -83,11 +83,17 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
         let session_b = db.connect().await?;
         session_a.batch_execute("BEGIN").await?;
         let id_a: i64 = session_a
-            .query_one(INSERT_OUTBOX, &[&"A", &json!({"session": "A"})])
+            .query_one(
+                INSERT_OUTBOX,
+                &[&"A", &event_type(1), &json!({"session": "A"})],
+            )
             .await?
             .get(0);
         let id_b: i64 = session_b
-            .query_one(INSERT_OUTBOX, &[&"B", &json!({"session": "B"})])
+            .query_one(
+                INSERT_OUTBOX,
+                &[&"B", &event_type(1), &json!({"session": "B"})],
+            )
             .await?
             .get(0);
         outcome.notes.push(format!(
