@@ -128,7 +128,7 @@ pub async fn run_relay(db: &Database, args: RelayArgs) -> Result<()> {
                 ..RelayConfig::default()
             };
             let relay = Relay::new(client, sink, config, Some(args.name.clone()));
-            Variant::Locking(Box::new(relay), variant)
+            Variant::Locking(relay, variant)
         }
     };
     let deadline = Duration::from_millis(args.deadline_ms);
@@ -152,7 +152,7 @@ pub async fn run_relay(db: &Database, args: RelayArgs) -> Result<()> {
 
 /// The relay variants, behind one loop.
 enum Variant {
-    Locking(Box<Relay>, RelayVariant),
+    Locking(Relay, RelayVariant),
     Watermark(StoredWatermarkRelay),
 }
 

@@ -183,10 +183,10 @@ pub const DESIGNS: [Design; 8] = [
     },
     Design {
         name: "multi-relay-unpartitioned",
-        summary: "broken: two article relays share the outbox, batch 1, idempotent consumer",
+        summary: "broken: three article relays share the outbox, batch 1, idempotent consumer",
         writer: Writer::Outbox,
         relay: Some(RelayVariant::Lock),
-        relays: 2,
+        relays: 3,
         batch: 1,
         consumer: ConsumerKind::Idempotent,
         claims: &[Ghost, Lost, Duplicate, Liveness],

@@ -60,6 +60,9 @@ pub struct Process {
 pub struct History {
     pub design: String,
     pub schedule: String,
+    /// Set on the second run of a violation's smallest schedule: the invariant it re-checks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<String>,
     pub elapsed_ms: u64,
     pub processes: Vec<Process>,
     pub attempts: Vec<Attempt>,

@@ -227,12 +227,19 @@ impl Plan {
 struct DesignResult {
     design: &'static Design,
     runs: Vec<History>,
+    /// Whether the smallest violating schedule of an invariant broke it again when run a second
+    /// time (timing-dependent violations may not).
+    reproduced: BTreeMap<Invariant, bool>,
 }
 
 impl DesignResult {
+    /// The schedules run (not the re-runs of the smallest ones).
+    fn schedules(&self) -> impl Iterator<Item = &History> {
+        self.runs.iter().filter(|r| r.rerun_of.is_none())
+    }
+
     fn violating(&self, invariant: Invariant) -> Vec<&History> {
-        self.runs
-            .iter()
+        self.schedules()
             .filter(|r| r.violations.contains_key(invariant.name()))
             .collect()
     }
@@ -349,15 +356,35 @@ async fn explore_design(
     for schedule in &schedules {
         runs.push(lab.run(schedule).await?);
     }
+    let mut result = DesignResult {
+        design,
+        runs,
+        reproduced: BTreeMap::new(),
+    };
+    if !matches!(plan.mode, Mode::One(_)) {
+        let mut reruns = Vec::new();
+        for invariant in Invariant::ALL {
+            let Some(smallest) = result.smallest(invariant) else {
+                continue;
+            };
+            let schedule: Schedule = smallest.schedule.parse().expect("printed by Schedule");
+            let mut rerun = lab.run(&schedule).await?;
+            rerun.rerun_of = Some(invariant.name().to_string());
+            let again = rerun.violations.contains_key(invariant.name());
+            result.reproduced.insert(invariant, again);
+            reruns.push(rerun);
+        }
+        result.runs.extend(reruns);
+    }
     if progress {
         eprintln!(
             "explore: {} ran {} schedules in {:.1} s",
             design.name,
-            runs.len(),
+            schedules.len(),
             clock.elapsed().as_secs_f64()
         );
     }
-    Ok(DesignResult { design, runs })
+    Ok(result)
 }
 
 fn report(
@@ -382,12 +409,20 @@ fn report(
     );
     let mut smallest = Table::new(
         "smallest schedule reproducing each violation",
-        &["design", "invariant", "schedule", "offending", "command"],
+        &[
+            "design",
+            "invariant",
+            "violating",
+            "smallest schedule",
+            "offending",
+            "again",
+            "command",
+        ],
     );
-    let total: usize = results.iter().map(|r| r.runs.len()).sum();
+    let total: usize = results.iter().map(|r| r.schedules().count()).sum();
     for result in results {
         let design = result.design;
-        let runs = result.runs.len();
+        let runs = result.schedules().count();
         metrics.set(format!("{}.schedules", design.name), runs as i64);
         let mut row = vec![design.name.to_string()];
         for invariant in Invariant::ALL {
@@ -419,11 +454,18 @@ fn report(
                             .join(", ")
                     })
                     .unwrap_or_default();
+                let again = match result.reproduced.get(&invariant) {
+                    Some(true) => "yes",
+                    Some(false) => "no",
+                    None => "-",
+                };
                 smallest.push(vec![
                     design.name.into(),
                     invariant.name().into(),
+                    format!("{violating}/{runs}"),
                     run.schedule.clone(),
                     offending,
+                    again.into(),
                     plan.command_line(design, &run.schedule),
                 ]);
             }
@@ -441,12 +483,14 @@ fn report(
         plan.workload.orders,
         plan.workload.events_per_order
     )];
-    let claims: BTreeMap<&str, String> = results
-        .iter()
-        .map(|r| (r.design.name, names(r.design.claims)))
-        .collect();
-    for (design, claimed) in claims {
-        notes.push(format!("{design} claims: {claimed}"));
+    notes.push(
+        "again: the smallest schedule run a second time broke the invariant again (no: it \
+         depends on timing, as races do)"
+            .into(),
+    );
+    for result in results {
+        let design = result.design;
+        notes.push(format!("{} claims: {}", design.name, names(design.claims)));
     }
     Report {
         scenario: "explore".into(),
