@@ -6,27 +6,14 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{outbox_lab, scratch_dir, server_url, Run};
+use common::{outbox_lab, run_json, scratch_dir, Run};
 use serde_json::Value;
 
 /// `outbox-lab explore ARGS --format json` against this binary's cluster; also returns where
 /// its results went.
 fn explore(name: &str, args: &[&str]) -> (Run, PathBuf) {
     let results = scratch_dir(&format!("explore-{name}"));
-    let output = outbox_lab()
-        .args([
-            "explore",
-            "--format",
-            "json",
-            "--database-url",
-            server_url(),
-        ])
-        .arg("--results-dir")
-        .arg(&results)
-        .args(args)
-        .output()
-        .expect("outbox-lab runs");
-    (Run::from(output), results)
+    (run_json(&["explore"], &results, args), results)
 }
 
 /// Exit 0 (no claim violated), with the stderr shown otherwise.

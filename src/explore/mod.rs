@@ -52,6 +52,9 @@ Exit status: 0 every design holds what it claims, 1 a design violated a claim, 2
 /// The overlap of the two writer sessions: long enough that a relay polling every 5 ms sees
 /// the later order before the earlier one commits.
 const WRITER_OVERLAP: Duration = Duration::from_millis(40);
+/// The default workload: small enough for a quick run, two events per order for `order`.
+const DEFAULT_ORDERS: u32 = 4;
+const DEFAULT_EVENTS_PER_ORDER: u32 = 2;
 
 #[derive(Debug, Args)]
 pub struct ExploreArgs {
@@ -71,10 +74,10 @@ pub struct ExploreArgs {
     #[arg(long, default_value_t = 3, value_name = "N")]
     max_pass: u32,
     /// Orders the writer creates in every run.
-    #[arg(long, default_value_t = 4, value_name = "N")]
+    #[arg(long, default_value_t = DEFAULT_ORDERS, value_name = "N")]
     orders: u32,
     /// Events per order (OrderCreated, OrderUpdated2, ...), in the order's transaction.
-    #[arg(long, default_value_t = 2, value_name = "N")]
+    #[arg(long, default_value_t = DEFAULT_EVENTS_PER_ORDER, value_name = "N")]
     events_per_order: u32,
     #[command(flatten)]
     run: RunArgs,
@@ -210,10 +213,10 @@ impl Plan {
             "outbox-lab explore --design {} --schedule \"{schedule}\"",
             design.name
         );
-        if self.workload.orders != 4 {
+        if self.workload.orders != DEFAULT_ORDERS {
             line.push_str(&format!(" --orders {}", self.workload.orders));
         }
-        if self.workload.events_per_order != 2 {
+        if self.workload.events_per_order != DEFAULT_EVENTS_PER_ORDER {
             line.push_str(&format!(
                 " --events-per-order {}",
                 self.workload.events_per_order

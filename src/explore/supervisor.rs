@@ -60,13 +60,13 @@ pub struct Lab {
 }
 
 /// The faults not fired yet, per role.
-struct Pending {
+struct UnfiredFaults {
     plans: Mutex<Vec<(Role, CrashPlan)>>,
 }
 
-impl Pending {
-    fn new(schedule: &Schedule) -> Pending {
-        Pending {
+impl UnfiredFaults {
+    fn new(schedule: &Schedule) -> UnfiredFaults {
+        UnfiredFaults {
             plans: Mutex::new(schedule.faults.iter().map(|f| (f.role, f.plan)).collect()),
         }
     }
@@ -118,13 +118,13 @@ impl Lab {
             schedule: schedule.to_string(),
             ..History::default()
         });
-        let pending = Pending::new(schedule);
-        let stuck =
-            match tokio::time::timeout(RUN_TIMEOUT, self.supervise(&pending, &history)).await {
-                Ok(stuck) => stuck?,
-                // Dropping the supervision kills every child it still had (kill_on_drop).
-                Err(_) => Some(format!("not drained within {RUN_TIMEOUT:?}")),
-            };
+        let faults = UnfiredFaults::new(schedule);
+        let stuck = match tokio::time::timeout(RUN_TIMEOUT, self.supervise(&faults, &history)).await
+        {
+            Ok(stuck) => stuck?,
+            // Dropping the supervision kills every child it still had (kill_on_drop).
+            Err(_) => Some(format!("not drained within {RUN_TIMEOUT:?}")),
+        };
         let violations = checker::check(&self.client, stuck.as_deref()).await?;
         let mut history = history.into_inner().expect("not poisoned");
         for (invariant, ids) in violations {
@@ -139,27 +139,27 @@ impl Lab {
     /// Starts everything, keeps it running until drained; `Some(why)` when a bound was hit.
     async fn supervise(
         &self,
-        pending: &Pending,
+        faults: &UnfiredFaults,
         history: &Mutex<History>,
     ) -> Result<Option<String>> {
         let (writer_done, _) = watch::channel(false);
         let (all_done, _) = watch::channel(false);
         let first_consumer = self
-            .consumer_command(pending.next(Role::Consumer))
+            .consumer_command(faults.next(Role::Consumer))
             .spawn_consumer()
             .await?;
         let producers = async {
             let relays =
-                (0..self.design.relays).map(|i| self.keep_relay(i, pending, history, &writer_done));
+                (0..self.design.relays).map(|i| self.keep_relay(i, faults, history, &writer_done));
             let (writer, relays) = tokio::join!(
-                self.keep_writer(pending, history, &writer_done),
+                self.keep_writer(faults, history, &writer_done),
                 join_all(relays)
             );
             all_done.send_replace(true);
             (writer, relays)
         };
         let (consumer, (writer, relays)) = tokio::join!(
-            self.keep_consumer(first_consumer, pending, history, &all_done),
+            self.keep_consumer(first_consumer, faults, history, &all_done),
             producers
         );
         let mut stuck = vec![consumer?, writer?];
@@ -172,7 +172,7 @@ impl Lab {
     /// Runs the writer, and a new one after each crash, until one finishes its orders.
     async fn keep_writer(
         &self,
-        pending: &Pending,
+        faults: &UnfiredFaults,
         history: &Mutex<History>,
         writer_done: &watch::Sender<bool>,
     ) -> Result<Option<String>> {
@@ -180,7 +180,7 @@ impl Lab {
             "the writer did not finish in {MAX_PROCESSES_PER_ROLE} processes"
         ));
         for n in 1..=MAX_PROCESSES_PER_ROLE {
-            let plan = pending.next(Role::Writer);
+            let plan = faults.next(Role::Writer);
             let run = self
                 .writer_command()
                 .crash_at(plan)
@@ -192,7 +192,7 @@ impl Lab {
                     stuck = None;
                     break;
                 }
-                ChildEnd::Crashed { .. } => pending.fired(Role::Writer),
+                ChildEnd::Crashed { .. } => faults.fired(Role::Writer),
                 // A failed request (the naive app could not send): restarted, as a client retries.
                 _ => {}
             }
@@ -206,13 +206,13 @@ impl Lab {
     async fn keep_relay(
         &self,
         index: u32,
-        pending: &Pending,
+        faults: &UnfiredFaults,
         history: &Mutex<History>,
         writer_done: &watch::Sender<bool>,
     ) -> Result<Option<String>> {
         for n in 1..=MAX_PROCESSES_PER_ROLE {
             // Faults aimed at "relay" hit relay 0; the others run unarmed.
-            let plan = pending.next(Role::Relay).filter(|_| index == 0);
+            let plan = faults.next(Role::Relay).filter(|_| index == 0);
             let mut relay = self.relay_command(index).crash_at(plan).spawn()?;
             let mut done = writer_done.subscribe();
             tokio::select! {
@@ -224,7 +224,7 @@ impl Lab {
             record(history, &format!("relay{index}#{n}"), plan, &run);
             match run.end {
                 ChildEnd::Ok => return Ok(None),
-                ChildEnd::Crashed { .. } if index == 0 => pending.fired(Role::Relay),
+                ChildEnd::Crashed { .. } if index == 0 => faults.fired(Role::Relay),
                 _ => {}
             }
         }
@@ -237,12 +237,12 @@ impl Lab {
     async fn keep_consumer(
         &self,
         first: ConsumerProcess,
-        pending: &Pending,
+        faults: &UnfiredFaults,
         history: &Mutex<History>,
         all_done: &watch::Sender<bool>,
     ) -> Result<Option<String>> {
         let mut consumer = first;
-        let mut plan = pending.next(Role::Consumer);
+        let mut plan = faults.next(Role::Consumer);
         let mut done = all_done.subscribe();
         for n in 1..=MAX_PROCESSES_PER_ROLE {
             let label = format!("consumer#{n}");
@@ -251,7 +251,7 @@ impl Lab {
                     let end = end?;
                     record_end(history, &label, plan, &end);
                     if matches!(end, ChildEnd::Crashed { .. }) {
-                        pending.fired(Role::Consumer);
+                        faults.fired(Role::Consumer);
                     }
                 }
                 _ = done.wait_for(|done| *done) => {
@@ -260,7 +260,7 @@ impl Lab {
                     return Ok(None);
                 }
             }
-            plan = pending.next(Role::Consumer);
+            plan = faults.next(Role::Consumer);
             consumer = self.consumer_command(plan).spawn_consumer().await?;
         }
         consumer.stop().await?;
