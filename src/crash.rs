@@ -54,7 +54,9 @@ impl CrashPoint {
     /// The function whose path the point interrupts, for `outbox-lab crash-points`.
     pub fn location(self) -> &'static str {
         match self {
-            CrashPoint::WriterAfterInsertBeforeCommit => "writer::create_order_with_event",
+            CrashPoint::WriterAfterInsertBeforeCommit => {
+                "writer::create_order_with_event, writer::write_overlapping_pairs"
+            }
             CrashPoint::WriterAfterCommitBeforeSend | CrashPoint::WriterAfterSendBeforeCommit => {
                 "writer::dual_write"
             }

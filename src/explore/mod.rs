@@ -35,13 +35,14 @@ pub const EXAMPLES: &str = "\
 Examples:
   outbox-lab explore                                    # all designs, every single crash
   outbox-lab explore --design outbox-idempotent --random 500 --seed 7
-  outbox-lab explore --design outbox-idempotent --schedule \"relay:after-send@3,consumer:after-commit@2\"
+  outbox-lab explore --design outbox-idempotent \\
+      --schedule \"relay:after-send@3,consumer:after-commit@2\"
   outbox-lab explore --design watermark-relay --format json
 
 A schedule lists faults ROLE:STEP@PASS (roles writer, relay, consumer; STEP a crash point
 without its role, or a unique start of it, see `outbox-lab crash-points`; PASS from 1).
 Faults of one role fire in order, one per process: after a crash the restarted process gets
-the next. In designs with two relays, relay faults hit the first.
+the next. In designs with several relays, relay faults hit the first.
 
 Designs: dual-write-commit-first, dual-write-send-first, outbox-naive, outbox-idempotent,
 outbox-idempotent-ordered, and the deliberately broken watermark-relay, mark-before-send,
