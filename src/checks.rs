@@ -47,10 +47,7 @@ fn judge(check: &CheckSpec, context: &HashMapContext, metrics: &Metrics) -> Chec
         .as_ref()
         .map(show)
         .unwrap_or_else(|| "(not measured)".into());
-    let article = check.article.as_ref().map(|v| match v {
-        toml::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    });
+    let article = check.article_text();
     let (expected, pass) = match (&check.equals, &check.at_least, &check.at_most) {
         (Some(expr), _, _) => match eval(expr) {
             Ok(want) => {

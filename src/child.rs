@@ -9,7 +9,7 @@
 use std::fmt;
 use std::io::Write;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -21,8 +21,10 @@ use crate::consumer::{self, ConsumerKind, Faults};
 use crate::crash::{self, CrashPlan};
 use crate::db::Database;
 use crate::explore::actors;
-use crate::relay::{Relay, RelayConfig};
-use crate::sink::HttpSink;
+use crate::redis_server;
+use crate::relay::{Partition, Relay, RelayConfig, RelayDesign, Wakeup, RELAY_APPLICATION_NAME};
+use crate::sink::{HttpSink, Sink};
+use crate::stream_consumer::StreamWorker;
 use crate::writer::{self, DualWriteOrder, Ending};
 
 /// Exit status of a child that died at its crash point (`_exit(1)`).
@@ -66,14 +68,25 @@ impl Target {
 
 #[derive(Debug, Subcommand)]
 enum Role {
-    /// Creates orders, each with its outbox row in the same transaction.
+    /// Creates orders, each with its outbox rows in the same transaction.
     Writer {
         #[command(flatten)]
         target: Target,
         #[arg(long, default_value_t = 1)]
         orders: u32,
+        #[arg(long, default_value_t = 1)]
+        events_per_order: u32,
         #[arg(long, value_enum, default_value = "commit")]
         ending: Ending,
+        /// Pace the orders this far apart on average, each shifted by up to ±half of it.
+        #[arg(long)]
+        interval_ms: Option<u64>,
+        /// Chooses the shifts; the same seed gives the same schedule.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Instead of --orders: write as fast as possible for this long.
+        #[arg(long)]
+        duration_ms: Option<u64>,
     },
     /// The naive app: INSERT the order and POST the event itself.
     NaiveApp {
@@ -90,10 +103,11 @@ enum Role {
         #[arg(long, value_enum, default_value = "commit")]
         ending: Ending,
     },
-    /// The article's relay, until the outbox is drained.
+    /// The article's relay: drains the outbox and exits, or follows it until killed.
     Relay {
         #[command(flatten)]
         target: Target,
+        /// http://… (the consumer) or redis://… (a stream per aggregate type).
         #[arg(long)]
         sink: String,
         #[arg(long)]
@@ -106,6 +120,39 @@ enum Role {
         backoff_ms: u64,
         #[arg(long)]
         deadline_ms: u64,
+        #[arg(long, value_enum, default_value = "lock")]
+        design: RelayDesign,
+        #[arg(long, default_value_t = 30_000)]
+        lease_ms: u64,
+        /// i/N: only aggregates with abs(hashtext(aggregate_id)) % N = i.
+        #[arg(long)]
+        partition: Option<Partition>,
+        /// The head-of-line guard (NOT EXISTS an earlier undelivered event of the aggregate).
+        #[arg(long)]
+        guard: bool,
+        /// Keep delivering until killed, waking up by poll:MS or notify:MS.
+        #[arg(long)]
+        follow: Option<Wakeup>,
+        /// Aggregates delivered to at once over HTTP.
+        #[arg(long, default_value_t = 1)]
+        in_flight: usize,
+        #[arg(long, default_value = "")]
+        stream_prefix: String,
+    },
+    /// A consumer-group worker on a Redis Stream: its pending entries, then new ones.
+    StreamWorker {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        redis_url: String,
+        #[arg(long)]
+        stream: String,
+        #[arg(long)]
+        worker: String,
+        #[arg(long, value_enum)]
+        kind: ConsumerKind,
+        #[arg(long)]
+        count: usize,
     },
     /// The HTTP consumer; prints `listening URL` and serves until killed.
     Consumer {
@@ -120,6 +167,8 @@ enum Role {
         fail_next: u32,
         #[arg(long)]
         fail_first_delivery_of: Option<i64>,
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
     },
     /// explore's writer: the workload's orders, skipping those already committed.
     ExploreWriter {
@@ -143,6 +192,7 @@ impl Role {
             Role::Writer { target, .. }
             | Role::NaiveApp { target, .. }
             | Role::Relay { target, .. }
+            | Role::StreamWorker { target, .. }
             | Role::Consumer { target, .. }
             | Role::ExploreWriter { target, .. }
             | Role::ExploreRelay { target, .. } => target,
@@ -160,11 +210,34 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
         Role::Writer {
             target,
             orders,
+            events_per_order,
             ending,
+            interval_ms,
+            seed,
+            duration_ms,
         } => {
             let mut client = target.connect().await?;
-            for customer_id in 1..=i64::from(orders) {
-                writer::create_order_with_event(&mut client, customer_id, ending).await?;
+            let started = Instant::now();
+            let until = duration_ms.map(|ms| started + Duration::from_millis(ms));
+            for customer_id in 1.. {
+                let done = match until {
+                    Some(until) => Instant::now() >= until,
+                    None => customer_id > i64::from(orders),
+                };
+                if done {
+                    break;
+                }
+                if let Some(interval_ms) = interval_ms {
+                    let at = writer::paced_offset(customer_id as u64 - 1, interval_ms, seed);
+                    tokio::time::sleep_until((started + at).into()).await;
+                }
+                writer::create_order_with_events(
+                    &mut client,
+                    customer_id,
+                    events_per_order,
+                    ending,
+                )
+                .await?;
             }
         }
         Role::NaiveApp {
@@ -187,17 +260,53 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             max_attempts,
             backoff_ms,
             deadline_ms,
+            design,
+            lease_ms,
+            partition,
+            guard,
+            follow,
+            in_flight,
+            stream_prefix,
         } => {
             let config = RelayConfig {
+                design,
+                lease: Duration::from_millis(lease_ms),
                 batch,
                 max_attempts,
                 backoff_base: Duration::from_millis(backoff_ms),
                 deadline: Duration::from_millis(deadline_ms),
+                partition,
+                head_of_line_guard: guard,
                 ..RelayConfig::default()
             };
-            let client = target.connect().await?;
-            let mut relay = Relay::new(client, HttpSink::new(&sink)?, config, Some(name));
-            relay.run_until_drained().await?;
+            // Named, so that a scenario can find this relay's session in pg_stat_activity.
+            let mut db = target.database().config()?;
+            db.application_name(format!("{RELAY_APPLICATION_NAME} {name}"));
+            let sink = Sink::connect(&sink, in_flight, &stream_prefix).await?;
+            let listen = matches!(follow, Some(Wakeup::Notify { .. }));
+            let mut relay = Relay::connect(&db, sink, config, Some(name), listen).await?;
+            match follow {
+                Some(wakeup) => relay.follow(wakeup).await?,
+                None => drop(relay.run_until_drained().await?),
+            }
+        }
+        Role::StreamWorker {
+            target,
+            redis_url,
+            stream,
+            worker,
+            kind,
+            count,
+        } => {
+            let mut worker = StreamWorker {
+                redis: redis_server::connect(&redis_url).await?,
+                db: target.connect().await?,
+                stream,
+                name: worker,
+                kind,
+            };
+            let applied = worker.work(count).await?;
+            println!("applied {applied}");
         }
         Role::Consumer {
             target,
@@ -205,11 +314,13 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             port,
             fail_next,
             fail_first_delivery_of,
+            delay_ms,
         } => {
             let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
             let faults = Faults {
                 fail_next,
                 fail_first_delivery_of,
+                delay: Duration::from_millis(delay_ms),
             };
             let config = target.database().config()?;
             consumer::serve(listener, config, kind, faults, announce_listening).await?;
@@ -298,6 +409,11 @@ impl ChildCommand {
     pub fn arg(mut self, name: &str, value: impl fmt::Display) -> ChildCommand {
         self.args.push(format!("--{name}"));
         self.args.push(value.to_string());
+        self
+    }
+
+    pub fn flag(mut self, name: &str) -> ChildCommand {
+        self.args.push(format!("--{name}"));
         self
     }
 

@@ -8,13 +8,15 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::child::{self, ChildArgs};
-use crate::cluster;
 use crate::crash::CrashPoint;
 use crate::db::{self, PgServer, ServerChoice};
 use crate::explore::{self, ExploreArgs};
+use crate::partitions::{self, Action, Age};
+use crate::redis_server::Redis;
 use crate::relay;
 use crate::report::{Report, Table};
 use crate::scenarios::{self, Overrides, Scenario};
+use crate::throwaway;
 
 /// Exit statuses, in one place.
 pub mod exit {
@@ -36,7 +38,8 @@ Examples:
   outbox-lab scenario all
   outbox-lab scenario dual-write --database-url postgres://user@host/db
   outbox-lab explore
-  outbox-lab crash-points";
+  outbox-lab crash-points
+  outbox-lab prune --database-url postgres://user@host/shop --older-than 3d --dry-run";
 
 /// A laboratory for the Transactional Outbox pattern on PostgreSQL: runs the article's
 /// experiments with real processes that really crash, and counts the damage with SQL.
@@ -72,6 +75,16 @@ Exit status: 0 every check passed, 1 a check failed, 2 bad input or environment.
         #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
         database_url: String,
     },
+    /// Detach and drop the daily partitions of a partitioned outbox older than a cutoff; a
+    /// partition that still holds an unpublished row is kept and reported, never dropped.
+    #[command(after_help = "Examples:
+  outbox-lab prune --database-url postgres://user@host/shop --older-than 3d --dry-run
+  outbox-lab prune --database-url postgres://user@host/shop --older-than 3d
+
+A partition is pruned when its whole range ends at least that long ago (3d, 12h, 90m, 30s).
+Each one is checked first (SELECT count(*) ... WHERE published_at IS NULL, under a lock);
+exit status 0 even when one is kept: kept partitions are reported on stderr.")]
+    Prune(PruneArgs),
     /// Stop and remove throwaway clusters left behind (--keep, or a killed run).
     Clean,
     /// A component in a child process (used by the scenarios).
@@ -111,15 +124,41 @@ struct ScenarioArgs {
     name: String,
     #[command(flatten)]
     run: RunArgs,
+    /// Use this Redis instead of a private redis-server; outbox-lab only touches keys named
+    /// outboxlab:<run>:* there.
+    #[arg(long, env = "OUTBOX_LAB_REDIS_URL")]
+    redis_url: Option<String>,
     /// Read scenario files from this directory instead of the built-in copies.
     #[arg(long)]
     scenarios_dir: Option<PathBuf>,
+    /// Set a scenario parameter (see its file in scenarios/), e.g. --set orders=10; repeatable.
+    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_assignment)]
+    set: Vec<(String, toml::Value)>,
+    /// A shorter run with the scenario file's [quick] parameters.
+    #[arg(long)]
+    quick: bool,
     /// relay-crash: number of events.
     #[arg(long)]
     events: Option<u32>,
     /// relay-crash: the first relay dies after this many deliveries.
     #[arg(long)]
     crash_after: Option<u32>,
+}
+
+#[derive(Debug, Args)]
+struct PruneArgs {
+    /// The database of the partitioned outbox.
+    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+    database_url: String,
+    /// Prune partitions whose range ended at least this long ago: 3d, 12h, 90m, 30s.
+    #[arg(long, value_name = "AGE")]
+    older_than: String,
+    /// The partitioned outbox (daily RANGE partitions on created_at, as the article's).
+    #[arg(long, default_value = "outbox_p")]
+    table: String,
+    /// Say what would be dropped and kept; change nothing.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 /// An error that ends the run with its own exit status.
@@ -134,8 +173,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Explore(args) => explore::command(args).await,
         Command::CrashPoints => crash_points(),
         Command::Requeue { database_url } => requeue(&database_url).await,
+        Command::Prune(args) => prune(args).await,
         Command::Clean => {
-            for dir in cluster::clean() {
+            for dir in throwaway::clean() {
                 println!("removed {}", dir.display());
             }
             Ok(ExitCode::from(exit::OK))
@@ -184,19 +224,51 @@ async fn requeue(database_url: &str) -> Result<ExitCode> {
     Ok(ExitCode::from(exit::OK))
 }
 
+async fn prune(args: PruneArgs) -> Result<ExitCode> {
+    let older_than: Age = args
+        .older_than
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--older-than: {e}"))?;
+    let mut client = db::connect(&db::parse_url(&args.database_url)?).await?;
+    let pruned = partitions::prune(&mut client, &args.table, older_than, args.dry_run).await?;
+    if pruned.is_empty() {
+        println!(
+            "nothing to prune: no partition of {} ended {} ago or earlier",
+            args.table, args.older_than
+        );
+    }
+    for p in &pruned {
+        match p.action {
+            Action::Kept => eprintln!("outbox-lab: warning: {p}"),
+            _ => println!("{p}"),
+        }
+    }
+    if args.dry_run {
+        println!("dry run: nothing was changed");
+    }
+    Ok(ExitCode::from(exit::OK))
+}
+
 async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
     let selected = match args.name.as_str() {
         "all" => Scenario::ALL.to_vec(),
         name => vec![Scenario::from_name(name)?],
     };
-    let mut overrides = Overrides::default();
+    let mut overrides = Overrides {
+        quick: args.quick,
+        values: args.set.clone(),
+        strict: selected.len() == 1,
+    };
     if let Some(events) = args.events {
-        overrides.values.push(("events", i64::from(events)));
-    }
-    if let Some(crash_after) = args.crash_after {
         overrides
             .values
-            .push(("crash_after", i64::from(crash_after)));
+            .push(("events".into(), toml::Value::Integer(events.into())));
+    }
+    if let Some(crash_after) = args.crash_after {
+        overrides.values.push((
+            "crash_after".into(),
+            toml::Value::Integer(crash_after.into()),
+        ));
     }
     // Everything is read and validated before a server is started: bad input leaves nothing.
     let prepared = selected
@@ -205,11 +277,13 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
         .collect::<Result<Vec<_>>>()?;
 
     let run_id = new_run_id();
+    // Redis starts only if a scenario asks for it; it is closed however the runs end.
+    let redis = Redis::new(args.redis_url.as_deref(), &run_id, args.run.keep);
     let results = args.run.results_dir.join(&run_id);
-    let reports = on_server(&args.run, &run_id, async |server: &PgServer| {
+    let outcome = on_server(&args.run, &run_id, async |server: &PgServer| {
         let mut reports = Vec::new();
         for p in &prepared {
-            let report = scenarios::run(server, p).await?;
+            let report = scenarios::run(server, &redis, p).await?;
             report.write_files(&results)?;
             if args.run.format == Format::Text {
                 println!("{}", report.render_text());
@@ -218,7 +292,10 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
         }
         Ok(reports)
     })
-    .await?;
+    .await;
+    let closed = redis.close().await;
+    let reports = outcome?;
+    closed?;
 
     let passed = reports.iter().all(Report::passed);
     match args.run.format {
@@ -308,6 +385,18 @@ fn summary(reports: &[Report]) -> Table {
         ]);
     }
     table
+}
+
+/// `name=value`: the value as TOML (`10`, `0.5`, `true`, `[1, 2]`), else as a string.
+fn parse_assignment(text: &str) -> Result<(String, toml::Value), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("'{text}' is not NAME=VALUE"))?;
+    let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_string()));
+    Ok((name.trim().replace('-', "_"), value))
 }
 
 /// Resolves on Ctrl-C or SIGTERM, naming the signal.

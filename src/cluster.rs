@@ -2,43 +2,25 @@
 //! free 127.0.0.1 port, and stop and remove it again, whatever way the run ends.
 //!
 //! PostgreSQL refuses to run as root, so when outbox-lab runs as root the cluster belongs to the
-//! unprivileged `postgres` system user. Each cluster directory carries a marker naming the
-//! process that owns it: a later run removes clusters whose owner died (SIGKILL leaves no other
-//! chance to clean up), and `outbox-lab clean` removes kept ones.
+//! unprivileged `postgres` system user. The directory and its owner marker are a [`throwaway`]
+//! directory, so a cluster left by a killed run is removed by the next one.
 
 use std::fs;
-use std::net::TcpListener;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use nix::sys::signal::{kill, Signal};
+use nix::sys::signal::Signal;
 use nix::unistd::{chown, Pid, User};
-use serde::{Deserialize, Serialize};
 
-/// Directory names of our clusters under the temp dir start with this.
-const DIR_PREFIX: &str = "outbox-lab-pg-";
-/// The marker file that makes a directory ours.
-const MARKER: &str = "outbox-lab-cluster.json";
+use crate::throwaway;
+
 /// The superuser initdb creates; the cluster trusts local connections, so no password.
 pub const SUPERUSER: &str = "postgres";
 /// Starting a fresh cluster takes ~1 s here; this bounds a wedged start.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
-/// A fast shutdown takes milliseconds; after this the postmaster is killed.
-const STOP_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Where the cluster runs and who owns it, written into the marker file.
-#[derive(Debug, Serialize, Deserialize)]
-struct Marker {
-    /// The outbox-lab process that started the cluster; when it is gone, so is the cluster.
-    owner_pid: i32,
-    /// Left running on purpose (`--keep`): only `outbox-lab clean` removes it.
-    kept: bool,
-    port: u16,
-}
 
 /// The PostgreSQL server programs to run.
 #[derive(Debug, Clone)]
@@ -119,23 +101,15 @@ pub struct Cluster {
 impl Cluster {
     /// initdb + start. Anything half-made is removed again if this fails.
     pub async fn start(bins: &PgBinaries, keep: bool) -> Result<Cluster> {
-        remove_orphans();
+        throwaway::remove_orphans();
         let run_as = unprivileged_user()?;
-        let dir = std::env::temp_dir().join(format!(
-            "{DIR_PREFIX}{}-{:x}",
-            std::process::id(),
-            chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default()
-        ));
-        fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
         // From here on, Drop cleans up whatever exists.
         let mut cluster = Cluster {
-            dir,
+            dir: throwaway::create_dir("pg")?,
             port: 0,
             postmaster: None,
             keep: false,
         };
-        cluster.write_marker(false)?;
-        fs::set_permissions(&cluster.dir, fs::Permissions::from_mode(0o700))?;
         if let Some(user) = &run_as {
             chown(&cluster.dir, Some(user.uid), Some(user.gid)).with_context(|| {
                 format!("cannot hand {} to user postgres", cluster.dir.display())
@@ -148,7 +122,7 @@ impl Cluster {
             match cluster.launch(bins, run_as.as_ref()).await {
                 Ok(()) => {
                     cluster.keep = keep;
-                    cluster.write_marker(keep)?;
+                    cluster.write_marker()?;
                     return Ok(cluster);
                 }
                 Err(e) => last_error = Some(e),
@@ -190,14 +164,14 @@ impl Cluster {
             bail!(
                 "initdb failed ({}): {}",
                 out.status,
-                last_line(&String::from_utf8_lossy(&out.stderr))
+                throwaway::last_line(&String::from_utf8_lossy(&out.stderr))
             );
         }
         Ok(())
     }
 
     async fn launch(&mut self, bins: &PgBinaries, run_as: Option<&User>) -> Result<()> {
-        self.port = free_port()?;
+        self.port = throwaway::free_port()?;
         let log = fs::File::create(self.dir.join("postgres.log"))?;
         if let Some(user) = run_as {
             chown(
@@ -230,7 +204,7 @@ impl Cluster {
             cmd.spawn()
                 .with_context(|| format!("cannot start {}", bins.postgres.display()))?,
         );
-        self.write_marker(false)?;
+        self.write_marker()?;
         let started = Instant::now();
         loop {
             let child = self.postmaster.as_mut().expect("just spawned");
@@ -238,7 +212,7 @@ impl Cluster {
                 self.postmaster = None;
                 bail!(
                     "postgres exited during start ({status}): {}",
-                    last_line(
+                    throwaway::last_line(
                         &fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default()
                     )
                 );
@@ -255,20 +229,20 @@ impl Cluster {
         }
     }
 
-    fn write_marker(&self, kept: bool) -> Result<()> {
-        let marker = Marker {
+    fn write_marker(&self) -> Result<()> {
+        let marker = throwaway::Marker {
             owner_pid: std::process::id() as i32,
-            kept,
+            kept: self.keep,
+            server_pid: self.postmaster.as_ref().map(|c| c.id() as i32),
             port: self.port,
         };
-        fs::write(self.dir.join(MARKER), serde_json::to_vec(&marker)?)
-            .with_context(|| format!("cannot write the marker in {}", self.dir.display()))
+        throwaway::write_marker(&self.dir, &marker)
     }
 
     /// Stops the server (fast shutdown, then kill) and removes the directory.
     fn stop_and_remove(&mut self) {
         if let Some(mut child) = self.postmaster.take() {
-            stop_postmaster(Pid::from_raw(child.id() as i32));
+            throwaway::stop(Pid::from_raw(child.id() as i32), Signal::SIGINT);
             let _ = child.wait();
         }
         let _ = fs::remove_dir_all(&self.dir);
@@ -281,36 +255,6 @@ impl Drop for Cluster {
             self.stop_and_remove();
         }
     }
-}
-
-/// Fast shutdown (SIGINT: sessions are ended, no checkpoint wait beyond what is needed), and
-/// SIGKILL if it has not gone after STOP_TIMEOUT.
-fn stop_postmaster(pid: Pid) {
-    if kill(pid, Signal::SIGINT).is_err() {
-        return;
-    }
-    let started = Instant::now();
-    while is_alive(pid) && started.elapsed() < STOP_TIMEOUT {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    if is_alive(pid) {
-        let _ = kill(pid, Signal::SIGKILL);
-    }
-}
-
-/// True while the process exists and is not a zombie.
-fn is_alive(pid: Pid) -> bool {
-    if kill(pid, None).is_err() {
-        return false;
-    }
-    // A zombie still answers kill(0); its state letter in /proc says it has exited.
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    !stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .trim_start()
-        .starts_with('Z')
 }
 
 /// The user that owns the cluster: none (ourselves) unless we are root.
@@ -333,72 +277,4 @@ fn as_user(cmd: &mut Command, user: Option<&User>) {
             .gid(user.gid.as_raw())
             .env("HOME", &user.dir);
     }
-}
-
-fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("cannot find a free port")?;
-    Ok(listener.local_addr()?.port())
-}
-
-fn last_line(text: &str) -> String {
-    text.lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim()
-        .to_string()
-}
-
-/// Our cluster directories under the temp dir, with their markers.
-fn our_clusters() -> Vec<(PathBuf, Marker)> {
-    fs::read_dir(std::env::temp_dir())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(DIR_PREFIX))
-        .filter_map(|e| {
-            let marker = serde_json::from_slice(&fs::read(e.path().join(MARKER)).ok()?).ok()?;
-            Some((e.path(), marker))
-        })
-        .collect()
-}
-
-fn remove_cluster_dir(dir: &Path) {
-    let pid_file = fs::read_to_string(dir.join("data/postmaster.pid")).unwrap_or_default();
-    if let Some(pid) = pid_file
-        .lines()
-        .next()
-        .and_then(|l| l.trim().parse::<i32>().ok())
-    {
-        stop_postmaster(Pid::from_raw(pid));
-    }
-    let _ = fs::remove_dir_all(dir);
-}
-
-/// Removes clusters whose owning run died without cleaning up (SIGKILL).
-fn remove_orphans() {
-    for (dir, marker) in our_clusters() {
-        if !marker.kept && !is_alive(Pid::from_raw(marker.owner_pid)) {
-            remove_cluster_dir(&dir);
-            eprintln!(
-                "removed a throwaway cluster left by an earlier run: {}",
-                dir.display()
-            );
-        }
-    }
-}
-
-/// `outbox-lab clean`: stops and removes every cluster of ours that no live run is using,
-/// kept ones included. Returns the directories removed.
-pub fn clean() -> Vec<PathBuf> {
-    let mut removed = Vec::new();
-    for (dir, marker) in our_clusters() {
-        let owner_alive = marker.owner_pid != std::process::id() as i32
-            && is_alive(Pid::from_raw(marker.owner_pid));
-        if marker.kept || !owner_alive {
-            remove_cluster_dir(&dir);
-            removed.push(dir);
-        }
-    }
-    removed
 }

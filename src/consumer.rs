@@ -9,6 +9,7 @@
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
@@ -20,7 +21,8 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio_postgres::NoTls;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, NoTls};
 
 use crate::crash::{self, CrashPoint};
 use crate::event::Event;
@@ -63,6 +65,8 @@ pub struct Faults {
     pub fail_next: u32,
     /// Answer 500 to the first delivery of the outbox row with this id.
     pub fail_first_delivery_of: Option<i64>,
+    /// A slow sink: take this long over each delivery before handling it.
+    pub delay: Duration,
 }
 
 struct State {
@@ -71,6 +75,7 @@ struct State {
     fail_next: AtomicU32,
     fail_first_delivery_of: Option<i64>,
     failed_first_delivery: AtomicBool,
+    delay: Duration,
 }
 
 impl State {
@@ -118,6 +123,7 @@ pub async fn serve(
         fail_next: AtomicU32::new(faults.fail_next),
         fail_first_delivery_of: faults.fail_first_delivery_of,
         failed_first_delivery: AtomicBool::new(false),
+        delay: faults.delay,
     });
     on_ready(listener.local_addr()?);
     loop {
@@ -147,33 +153,43 @@ async fn handle(
         },
         Err(e) => return Ok(reply(StatusCode::BAD_REQUEST, &format!("bad body: {e}"))),
     };
-    Ok(match apply_delivery(&state, &event).await {
+    tokio::time::sleep(state.delay).await;
+    Ok(match handle_delivery(&state, &event).await {
         Ok(Some(result)) => reply(StatusCode::OK, result),
         Ok(None) => reply(StatusCode::INTERNAL_SERVER_ERROR, "injected fault"),
         Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e:#}")),
     })
 }
 
-/// Records the receipt, then applies the side effect. `None` when a fault was injected.
-async fn apply_delivery(state: &State, event: &Event) -> Result<Option<&'static str>> {
+/// Answers one delivery: an injected fault, or [`apply`]. `None` when a fault was injected.
+async fn handle_delivery(state: &State, event: &Event) -> Result<Option<&'static str>> {
     let mut conn = state.pool.get().await?;
-    let injected = state.inject_fault(event);
-    conn.execute(
-        RECORD_RECEIPT,
-        &[
-            &event.event_id,
-            &event.outbox_id,
-            &event.aggregate_id,
-            &event.event_type,
-            &injected,
-        ],
-    )
-    .await?;
-    if injected {
+    if state.inject_fault(event) {
+        record_receipt(&conn, event, true).await?;
         return Ok(None);
     }
-    let tx = conn.transaction().await?;
-    let first_delivery = match state.kind {
+    Ok(Some(apply(&mut conn, state.kind, event).await?))
+}
+
+async fn record_receipt(client: &Client, event: &Event, injected_fault: bool) -> Result<()> {
+    let params: [&(dyn ToSql + Sync); 5] = [
+        &event.event_id,
+        &event.outbox_id,
+        &event.aggregate_id,
+        &event.event_type,
+        &injected_fault,
+    ];
+    client.execute(RECORD_RECEIPT, &params).await?;
+    Ok(())
+}
+
+/// Records the receipt, then the side effect: for every delivery (naive), or only for an
+/// event's first (idempotent, with the event id recorded in the same transaction). Used for
+/// HTTP deliveries and for the Redis stream's workers alike.
+pub async fn apply(client: &mut Client, kind: ConsumerKind, event: &Event) -> Result<&'static str> {
+    record_receipt(client, event, false).await?;
+    let tx = client.transaction().await?;
+    let first_delivery = match kind {
         ConsumerKind::Naive => true,
         ConsumerKind::Idempotent => tx.execute(MARK_PROCESSED, &[&event.event_id]).await? == 1,
     };
@@ -185,11 +201,11 @@ async fn apply_delivery(state: &State, event: &Event) -> Result<Option<&'static 
     tx.commit().await?;
     crash::point(CrashPoint::ConsumerAfterCommitBeforeReply);
     // A duplicate is a success for the sender: an error would make the relay retry forever.
-    Ok(Some(if first_delivery {
+    Ok(if first_delivery {
         "shipped"
     } else {
         "duplicate-ignored"
-    }))
+    })
 }
 
 fn reply(status: StatusCode, text: &str) -> Response<Full<Bytes>> {

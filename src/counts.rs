@@ -1,6 +1,6 @@
 //! What happened, counted from the database with SQL, as the article counts it.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use tokio_postgres::{Client, Row};
 
 /// Deliveries as the consumer saw them, and what is missing at the consumer.
@@ -82,6 +82,82 @@ SELECT o.id FROM outbox o
                     WHERE r.event_id = o.event_id AND NOT r.injected_fault)
  ORDER BY o.id";
 
+/// claim-vs-lock: relay 0 held the first $1 rows and died right after delivering $2 of them.
+/// From that last delivery (its crash point follows it at once) until every row of its batch had
+/// reached the consumer again (the second receipt of the rows it had sent, the first of the
+/// others): the recovery, on the server's clock; and how many younger rows got there first.
+pub const REDELIVERY_AFTER_CRASH: &str = "
+WITH batch AS (
+  SELECT id, row_number() OVER (ORDER BY id) AS n FROM outbox ORDER BY id LIMIT $1),
+deliveries AS (
+  SELECT b.n, r.received_at,
+         row_number() OVER (PARTITION BY r.outbox_id ORDER BY r.seq) AS nth
+    FROM consumer.receipts r
+    JOIN batch b ON b.id = r.outbox_id
+   WHERE NOT r.injected_fault),
+crash AS (
+  SELECT received_at AS at FROM deliveries WHERE n = $2 AND nth = 1),
+back AS (
+  SELECT max(received_at) AS at, count(*) AS redelivered
+    FROM deliveries
+   WHERE (n <= $2 AND nth = 2) OR (n > $2 AND nth = 1))
+SELECT (EXTRACT(EPOCH FROM back.at - crash.at) * 1000)::float8 AS recovery_ms,
+       back.redelivered,
+       (SELECT count(*) FROM consumer.receipts r
+         WHERE NOT r.injected_fault
+           AND r.outbox_id NOT IN (SELECT id FROM batch)
+           AND r.received_at < back.at) AS overtaken
+  FROM crash, back";
+
+/// The relays' sessions right now (relay children name them, see `RELAY_APPLICATION_NAME`): the
+/// age of their open transactions, and whether they hold back the vacuum horizon, with a
+/// snapshot (`backend_xmin`) or a transaction id (`backend_xid`).
+pub const RELAY_SESSIONS: &str = "
+SELECT COALESCE(max(EXTRACT(EPOCH FROM clock_timestamp() - xact_start) * 1000), 0)::float8
+         AS xact_ms,
+       COALESCE(bool_or(backend_xmin IS NOT NULL), false) AS xmin_held,
+       COALESCE(bool_or(backend_xid IS NOT NULL), false) AS xid_held,
+       count(*) AS sessions
+  FROM pg_stat_activity
+ WHERE datname = current_database() AND application_name LIKE $1";
+
+/// Row versions written to the outbox by UPDATE, as flushed by sessions that have ended.
+pub const OUTBOX_UPDATES: &str =
+    "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relid = to_regclass('outbox')";
+
+/// Makes this session's own counts (rows inserted, deleted) visible in pg_stat_user_tables
+/// right after the statement (PostgreSQL 15+; counts are otherwise flushed about once a second).
+pub const FLUSH_OWN_STATS: &str = "SELECT pg_stat_force_next_flush()";
+
+/// A table's size on disk and its live and dead tuples (after [`FLUSH_OWN_STATS`]).
+pub const TABLE_STORAGE: &str = "
+SELECT pg_relation_size(relid) AS relation_bytes,
+       pg_total_relation_size(relid) AS total_bytes,
+       pg_size_pretty(pg_relation_size(relid)) AS relation_size,
+       pg_size_pretty(pg_total_relation_size(relid)) AS total_size,
+       n_live_tup,
+       n_dead_tup
+  FROM pg_stat_user_tables
+ WHERE relid = to_regclass($1)";
+
+/// Dead tuples left in the partitions of $1, as pg_stat_user_tables counts them.
+pub const PARTITION_DEAD_TUPLES: &str = "
+SELECT COALESCE(sum(n_dead_tup), 0)::bigint
+  FROM pg_stat_user_tables
+ WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass($1))";
+
+/// A relation's size on disk (table or index).
+pub const RELATION_BYTES: &str = "SELECT pg_relation_size(to_regclass($1))";
+
+/// The size and the live and dead tuples of `table`, this session's own changes included.
+pub async fn table_storage(client: &Client, table: &str) -> Result<Row> {
+    client
+        .batch_execute(FLUSH_OWN_STATS)
+        .await
+        .context("cannot flush statistics (pg_stat_force_next_flush needs PostgreSQL 15+)")?;
+    Ok(client.query_one(TABLE_STORAGE, &[&table]).await?)
+}
+
 pub async fn one_row(client: &Client, sql: &str) -> Result<Row> {
     Ok(client.query_one(sql, &[]).await?)
 }
@@ -98,4 +174,48 @@ pub async fn ids(
         .iter()
         .map(|r| r.get(0))
         .collect())
+}
+
+/// The order in which the consumer received events, as `order<aggregate>#<n>` labels (n: the
+/// event's place within its aggregate, by outbox id).
+pub const RECEIVE_SEQUENCE: &str = "
+SELECT COALESCE(string_agg('order' || o.aggregate_id || '#' || o.n, ',' ORDER BY r.seq), '')
+  FROM consumer.receipts r
+  JOIN (SELECT id, row_number() OVER (PARTITION BY aggregate_id ORDER BY id) AS n, aggregate_id
+          FROM outbox) o ON o.id = r.outbox_id
+ WHERE NOT r.injected_fault";
+
+/// Per aggregate, how often the consumer received an event after a later one of the same
+/// aggregate (its outbox id went backwards), and how many aggregates that happened to.
+pub const REVERSALS: &str = "
+SELECT count(*) AS reversals, count(DISTINCT order_id) AS orders_out_of_order
+  FROM (SELECT order_id, outbox_id,
+               lag(outbox_id) OVER (PARTITION BY order_id ORDER BY seq) AS previous_id
+          FROM consumer.receipts
+         WHERE NOT injected_fault) r
+ WHERE outbox_id < previous_id";
+
+/// Commit-to-receipt latency per event as the article measures it: the consumer's received_at
+/// minus the outbox row's created_at (one server clock for both).
+pub const LATENCIES_MS: &str = "
+SELECT (EXTRACT(EPOCH FROM r.received_at - o.created_at) * 1000)::float8
+  FROM consumer.receipts r
+  JOIN outbox o ON o.event_id = r.event_id
+ WHERE NOT r.injected_fault
+ ORDER BY r.seq";
+
+/// Transactions committed in this database so far (the server's statistics).
+pub const XACT_COMMIT: &str =
+    "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
+
+/// Throughput of the writers: orders per second between the first and the last order.
+pub const ORDERS_PER_S: &str = "
+SELECT count(*) / GREATEST(EXTRACT(EPOCH FROM max(created_at) - min(created_at)), 0.001)::float8
+  FROM orders";
+
+pub const RECEIVED: &str = "SELECT count(*) FROM consumer.receipts WHERE NOT injected_fault";
+pub const PUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
+
+pub async fn count(client: &Client, sql: &str) -> Result<i64> {
+    Ok(client.query_one(sql, &[]).await?.get(0))
 }

@@ -22,10 +22,11 @@ pub enum CrashPoint {
     RelayAfterMarkBeforeSend,
     ConsumerAfterEffectBeforeCommit,
     ConsumerAfterCommitBeforeReply,
+    StreamWorkerAfterApplyBeforeAck,
 }
 
 impl CrashPoint {
-    pub const ALL: [CrashPoint; 9] = [
+    pub const ALL: [CrashPoint; 10] = [
         CrashPoint::WriterAfterInsertBeforeCommit,
         CrashPoint::WriterAfterCommitBeforeSend,
         CrashPoint::WriterAfterSendBeforeCommit,
@@ -35,6 +36,7 @@ impl CrashPoint {
         CrashPoint::RelayAfterMarkBeforeSend,
         CrashPoint::ConsumerAfterEffectBeforeCommit,
         CrashPoint::ConsumerAfterCommitBeforeReply,
+        CrashPoint::StreamWorkerAfterApplyBeforeAck,
     ];
 
     pub fn name(self) -> &'static str {
@@ -48,6 +50,7 @@ impl CrashPoint {
             CrashPoint::RelayAfterMarkBeforeSend => "relay-after-mark-before-send",
             CrashPoint::ConsumerAfterEffectBeforeCommit => "consumer-after-effect-before-commit",
             CrashPoint::ConsumerAfterCommitBeforeReply => "consumer-after-commit-before-reply",
+            CrashPoint::StreamWorkerAfterApplyBeforeAck => "stream-worker-after-apply-before-ack",
         }
     }
 
@@ -55,20 +58,21 @@ impl CrashPoint {
     pub fn location(self) -> &'static str {
         match self {
             CrashPoint::WriterAfterInsertBeforeCommit => {
-                "writer::create_order_with_event, writer::write_overlapping_pairs"
+                "writer::create_order_with_events, writer::write_overlapping_pairs"
             }
             CrashPoint::WriterAfterCommitBeforeSend | CrashPoint::WriterAfterSendBeforeCommit => {
                 "writer::dual_write"
             }
             CrashPoint::RelayAfterFetchBeforeSend | CrashPoint::RelayAfterSendBeforeMark => {
-                "relay::Relay::deliver_batch, relay::StoredWatermarkRelay::deliver_new"
+                "relay::deliver_rows (lock and claim relays), relay::StoredWatermarkRelay"
             }
             CrashPoint::RelayAfterMarkBeforeCommit => {
-                "relay::Relay::deliver_batch, relay::Relay::deliver_batch_marked_first"
+                "relay::Relay::deliver_locked_batch, relay::Relay::deliver_batch_marked_first"
             }
             CrashPoint::RelayAfterMarkBeforeSend => "relay::Relay::deliver_batch_marked_first",
             CrashPoint::ConsumerAfterEffectBeforeCommit
-            | CrashPoint::ConsumerAfterCommitBeforeReply => "consumer::apply_delivery",
+            | CrashPoint::ConsumerAfterCommitBeforeReply => "consumer::apply",
+            CrashPoint::StreamWorkerAfterApplyBeforeAck => "stream_consumer::StreamWorker::work",
         }
     }
 
@@ -84,7 +88,9 @@ impl CrashPoint {
             CrashPoint::WriterAfterSendBeforeCommit => {
                 "dual write: event sent for an order that never commits"
             }
-            CrashPoint::RelayAfterFetchBeforeSend => "batch locked, nothing sent yet",
+            CrashPoint::RelayAfterFetchBeforeSend => {
+                "batch fetched (locked or claimed), nothing sent yet"
+            }
             CrashPoint::RelayAfterSendBeforeMark => {
                 "event delivered, published_at not written: it is sent again"
             }
@@ -99,6 +105,9 @@ impl CrashPoint {
             }
             CrashPoint::ConsumerAfterCommitBeforeReply => {
                 "shipment committed, the relay never hears back"
+            }
+            CrashPoint::StreamWorkerAfterApplyBeforeAck => {
+                "stream entries applied, never acknowledged: they stay pending"
             }
         }
     }

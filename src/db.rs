@@ -9,7 +9,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use tokio_postgres::{Client, Config, NoTls};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio_postgres::tls::NoTlsStream;
+use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Notification, Socket};
 
 use crate::cluster::{Cluster, PgBinaries};
 
@@ -55,18 +57,46 @@ pub fn parse_url(url: &str) -> Result<Config> {
 
 /// Connects, with a bound on the wait, and drives the connection on a task.
 pub async fn connect(config: &Config) -> Result<Client> {
-    let mut config = config.clone();
-    config.connect_timeout(CONNECT_TIMEOUT);
-    let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls))
-        .await
-        .map_err(|_| anyhow!("no answer within {CONNECT_TIMEOUT:?}"))
-        .and_then(|r| r.map_err(anyhow::Error::from))
-        .with_context(|| format!("cannot connect to PostgreSQL at {}", describe(&config)))?;
+    let (client, connection) = open(config).await?;
     tokio::spawn(async move {
         // The connection ends when the client is dropped, or when the server goes: both expected.
         let _ = connection.await;
     });
     Ok(client)
+}
+
+/// Connects and forwards the connection's notifications (LISTEN/NOTIFY) to the receiver; the
+/// receiver ends when the connection does.
+pub async fn connect_listening(
+    config: &Config,
+) -> Result<(Client, UnboundedReceiver<Notification>)> {
+    let (client, mut connection) = open(config).await?;
+    let (sender, receiver) = unbounded_channel();
+    tokio::spawn(async move {
+        // poll_message drives the connection and hands over what the server sends unasked.
+        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => {
+                    if sender.send(n).is_err() {
+                        break;
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    });
+    Ok((client, receiver))
+}
+
+async fn open(config: &Config) -> Result<(Client, Connection<Socket, NoTlsStream>)> {
+    let mut config = config.clone();
+    config.connect_timeout(CONNECT_TIMEOUT);
+    tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls))
+        .await
+        .map_err(|_| anyhow!("no answer within {CONNECT_TIMEOUT:?}"))
+        .and_then(|r| r.map_err(anyhow::Error::from))
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", describe(&config)))
 }
 
 fn describe(config: &Config) -> String {

@@ -6,7 +6,9 @@
 //! [`crash`] points. The harness around them: the throwaway PostgreSQL [`cluster`] and the
 //! [`db`] server and databases of a run, the [`schema`], the [`scenarios`] (one file per
 //! experiment, parameters and expected figures in [`spec`] files), the SQL that [`counts`] what
-//! happened, the [`checks`] against the article, and the [`report`]. Beyond the article,
+//! happened, the [`checks`] against the article, and the [`report`]. The storage experiments add
+//! bulk [`load`]ing with COPY, plans read with [`explain`], and the daily [`partitions`] of
+//! `outbox_p` with their guarded cleanup (also `outbox-lab prune`). Beyond the article,
 //! [`explore`] runs every crash point against every design and checks invariants.
 
 pub mod checks;
@@ -18,11 +20,17 @@ pub mod counts;
 pub mod crash;
 pub mod db;
 pub mod event;
+pub mod explain;
 pub mod explore;
+pub mod load;
+pub mod partitions;
+pub mod redis_server;
 pub mod relay;
 pub mod report;
 pub mod scenarios;
 pub mod schema;
 pub mod sink;
 pub mod spec;
+pub mod stream_consumer;
+pub mod throwaway;
 pub mod writer;

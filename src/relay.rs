@@ -1,21 +1,31 @@
 //! The relay: reads undelivered outbox rows, delivers them, and marks them published.
 //!
-//! The article's relay ([`Relay`]) holds the rows' locks in the delivering transaction: a crash
-//! releases them at once, and the rows are simply fetched again. Two watermark relays
-//! ([`WatermarkRelay`], [`XidWatermarkRelay`]) remember how far they got instead of marking rows;
-//! the first one loses events (watermark-gap), the second shows how to make a watermark safe.
-//! For explore: the head-of-line guard, and two deliberately broken relays (mark before send,
-//! [`StoredWatermarkRelay`]) whose flaws the explorer must catch.
+//! The article's relay ([`Relay`] with [`RelayDesign::Lock`]) holds the rows' locks in the
+//! delivering transaction: a crash releases them at once, and the rows are simply fetched again.
+//! The other common design ([`RelayDesign::Claim`]) writes a `claimed_at`/`claimed_by` lease and
+//! commits it before delivering: no transaction stays open, but a crashed relay's rows wait for
+//! the lease to expire (claim-vs-lock). A following relay wakes up by polling or by LISTEN/NOTIFY
+//! ([`Wakeup`]). Two watermark relays ([`WatermarkRelay`], [`XidWatermarkRelay`]) remember how far
+//! they got instead of marking rows; the first one loses events (watermark-gap), the second shows
+//! how to make a watermark safe. For explore, two deliberately broken relays whose flaws its
+//! checker must catch: mark before send ([`Relay::deliver_batch_marked_first`]) and a stored
+//! watermark ([`StoredWatermarkRelay`]).
 
 use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use tokio_postgres::Client;
+use tokio_postgres::{Client, GenericClient, Row, Transaction};
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Notification;
 
 use crate::crash::{self, CrashPoint};
+use crate::db;
 use crate::event::Event;
-use crate::sink::HttpSink;
+use crate::schema;
+use crate::sink::{HttpSink, Sink};
 
 /// The article's fetch: due, undelivered rows under the attempt limit, oldest first, locked so
 /// that concurrent relays take different rows.
@@ -29,23 +39,28 @@ SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload
  LIMIT $2
  FOR UPDATE SKIP LOCKED";
 
-/// The fetch with the head-of-line guard: a row is due only when no older row of its aggregate is
-/// still undelivered, so a failing event holds back the later events of its aggregate (and only
-/// those) instead of letting them overtake it.
-pub const FETCH_BATCH_GUARDED: &str = "
-SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload
-  FROM outbox o
- WHERE published_at IS NULL
-   AND next_attempt_at <= clock_timestamp()
-   AND attempts < $1
-   AND NOT EXISTS (SELECT 1 FROM outbox older
-                    WHERE older.aggregate_type = o.aggregate_type
-                      AND older.aggregate_id = o.aggregate_id
-                      AND older.id < o.id
-                      AND older.published_at IS NULL)
- ORDER BY id
- LIMIT $2
- FOR UPDATE SKIP LOCKED";
+/// The article's partitioning, added to the fetch: relay $3 of $4 takes only its aggregates.
+pub const PARTITION_FILTER: &str = "
+   AND abs(hashtext(aggregate_id)) % $4 = $3";
+
+/// The article's head-of-line guard, added to the fetch: no event overtakes an undelivered
+/// earlier event of its aggregate (at the price of blocking the aggregate behind it).
+pub const HEAD_OF_LINE_GUARD: &str = "
+   AND NOT EXISTS (SELECT 1 FROM outbox o2
+                    WHERE o2.aggregate_id = outbox.aggregate_id
+                      AND o2.published_at IS NULL AND o2.id < outbox.id)";
+
+/// The fetch of a relay: the article's statement with the filters its design adds before ORDER BY.
+pub fn fetch_statement(partitioned: bool, guarded: bool) -> String {
+    let (filters, order_and_lock) = FETCH_BATCH.split_at(
+        FETCH_BATCH
+            .find("\n ORDER BY")
+            .expect("FETCH_BATCH has ORDER BY"),
+    );
+    let partition = if partitioned { PARTITION_FILTER } else { "" };
+    let guard = if guarded { HEAD_OF_LINE_GUARD } else { "" };
+    format!("{filters}{partition}{guard}{order_and_lock}")
+}
 
 /// One statement for the whole batch's deliveries.
 pub const MARK_PUBLISHED: &str = "
@@ -60,6 +75,32 @@ UPDATE outbox
        last_error = $2,
        next_attempt_at = clock_timestamp() + $3::float8 * (2 ^ attempts) * interval '1 millisecond'
  WHERE id = $1";
+
+/// Relay children name their sessions `outbox-lab relay NAME` (`application_name`).
+pub const RELAY_APPLICATION_NAME: &str = "outbox-lab relay";
+
+/// The claim design's fetch: due, undelivered rows that no live lease covers, claimed by this
+/// relay in the same statement. It commits at once: no transaction stays open while delivering.
+pub const CLAIM_BATCH: &str = "
+UPDATE outbox
+   SET claimed_at = clock_timestamp(), claimed_by = $3
+ WHERE id IN (SELECT id
+                FROM outbox
+               WHERE published_at IS NULL
+                 AND next_attempt_at <= clock_timestamp()
+                 AND attempts < $1
+                 AND (claimed_at IS NULL
+                      OR claimed_at < clock_timestamp() - $4::float8 * interval '1 millisecond')
+               ORDER BY id
+               LIMIT $2
+                 FOR UPDATE SKIP LOCKED)
+RETURNING id, event_id, aggregate_type, aggregate_id, event_type, payload";
+
+/// The claim design's mark: only the rows whose lease this relay still holds.
+pub const MARK_CLAIMED_PUBLISHED: &str = "
+UPDATE outbox
+   SET published_at = clock_timestamp(), attempts = attempts + 1
+ WHERE id = ANY($1) AND claimed_by = $2";
 
 /// What is left to do: undelivered rows under the limit, and how long until the next is due.
 pub const PENDING: &str = "
@@ -97,9 +138,97 @@ SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload, xid::tex
    AND xid < pg_snapshot_xmin(pg_current_snapshot())
  ORDER BY xid, id";
 
+/// How a relay keeps other relays off the rows it is delivering.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum RelayDesign {
+    /// The article's: row locks held by the delivering transaction (`FOR UPDATE SKIP LOCKED`).
+    #[default]
+    Lock,
+    /// A lease: `claimed_at`/`claimed_by` written and committed before delivering.
+    Claim,
+}
+
+impl RelayDesign {
+    pub fn name(self) -> &'static str {
+        match self {
+            RelayDesign::Lock => "lock",
+            RelayDesign::Claim => "claim",
+        }
+    }
+}
+
+/// Relay `index` of `count` relays that split the aggregates between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Partition {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl std::str::FromStr for Partition {
+    type Err = String;
+
+    /// `i/N`, e.g. `0/4`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let parsed = s
+            .split_once('/')
+            .and_then(|(i, n)| Some((i.parse().ok()?, n.parse().ok()?)));
+        match parsed {
+            Some((index, count)) if index < count => Ok(Partition { index, count }),
+            _ => Err(format!("'{s}' is not a partition i/N with i < N")),
+        }
+    }
+}
+
+impl std::fmt::Display for Partition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+/// How a following relay learns that there is something to deliver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wakeup {
+    /// Poll again after this long.
+    Poll(Duration),
+    /// LISTEN on [`schema::NOTIFY_CHANNEL`]; poll anyway after `fallback` (notifications sent
+    /// while not listening, e.g. during a reconnect, are lost).
+    Notify { fallback: Duration },
+}
+
+impl std::str::FromStr for Wakeup {
+    type Err = String;
+
+    /// `poll:1000` (milliseconds) or `notify:1000` (fallback poll in milliseconds).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let parsed = s
+            .split_once(':')
+            .and_then(|(mode, ms)| Some((mode, ms.parse::<u64>().ok()?)));
+        match parsed {
+            Some(("poll", ms)) => Ok(Wakeup::Poll(Duration::from_millis(ms))),
+            Some(("notify", ms)) => Ok(Wakeup::Notify {
+                fallback: Duration::from_millis(ms),
+            }),
+            _ => Err(format!("'{s}' is not poll:MS or notify:MS")),
+        }
+    }
+}
+
+impl std::fmt::Display for Wakeup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Wakeup::Poll(every) => write!(f, "poll:{}", every.as_millis()),
+            Wakeup::Notify { fallback } => write!(f, "notify:{}", fallback.as_millis()),
+        }
+    }
+}
+
 /// How the article's relay behaves.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
+    /// Lock (the article) or claim (lease).
+    pub design: RelayDesign,
+    /// Claim design: another relay may take a claimed row once its claim is this old.
+    pub lease: Duration,
     /// Rows per fetch (the article's LIMIT 100).
     pub batch: i64,
     /// Rows with this many attempts are dead letters (the article's `attempts < 5`).
@@ -110,7 +239,9 @@ pub struct RelayConfig {
     pub idle_poll: Duration,
     /// Draining gives up after this long (a bound, so a stuck run cannot hang the harness).
     pub deadline: Duration,
-    /// Fetch with [`FETCH_BATCH_GUARDED`]: per-aggregate order survives failed deliveries.
+    /// Only this relay's share of the aggregates, when several relays split them.
+    pub partition: Option<Partition>,
+    /// Skip events whose aggregate has an earlier undelivered event.
     pub head_of_line_guard: bool,
     /// Also log every delivery attempt (`sending`, `sent`): the history explore audits.
     pub log_attempts: bool,
@@ -119,11 +250,14 @@ pub struct RelayConfig {
 impl Default for RelayConfig {
     fn default() -> Self {
         RelayConfig {
+            design: RelayDesign::Lock,
+            lease: Duration::from_secs(30),
             batch: 100,
             max_attempts: 5,
             backoff_base: Duration::from_millis(200),
             idle_poll: Duration::from_millis(10),
             deadline: Duration::from_secs(60),
+            partition: None,
             head_of_line_guard: false,
             log_attempts: false,
         }
@@ -138,72 +272,79 @@ pub struct BatchOutcome {
     pub failed: usize,
 }
 
-/// The article's polling relay, with its row locks held while it delivers.
+/// The article's polling relay, with its row locks held while it delivers (or, in the claim
+/// design, a committed lease).
 pub struct Relay {
+    db: tokio_postgres::Config,
     client: Client,
-    sink: HttpSink,
+    /// Notifications of the listening connection, when the relay waits for NOTIFY.
+    notifications: Option<UnboundedReceiver<Notification>>,
+    sink: Sink,
     config: RelayConfig,
+    fetch: String,
     /// Prints the article's log lines (`[relay 0] ...`) to stdout when set; children do.
     log_name: Option<String>,
+    /// Claim design: the `claimed_by` of this relay's leases, unique to its process.
+    claimant: String,
 }
 
 impl Relay {
-    pub fn new(
-        client: Client,
-        sink: HttpSink,
+    /// Connects; with `listen`, the connection also LISTENs for the NOTIFY trigger.
+    pub async fn connect(
+        db: &tokio_postgres::Config,
+        sink: Sink,
         config: RelayConfig,
         log_name: Option<String>,
-    ) -> Relay {
-        Relay {
+        listen: bool,
+    ) -> Result<Relay> {
+        if config.design == RelayDesign::Claim
+            && (config.partition.is_some() || config.head_of_line_guard)
+        {
+            bail!("the claim design takes no partition and no head-of-line guard");
+        }
+        let (client, notifications) = open_connection(db, listen).await?;
+        let fetch = fetch_statement(config.partition.is_some(), config.head_of_line_guard);
+        let claimant = format!(
+            "relay {}/pid {}",
+            log_name.as_deref().unwrap_or("-"),
+            std::process::id()
+        );
+        Ok(Relay {
+            db: db.clone(),
             client,
+            notifications,
             sink,
             config,
+            fetch,
             log_name,
-        }
+            claimant,
+        })
     }
 
-    fn fetch(&self) -> &'static str {
-        if self.config.head_of_line_guard {
-            FETCH_BATCH_GUARDED
-        } else {
-            FETCH_BATCH
-        }
-    }
-
-    /// Fetch, deliver and mark one batch in one transaction.
+    /// Fetch, deliver and mark one batch, as the design says.
     pub async fn deliver_batch(&mut self) -> Result<BatchOutcome> {
-        let fetch = self.fetch();
-        let tx = self.client.transaction().await?;
-        let rows = tx
-            .query(fetch, &[&self.config.max_attempts, &self.config.batch])
-            .await?;
-        let mut outcome = BatchOutcome {
-            fetched: rows.len(),
-            ..Default::default()
-        };
-        let mut delivered: Vec<i64> = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let event = Event::from_outbox_row(row);
-            let id = event.outbox_id.expect("outbox rows have ids");
-            crash::point(CrashPoint::RelayAfterFetchBeforeSend);
-            let log_name = self.log_name.as_deref();
-            match attempt(&self.sink, log_name, self.config.log_attempts, &event).await {
-                Ok(()) => {
-                    delivered.push(id);
-                    outcome.sent += 1;
-                    crash::point(CrashPoint::RelayAfterSendBeforeMark);
-                }
-                Err(error) => {
-                    let base_ms = self.config.backoff_base.as_secs_f64() * 1000.0;
-                    tx.execute(MARK_FAILED, &[&id, &error, &base_ms]).await?;
-                    outcome.failed += 1;
-                }
-            }
+        match self.config.design {
+            RelayDesign::Lock => self.deliver_locked_batch().await,
+            RelayDesign::Claim => self.deliver_claimed_batch().await,
         }
+    }
+
+    /// The article's: fetch, deliver and mark in one transaction that holds the row locks.
+    async fn deliver_locked_batch(&mut self) -> Result<BatchOutcome> {
+        let tx = self.client.transaction().await?;
+        let rows = fetch_due(&tx, &self.fetch, &self.config).await?;
+        let (outcome, delivered) = deliver_rows(
+            &self.sink,
+            &self.config,
+            self.log_name.as_deref(),
+            &tx,
+            &rows,
+        )
+        .await?;
         if !delivered.is_empty() {
             tx.execute(MARK_PUBLISHED, &[&delivered]).await?;
+            crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
         }
-        crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
         tx.commit().await?;
         Ok(outcome)
     }
@@ -211,30 +352,26 @@ impl Relay {
     /// The broken order (mark-before-send): mark the batch published and commit, then send. A
     /// crash or a failed send after the commit loses the events: nothing sends them again.
     pub async fn deliver_batch_marked_first(&mut self) -> Result<BatchOutcome> {
-        let fetch = self.fetch();
         let tx = self.client.transaction().await?;
-        let rows = tx
-            .query(fetch, &[&self.config.max_attempts, &self.config.batch])
-            .await?;
+        let rows = fetch_due(&tx, &self.fetch, &self.config).await?;
         let ids: Vec<i64> = rows.iter().map(|r| r.get("id")).collect();
         if !ids.is_empty() {
             tx.execute(MARK_PUBLISHED, &[&ids]).await?;
+            crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
         }
-        crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
         tx.commit().await?;
-        let mut outcome = BatchOutcome {
-            fetched: rows.len(),
-            ..Default::default()
-        };
-        for row in &rows {
+        if !rows.is_empty() {
             crash::point(CrashPoint::RelayAfterMarkBeforeSend);
-            let event = Event::from_outbox_row(row);
-            let log_name = self.log_name.as_deref();
-            match attempt(&self.sink, log_name, self.config.log_attempts, &event).await {
-                Ok(()) => outcome.sent += 1,
-                Err(_) => outcome.failed += 1,
-            }
         }
+        // A failed send is recorded (attempts, last_error) on a row already marked published.
+        let (outcome, _) = deliver_rows(
+            &self.sink,
+            &self.config,
+            self.log_name.as_deref(),
+            &self.client,
+            &rows,
+        )
+        .await?;
         Ok(outcome)
     }
 
@@ -245,6 +382,35 @@ impl Relay {
             .query_one(PENDING, &[&self.config.max_attempts])
             .await?;
         Ok(row.get(0))
+    }
+
+    /// The lease: claim (committed), deliver outside any transaction, mark what was delivered.
+    async fn deliver_claimed_batch(&mut self) -> Result<BatchOutcome> {
+        let lease_ms = self.config.lease.as_secs_f64() * 1000.0;
+        let params: [&(dyn ToSql + Sync); 4] = [
+            &self.config.max_attempts,
+            &self.config.batch,
+            &self.claimant,
+            &lease_ms,
+        ];
+        let mut rows = self.client.query(CLAIM_BATCH, &params).await?;
+        // UPDATE ... RETURNING has no order; deliver oldest first, as the lock design does.
+        rows.sort_by_key(|row| row.get::<_, i64>("id"));
+        // A failed row keeps its claim: it is retried once both its backoff and the lease ran out.
+        let (outcome, delivered) = deliver_rows(
+            &self.sink,
+            &self.config,
+            self.log_name.as_deref(),
+            &self.client,
+            &rows,
+        )
+        .await?;
+        if !delivered.is_empty() {
+            self.client
+                .execute(MARK_CLAIMED_PUBLISHED, &[&delivered, &self.claimant])
+                .await?;
+        }
+        Ok(outcome)
     }
 
     /// Delivers until no undelivered row under the attempt limit is left; returns rows sent.
@@ -285,31 +451,124 @@ impl Relay {
             tokio::time::sleep(wait).await;
         }
     }
-}
 
-/// One delivery; the error as text (it is stored in `last_error`). A named relay logs failures,
-/// and with `log_attempts` every try (`sending`, then `sent` or `failed`): a `sending` without an
-/// answer is a try whose outcome the relay never learned (it died).
-async fn attempt(
-    sink: &HttpSink,
-    log_name: Option<&str>,
-    log_attempts: bool,
-    event: &Event,
-) -> std::result::Result<(), String> {
-    let id = event.outbox_id.expect("outbox rows have ids");
-    let trace = log_name.filter(|_| log_attempts);
-    log_line(trace, format_args!("outbox id={id} sending"));
-    match sink.send(event).await {
-        Ok(()) => {
-            log_line(trace, format_args!("outbox id={id} sent"));
-            Ok(())
-        }
-        Err(e) => {
-            let error = format!("{e:#}");
-            log_line(log_name, format_args!("outbox id={id} failed: {error}"));
-            Err(error)
+    /// Delivers what arrives, waking up as `wakeup` says, until the process is stopped.
+    pub async fn follow(&mut self, wakeup: Wakeup) -> Result<()> {
+        loop {
+            let outcome = self.deliver_batch().await?;
+            if outcome.fetched as i64 >= self.config.batch {
+                continue; // more may be waiting
+            }
+            match wakeup {
+                Wakeup::Poll(every) => tokio::time::sleep(every).await,
+                Wakeup::Notify { fallback } => self.wait_for_notify(fallback).await?,
+            }
         }
     }
+
+    /// Waits for a notification or the fallback; re-LISTENs if the connection was lost.
+    async fn wait_for_notify(&mut self, fallback: Duration) -> Result<()> {
+        let notifications = self.notifications.as_mut().expect("connected with listen");
+        match tokio::time::timeout(fallback, notifications.recv()).await {
+            Ok(Some(_)) => {
+                // One fetch serves every notification that arrived meanwhile.
+                while notifications.try_recv().is_ok() {}
+            }
+            Ok(None) => {
+                log_line(
+                    self.log_name.as_deref(),
+                    format_args!("connection lost, listening again"),
+                );
+                let (client, notifications) = open_connection(&self.db, true).await?;
+                self.client = client;
+                self.notifications = notifications;
+            }
+            Err(_) => {} // fallback poll
+        }
+        Ok(())
+    }
+}
+
+/// A connection, LISTENing when asked.
+async fn open_connection(
+    db: &tokio_postgres::Config,
+    listen: bool,
+) -> Result<(Client, Option<UnboundedReceiver<Notification>>)> {
+    if !listen {
+        return Ok((db::connect(db).await?, None));
+    }
+    let (client, notifications) = db::connect_listening(db).await?;
+    client
+        .batch_execute(&format!("LISTEN {}", schema::NOTIFY_CHANNEL))
+        .await?;
+    Ok((client, Some(notifications)))
+}
+
+/// The due rows of the relay's fetch (with its partition's parameters, if it has one).
+async fn fetch_due(tx: &Transaction<'_>, fetch: &str, config: &RelayConfig) -> Result<Vec<Row>> {
+    let rows = match config.partition {
+        None => {
+            tx.query(fetch, &[&config.max_attempts, &config.batch])
+                .await?
+        }
+        Some(p) => {
+            let (index, count) = (p.index as i32, p.count as i32);
+            let params: [&(dyn ToSql + Sync); 4] =
+                [&config.max_attempts, &config.batch, &index, &count];
+            tx.query(fetch, &params).await?
+        }
+    };
+    Ok(rows)
+}
+
+/// Sends the fetched rows through the sink; a failure is recorded (with its backoff) through
+/// `db`. Returns the ids delivered, for the mark. With `log_attempts`, every event is logged
+/// `sending` before the batch goes out and `sent` as soon as it is known delivered: an event
+/// left without an answer when the relay dies is one whose outcome it never learned.
+async fn deliver_rows(
+    sink: &Sink,
+    config: &RelayConfig,
+    log_name: Option<&str>,
+    db: &impl GenericClient,
+    rows: &[Row],
+) -> Result<(BatchOutcome, Vec<i64>)> {
+    let mut outcome = BatchOutcome {
+        fetched: rows.len(),
+        ..Default::default()
+    };
+    if rows.is_empty() {
+        return Ok((outcome, Vec::new()));
+    }
+    crash::point(CrashPoint::RelayAfterFetchBeforeSend);
+    let events: Vec<Event> = rows.iter().map(Event::from_outbox_row).collect();
+    let trace = log_name.filter(|_| config.log_attempts);
+    for event in &events {
+        let id = event.outbox_id.expect("outbox rows have ids");
+        log_line(trace, format_args!("outbox id={id} sending"));
+    }
+    let results = sink
+        .deliver(&events, |event| {
+            let id = event.outbox_id.expect("outbox rows have ids");
+            log_line(trace, format_args!("outbox id={id} sent"));
+            crash::point(CrashPoint::RelayAfterSendBeforeMark)
+        })
+        .await;
+    let mut delivered: Vec<i64> = Vec::with_capacity(rows.len());
+    for (event, result) in events.iter().zip(results) {
+        let id = event.outbox_id.expect("outbox rows have ids");
+        match result {
+            Ok(()) => delivered.push(id),
+            Err(e) => {
+                let error = format!("{e:#}");
+                log_line(log_name, format_args!("outbox id={id} failed: {error}"));
+                let base_ms = config.backoff_base.as_secs_f64() * 1000.0;
+                db.execute(MARK_FAILED, &[&id, &error, &base_ms]).await?;
+                outcome.failed += 1;
+            }
+        }
+    }
+    outcome.sent = delivered.len();
+    Ok((outcome, delivered))
 }
 
 /// The article's relay log line (`[relay 0] ...`), for relays that have a name.
@@ -414,7 +673,8 @@ impl StoredWatermarkRelay {
     }
 
     /// One pass; returns the rows delivered. A failed send ends the pass without moving the
-    /// watermark, so the row is tried again on the next pass.
+    /// watermark, so the row is tried again on the next pass. Every try is logged (`sending`,
+    /// then `sent` or `failed`), as the article's relay does with `log_attempts`.
     pub async fn deliver_new(&mut self) -> Result<usize> {
         let last_seen: i64 = self
             .client
@@ -425,18 +685,19 @@ impl StoredWatermarkRelay {
             .client
             .query(FETCH_AFTER_WATERMARK, &[&last_seen])
             .await?;
+        let log_name = Some(self.name.as_str());
         let mut delivered = 0;
         for row in &rows {
             let event = Event::from_outbox_row(row);
+            let id = event.outbox_id.expect("outbox rows have ids");
             crash::point(CrashPoint::RelayAfterFetchBeforeSend);
-            if attempt(&self.sink, Some(&self.name), true, &event)
-                .await
-                .is_err()
-            {
+            log_line(log_name, format_args!("outbox id={id} sending"));
+            if let Err(e) = self.sink.send(&event).await {
+                log_line(log_name, format_args!("outbox id={id} failed: {e:#}"));
                 break;
             }
+            log_line(log_name, format_args!("outbox id={id} sent"));
             crash::point(CrashPoint::RelayAfterSendBeforeMark);
-            let id = event.outbox_id.expect("outbox rows have ids");
             self.client
                 .execute(SAVE_WATERMARK, &[&self.name, &id])
                 .await?;

@@ -57,22 +57,44 @@ CREATE TABLE consumer.shipments (
 );
 "#;
 
-/// The gap-safe watermark of watermark-gap: each row remembers the transaction that wrote it.
-pub const ADD_WRITER_XID: &str =
-    "ALTER TABLE outbox ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id()";
+/// Empties the outbox and the consumer's tables between runs on one database.
+pub const RESET: &str = "
+TRUNCATE outbox, orders, consumer.receipts, consumer.processed_events, consumer.shipments
+RESTART IDENTITY";
 
 /// Where explore's stored watermark relay keeps its position across restarts.
 pub const ADD_RELAY_WATERMARK: &str =
     "CREATE TABLE relay_watermark (relay text PRIMARY KEY, last_seen bigint NOT NULL)";
 
-/// Empties every table and restarts the ids, so that explore reuses one database for many runs
-/// (a schedule costs a TRUNCATE instead of a CREATE DATABASE). The lock timeout bounds the wait
-/// for a killed child's session, which the server ends a moment after the process.
-pub const RESET: &str = "
-SET lock_timeout = '5s';
-TRUNCATE orders, outbox, relay_watermark,
-         consumer.receipts, consumer.processed_events, consumer.shipments
-RESTART IDENTITY";
+/// [`RESET`] for the watermark table, where it exists.
+pub const RESET_RELAY_WATERMARK: &str = "TRUNCATE relay_watermark";
+
+/// The gap-safe watermark of watermark-gap: each row remembers the transaction that wrote it.
+pub const ADD_WRITER_XID: &str =
+    "ALTER TABLE outbox ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id()";
+
+/// The channel the relay LISTENs on.
+pub const NOTIFY_CHANNEL: &str = "outbox_new";
+
+/// The article's statement trigger: one notification per inserting statement, delivered at
+/// COMMIT (and only then), so a woken relay never finds an uncommitted row.
+pub const NOTIFY_TRIGGER: &str = "
+CREATE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_notify('outbox_new', ''); RETURN NULL; END $$;
+CREATE TRIGGER outbox_notify_trg AFTER INSERT ON outbox
+  FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify();";
+
+pub const DROP_NOTIFY_TRIGGER: &str = "
+DROP TRIGGER outbox_notify_trg ON outbox;
+DROP FUNCTION outbox_notify();";
+
+/// The storage scenarios measure what each statement leaves behind (dead tuples, dead index
+/// entries): autovacuum must not clean up in between, at a moment of its choosing.
+pub const NO_AUTOVACUUM: &str = "ALTER TABLE outbox SET (autovacuum_enabled = off)";
+
+/// The claim design of claim-vs-lock: a lease on each row instead of a lock.
+pub const ADD_CLAIM_COLUMNS: &str =
+    "ALTER TABLE outbox ADD COLUMN claimed_at timestamptz, ADD COLUMN claimed_by text";
 
 pub async fn create(client: &Client) -> Result<()> {
     client

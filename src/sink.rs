@@ -1,5 +1,8 @@
-//! Where senders deliver events: the HTTP consumer, over a keep-alive client.
+//! Where relays deliver events: the HTTP consumer (keep-alive client) or a Redis Stream
+//! (`XADD outbox.event.<aggregate_type>`, one pipeline per batch).
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -8,17 +11,57 @@ use http_body_util::{BodyExt, Full};
 use hyper::{Request, Uri};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use tokio::sync::Semaphore;
 
 use crate::event::Event;
+use crate::redis_server;
 
 /// A delivery that has not been answered in this time counts as failed (and is retried).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A relay's destination.
+#[derive(Clone)]
+pub enum Sink {
+    Http(HttpSink),
+    Redis(RedisSink),
+}
+
+impl Sink {
+    /// `http://…` for the HTTP consumer, `redis://…` for a Redis Stream. `in_flight` bounds how
+    /// many aggregates an HTTP batch delivers to at once (1: strictly one event after another);
+    /// `stream_prefix` goes before every stream name.
+    pub async fn connect(url: &str, in_flight: usize, stream_prefix: &str) -> Result<Sink> {
+        if url.starts_with("redis://") {
+            let connection = redis_server::connect(url).await?;
+            Ok(Sink::Redis(RedisSink {
+                connection,
+                stream_prefix: stream_prefix.to_string(),
+            }))
+        } else {
+            Ok(Sink::Http(HttpSink::new(url)?.in_flight(in_flight)))
+        }
+    }
+
+    /// Delivers a batch, in order; `on_delivered` runs after each event known to be delivered
+    /// (the relay's crash point). Results come back in batch order.
+    pub async fn deliver(
+        &self,
+        events: &[Event],
+        on_delivered: impl Fn(&Event),
+    ) -> Vec<Result<()>> {
+        match self {
+            Sink::Http(http) => http.deliver(events, on_delivered).await,
+            Sink::Redis(redis) => redis.deliver(events, on_delivered).await,
+        }
+    }
+}
 
 /// POSTs events as JSON to `<base>/events`; a 2xx answer is a delivery.
 #[derive(Clone)]
 pub struct HttpSink {
     uri: Uri,
     client: Client<HttpConnector, Full<Bytes>>,
+    in_flight: usize,
 }
 
 impl HttpSink {
@@ -27,7 +70,16 @@ impl HttpSink {
             .parse()
             .with_context(|| format!("invalid sink URL '{base_url}'"))?;
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Ok(HttpSink { uri, client })
+        Ok(HttpSink {
+            uri,
+            client,
+            in_flight: 1,
+        })
+    }
+
+    fn in_flight(mut self, in_flight: usize) -> HttpSink {
+        self.in_flight = in_flight.max(1);
+        self
     }
 
     pub async fn send(&self, event: &Event) -> Result<()> {
@@ -46,6 +98,112 @@ impl HttpSink {
             bail!("HTTP {status}");
         }
         Ok(())
+    }
+
+    /// One event after another; or, with `in_flight` > 1, aggregates side by side and each
+    /// aggregate's events still one after another, so per-aggregate order holds.
+    async fn deliver(&self, events: &[Event], on_delivered: impl Fn(&Event)) -> Vec<Result<()>> {
+        if self.in_flight <= 1 {
+            let mut results = Vec::with_capacity(events.len());
+            for event in events {
+                let result = self.send(event).await;
+                if result.is_ok() {
+                    on_delivered(event);
+                }
+                results.push(result);
+            }
+            return results;
+        }
+        let mut by_aggregate: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, event) in events.iter().enumerate() {
+            by_aggregate
+                .entry(event.aggregate_id.as_str())
+                .or_default()
+                .push(i);
+        }
+        let permits = Arc::new(Semaphore::new(self.in_flight));
+        let mut tasks = tokio::task::JoinSet::new();
+        for indexes in by_aggregate.into_values() {
+            let sink = self.clone();
+            let permits = permits.clone();
+            let group: Vec<(usize, Event)> = indexes
+                .into_iter()
+                .map(|i| (i, events[i].clone()))
+                .collect();
+            tasks.spawn(async move {
+                let _permit = permits.acquire_owned().await.expect("never closed");
+                let mut results = Vec::with_capacity(group.len());
+                for (i, event) in group {
+                    results.push((i, sink.send(&event).await));
+                }
+                results
+            });
+        }
+        let mut results: Vec<Option<Result<()>>> = events.iter().map(|_| None).collect();
+        while let Some(done) = tasks.join_next().await {
+            for (i, result) in done.unwrap_or_default() {
+                if result.is_ok() {
+                    on_delivered(&events[i]);
+                }
+                results[i] = Some(result);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(anyhow!("delivery task failed"))))
+            .collect()
+    }
+}
+
+/// XADDs events to `outbox.event.<aggregate_type>` with the outbox row's fields.
+#[derive(Clone)]
+pub struct RedisSink {
+    connection: redis::aio::MultiplexedConnection,
+    stream_prefix: String,
+}
+
+impl RedisSink {
+    /// The stream of an aggregate type, as Debezium's outbox router names its topics.
+    pub fn stream_name(prefix: &str, aggregate_type: &str) -> String {
+        format!("{prefix}outbox.event.{aggregate_type}")
+    }
+
+    /// One pipeline for the whole batch: it is delivered whole or not at all.
+    async fn deliver(&self, events: &[Event], on_delivered: impl Fn(&Event)) -> Vec<Result<()>> {
+        let mut pipe = redis::pipe();
+        for event in events {
+            pipe.cmd("XADD")
+                .arg(Self::stream_name(
+                    &self.stream_prefix,
+                    &event.aggregate_type,
+                ))
+                .arg("*")
+                .arg("event_id")
+                .arg(event.event_id.to_string())
+                .arg("aggregate_id")
+                .arg(&event.aggregate_id)
+                .arg("event_type")
+                .arg(&event.event_type)
+                .arg("payload")
+                .arg(event.payload.to_string())
+                .arg("outbox_id")
+                .arg(event.outbox_id.unwrap_or_default())
+                .ignore();
+        }
+        let mut connection = self.connection.clone();
+        match pipe.query_async::<()>(&mut connection).await {
+            Ok(()) => events
+                .iter()
+                .map(|event| {
+                    on_delivered(event);
+                    Ok(())
+                })
+                .collect(),
+            Err(e) => {
+                let error = format!("XADD: {e}");
+                events.iter().map(|_| Err(anyhow!(error.clone()))).collect()
+            }
+        }
     }
 }
 

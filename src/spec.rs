@@ -20,6 +20,9 @@ pub struct Spec {
     /// Defaults of the scenario's parameters; some can be overridden on the command line.
     #[serde(default)]
     pub params: toml::Table,
+    /// Parameters for `--quick`: a shorter run of the same experiment (tests use it).
+    #[serde(default)]
+    pub quick: toml::Table,
     /// What the article reports, compared with what was measured.
     #[serde(default, rename = "check")]
     pub checks: Vec<CheckSpec>,
@@ -77,6 +80,12 @@ impl Spec {
                 spec.name
             );
         }
+        if let Some(unknown) = spec.quick.keys().find(|k| !spec.params.contains_key(*k)) {
+            bail!(
+                "malformed scenario file {}: [quick] sets '{unknown}', which is not in [params]",
+                spec.source
+            );
+        }
         for check in &spec.checks {
             check.validate().with_context(|| {
                 format!(
@@ -103,6 +112,14 @@ impl Spec {
 }
 
 impl CheckSpec {
+    /// The article's figure as shown beside the measured one.
+    pub fn article_text(&self) -> Option<String> {
+        self.article.as_ref().map(|figure| match figure {
+            toml::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        })
+    }
+
     fn validate(&self) -> Result<()> {
         match (&self.equals, &self.at_least, &self.at_most) {
             (None, None, None) => bail!("needs equals, at_least or at_most"),

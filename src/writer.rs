@@ -20,9 +20,19 @@ INSERT INTO outbox(aggregate_type, aggregate_id, event_type, payload)
 VALUES ('orders', $1, $2, $3)
 RETURNING id, event_id";
 
-/// Customers (of those asked for) whose order is committed: a restarted writer skips them, as a
-/// client retrying a request it is unsure about would, by its own request key.
-pub const COMMITTED_CUSTOMERS: &str = "SELECT customer_id FROM orders WHERE customer_id = ANY($1)";
+/// Events without orders, many at once, for throughput runs: one statement for `$1` rows.
+pub const LOAD_EVENTS: &str = "
+INSERT INTO outbox(aggregate_type, aggregate_id, event_type, payload)
+SELECT 'orders', g::text, 'OrderCreated', jsonb_build_object('order_id', g, 'amount', '1200')
+  FROM generate_series(1, $1::bigint) g";
+
+/// The n-th event (1-based) of an order: OrderCreated, then OrderUpdated2, OrderUpdated3, ...
+pub fn event_type(n: u32) -> String {
+    match n {
+        1 => "OrderCreated".into(),
+        n => format!("OrderUpdated{n}"),
+    }
+}
 
 /// How the business transaction ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -40,46 +50,54 @@ pub enum DualWriteOrder {
     SendFirst,
 }
 
-fn order_payload(order_id: i64) -> serde_json::Value {
+/// When the k-th paced order is written: every `interval_ms` on average, shifted by up to half
+/// an interval either way. The shifts follow the golden-ratio sequence (seeded), which spreads
+/// the writes evenly over every phase of a relay's poll cycle: with evenly spaced writes all
+/// samples would share one phase, and a 1 s poll's median latency would land anywhere in
+/// 400-600 ms by luck of that phase.
+pub fn paced_offset(k: u64, interval_ms: u64, seed: u64) -> Duration {
+    const GOLDEN_RATIO_FRACTION: f64 = 0.618_033_988_749_895;
+    let shift = ((seed + k) as f64 * GOLDEN_RATIO_FRACTION).fract() - 0.5;
+    let at_ms = (k as f64 + 0.5 + shift) * interval_ms as f64;
+    Duration::from_secs_f64(at_ms / 1000.0)
+}
+
+/// The event payload of an order, as the article writes it.
+pub fn order_payload(order_id: i64) -> serde_json::Value {
     json!({ "order_id": order_id, "amount": "1200" })
 }
 
-/// The n-th event of an order (from 1): OrderCreated, then OrderUpdated2, OrderUpdated3, ...
-pub fn event_type(n: u32) -> String {
-    match n {
-        1 => "OrderCreated".into(),
-        n => format!("OrderUpdated{n}"),
-    }
-}
+/// Customers (of those asked for) whose order is committed: a restarted writer skips them, as a
+/// client retrying a request it is unsure about would, by its own request key.
+pub const COMMITTED_CUSTOMERS: &str = "SELECT customer_id FROM orders WHERE customer_id = ANY($1)";
 
-/// The outbox way: the order and its event in one transaction; nothing is sent here.
-pub async fn create_order_with_event(
+/// The outbox way: the order and its events in one transaction; nothing is sent here.
+pub async fn create_order_with_events(
     client: &mut Client,
     customer_id: i64,
+    events_per_order: u32,
     ending: Ending,
 ) -> Result<i64> {
     let tx = client.transaction().await?;
-    let order_id = insert_order_with_events(&tx, customer_id, 1).await?;
+    let order_id = insert_order_with_events(&tx, customer_id, events_per_order).await?;
     crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
     end(tx, ending).await?;
     Ok(order_id)
 }
 
-/// The order and its `events` outbox rows, in the caller's transaction.
+/// The order and its outbox rows, in the caller's transaction.
 pub async fn insert_order_with_events(
     tx: &Transaction<'_>,
     customer_id: i64,
-    events: u32,
+    events_per_order: u32,
 ) -> Result<i64> {
     let order_id: i64 = tx.query_one(INSERT_ORDER, &[&customer_id]).await?.get(0);
-    for n in 1..=events {
+    for n in 1..=events_per_order {
+        let mut payload = order_payload(order_id);
+        payload["seq"] = n.into();
         tx.execute(
             INSERT_OUTBOX,
-            &[
-                &order_id.to_string(),
-                &event_type(n),
-                &order_payload(order_id),
-            ],
+            &[&order_id.to_string(), &event_type(n), &payload],
         )
         .await?;
     }

@@ -45,7 +45,7 @@ fn unknown_scenario_lists_the_known_ones() {
 
 #[test]
 fn catalogued_but_unbuilt_scenario_says_so() {
-    assert_usage_error(&run(&["scenario", "partial-index"]), "not implemented yet");
+    assert_usage_error(&run(&["scenario", "notify-latency"]), "not implemented yet");
 }
 
 #[test]
@@ -111,7 +111,7 @@ fn crash_after_larger_than_events() {
 fn parameter_the_scenario_does_not_take() {
     assert_usage_error(
         &run(&["scenario", "dual-write", "--events", "3"]),
-        "has no parameter --events",
+        "has no parameter events",
     );
 }
 

@@ -91,7 +91,7 @@ fn start_long_run() -> (Child, PathBuf, i32) {
 }
 
 fn port_of(dir: &Path) -> String {
-    let marker = std::fs::read_to_string(dir.join("outbox-lab-cluster.json")).unwrap();
+    let marker = std::fs::read_to_string(dir.join("outbox-lab-owner.json")).unwrap();
     let marker: serde_json::Value = serde_json::from_str(&marker).unwrap();
     format!("127.0.0.1:{}", marker["port"])
 }

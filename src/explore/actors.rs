@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::designs::RelayVariant;
 use crate::db::Database;
 use crate::relay::{Relay, RelayConfig, StoredWatermarkRelay};
-use crate::sink::HttpSink;
+use crate::sink::{HttpSink, Sink};
 use crate::writer::{self, DualWriteOrder, Ending};
 
 /// The workload: customers 1..=orders, each order with its events.
@@ -112,11 +112,15 @@ pub async fn run_relay(db: &Database, args: RelayArgs) -> Result<()> {
         let _ = tokio::io::stdin().read_to_end(&mut input).await;
         flag.store(true, Ordering::SeqCst);
     });
-    let client = db.connect().await?;
     let sink = HttpSink::new(&args.sink)?;
     let mut relay = match args.variant {
         RelayVariant::StoredWatermark => {
-            Variant::Watermark(StoredWatermarkRelay::new(client, sink, args.name.clone()))
+            let client = db.connect().await?;
+            Variant::Watermark(Box::new(StoredWatermarkRelay::new(
+                client,
+                sink,
+                args.name.clone(),
+            )))
         }
         variant => {
             let config = RelayConfig {
@@ -127,8 +131,10 @@ pub async fn run_relay(db: &Database, args: RelayArgs) -> Result<()> {
                 log_attempts: true,
                 ..RelayConfig::default()
             };
-            let relay = Relay::new(client, sink, config, Some(args.name.clone()));
-            Variant::Locking(relay, variant)
+            let name = Some(args.name.clone());
+            let relay =
+                Relay::connect(&db.config()?, Sink::Http(sink), config, name, false).await?;
+            Variant::Locking(Box::new(relay), variant)
         }
     };
     let deadline = Duration::from_millis(args.deadline_ms);
@@ -152,8 +158,8 @@ pub async fn run_relay(db: &Database, args: RelayArgs) -> Result<()> {
 
 /// The relay variants, behind one loop.
 enum Variant {
-    Locking(Relay, RelayVariant),
-    Watermark(StoredWatermarkRelay),
+    Locking(Box<Relay>, RelayVariant),
+    Watermark(Box<StoredWatermarkRelay>),
 }
 
 impl Variant {

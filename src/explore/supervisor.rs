@@ -37,6 +37,9 @@ const RELAY_BACKOFF_MS: u64 = 10;
 const RELAY_MAX_ATTEMPTS: i32 = 20;
 /// How often an idle relay polls.
 const RELAY_IDLE_POLL_MS: u64 = 5;
+/// The reset between runs waits this long at most for a killed child's session (which the
+/// server ends a moment after the process) to release its locks.
+const RESET_LOCK_TIMEOUT: &str = "SET lock_timeout = '5s'";
 
 /// What the writer writes in every run.
 #[derive(Debug, Clone, Copy)]
@@ -97,6 +100,7 @@ impl Lab {
         let client = db.connect().await?;
         schema::create(&client).await?;
         client.batch_execute(schema::ADD_RELAY_WATERMARK).await?;
+        client.batch_execute(RESET_LOCK_TIMEOUT).await?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -113,6 +117,9 @@ impl Lab {
     pub async fn run(&self, schedule: &Schedule) -> Result<History> {
         let started = Instant::now();
         self.client.batch_execute(schema::RESET).await?;
+        self.client
+            .batch_execute(schema::RESET_RELAY_WATERMARK)
+            .await?;
         let history = Mutex::new(History {
             design: self.design.name.to_string(),
             schedule: schedule.to_string(),

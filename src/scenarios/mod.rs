@@ -2,8 +2,15 @@
 //! parameters, the per-scenario databases and child processes, and turning an outcome into a
 //! [`Report`] with its checks.
 
+pub mod batch_throughput;
+pub mod claim_vs_lock;
+pub mod cleanup;
 pub mod dual_write;
+pub mod multi_relay_ordering;
+pub mod ordering_on_failure;
 pub mod outbox_atomicity;
+pub mod partial_index;
+pub mod redis_stream;
 pub mod relay_crash;
 pub mod retry_backoff;
 pub mod watermark_gap;
@@ -18,6 +25,7 @@ use crate::child::{ChildCommand, ChildRun, ConsumerProcess};
 use crate::consumer::{ConsumerKind, Faults};
 use crate::crash::CrashPlan;
 use crate::db::{Database, PgServer};
+use crate::redis_server::Redis;
 use crate::relay::RelayConfig;
 use crate::report::{Environment, Metrics, Report, Table};
 use crate::schema;
@@ -32,30 +40,36 @@ pub const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
 pub enum Scenario {
     DualWrite,
     OutboxAtomicity,
+    PartialIndex,
     RetryBackoff,
     RelayCrash,
+    MultiRelayOrdering,
+    OrderingOnFailure,
+    BatchThroughput,
+    RedisStream,
     WatermarkGap,
+    ClaimVsLock,
+    Cleanup,
 }
 
 /// Catalogue entries (SCENARIOS.md) not built yet, so that asking for one says so.
-const PLANNED: [&str; 8] = [
-    "partial-index",
-    "multi-relay-ordering",
-    "ordering-on-failure",
-    "notify-latency",
-    "batch-throughput",
-    "redis-stream",
-    "claim-vs-lock",
-    "cleanup",
-];
+const PLANNED: &[&str] = &["notify-latency"];
 
 impl Scenario {
-    pub const ALL: [Scenario; 5] = [
+    /// In the article's order.
+    pub const ALL: &[Scenario] = &[
         Scenario::DualWrite,
         Scenario::OutboxAtomicity,
+        Scenario::PartialIndex,
         Scenario::RetryBackoff,
         Scenario::RelayCrash,
+        Scenario::MultiRelayOrdering,
+        Scenario::OrderingOnFailure,
+        Scenario::BatchThroughput,
+        Scenario::RedisStream,
         Scenario::WatermarkGap,
+        Scenario::ClaimVsLock,
+        Scenario::Cleanup,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,6 +79,13 @@ impl Scenario {
             Scenario::RetryBackoff => "retry-backoff",
             Scenario::RelayCrash => "relay-crash",
             Scenario::WatermarkGap => "watermark-gap",
+            Scenario::OrderingOnFailure => "ordering-on-failure",
+            Scenario::RedisStream => "redis-stream",
+            Scenario::BatchThroughput => "batch-throughput",
+            Scenario::MultiRelayOrdering => "multi-relay-ordering",
+            Scenario::PartialIndex => "partial-index",
+            Scenario::Cleanup => "cleanup",
+            Scenario::ClaimVsLock => "claim-vs-lock",
         }
     }
 
@@ -76,14 +97,24 @@ impl Scenario {
             Scenario::RetryBackoff => include_str!("../../scenarios/retry-backoff.toml"),
             Scenario::RelayCrash => include_str!("../../scenarios/relay-crash.toml"),
             Scenario::WatermarkGap => include_str!("../../scenarios/watermark-gap.toml"),
+            Scenario::OrderingOnFailure => include_str!("../../scenarios/ordering-on-failure.toml"),
+            Scenario::RedisStream => include_str!("../../scenarios/redis-stream.toml"),
+            Scenario::BatchThroughput => include_str!("../../scenarios/batch-throughput.toml"),
+            Scenario::MultiRelayOrdering => {
+                include_str!("../../scenarios/multi-relay-ordering.toml")
+            }
+            Scenario::PartialIndex => include_str!("../../scenarios/partial-index.toml"),
+            Scenario::Cleanup => include_str!("../../scenarios/cleanup.toml"),
+            Scenario::ClaimVsLock => include_str!("../../scenarios/claim-vs-lock.toml"),
         }
     }
 
     pub fn from_name(name: &str) -> Result<Scenario> {
-        if let Some(found) = Scenario::ALL.into_iter().find(|s| s.name() == name) {
-            return Ok(found);
+        if let Some(found) = Scenario::ALL.iter().find(|s| s.name() == name) {
+            return Ok(*found);
         }
-        let known = Scenario::ALL.map(Scenario::name).join(", ");
+        let known: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
+        let known = known.join(", ");
         if PLANNED.contains(&name) {
             bail!("scenario '{name}' is in the catalogue but not implemented yet; implemented: {known}");
         }
@@ -98,7 +129,13 @@ impl Scenario {
 /// Parameters given on the command line, over the scenario file's defaults.
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
-    pub values: Vec<(&'static str, i64)>,
+    /// `--quick`: apply the scenario file's `[quick]` table (a shorter run, for tests).
+    pub quick: bool,
+    /// `--set name=value`, `--events N`, ...
+    pub values: Vec<(String, toml::Value)>,
+    /// With `scenario all`, a value applies to the scenarios that have the parameter; alone, a
+    /// scenario without it is an error.
+    pub strict: bool,
 }
 
 /// A scenario with its file read and its parameters checked, ready to run.
@@ -114,33 +151,55 @@ enum Params {
     OutboxAtomicity(outbox_atomicity::Params),
     RetryBackoff(retry_backoff::Params),
     RelayCrash(relay_crash::Params),
+    MultiRelayOrdering(multi_relay_ordering::Params),
+    OrderingOnFailure(ordering_on_failure::Params),
+    BatchThroughput(batch_throughput::Params),
+    RedisStream(redis_stream::Params),
     WatermarkGap(watermark_gap::Params),
+    PartialIndex(partial_index::Params),
+    Cleanup(cleanup::Params),
+    ClaimVsLock(claim_vs_lock::Params),
 }
 
 /// Reads the file and validates the parameters before anything is started.
 pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) -> Result<Prepared> {
     let spec = scenario.spec(dir)?;
     let mut params = spec.params.clone();
+    if overrides.quick {
+        params.extend(spec.quick.clone());
+    }
     for (key, value) in &overrides.values {
-        match params.get_mut(*key) {
-            Some(slot) => *slot = toml::Value::Integer(*value),
-            None => bail!(
-                "scenario {} has no parameter --{}",
-                scenario.name(),
-                key.replace('_', "-")
-            ),
+        match params.get_mut(key) {
+            Some(slot) => *slot = value.clone(),
+            None if overrides.strict => {
+                let known: Vec<&String> = spec.params.keys().collect();
+                bail!(
+                    "scenario {} has no parameter {key} (its parameters: {known:?})",
+                    scenario.name()
+                )
+            }
+            None => {}
         }
     }
     let typed = match scenario {
         Scenario::DualWrite => Params::DualWrite(spec.params(&params)?),
         Scenario::OutboxAtomicity => Params::OutboxAtomicity(spec.params(&params)?),
         Scenario::RetryBackoff => Params::RetryBackoff(spec.params(&params)?),
-        Scenario::RelayCrash => {
-            let p: relay_crash::Params = spec.params(&params)?;
-            p.validate()?;
-            Params::RelayCrash(p)
-        }
+        Scenario::RelayCrash => Params::RelayCrash(validated(
+            spec.params(&params)?,
+            relay_crash::Params::validate,
+        )?),
         Scenario::WatermarkGap => Params::WatermarkGap(spec.params(&params)?),
+        Scenario::OrderingOnFailure => Params::OrderingOnFailure(spec.params(&params)?),
+        Scenario::RedisStream => Params::RedisStream(spec.params(&params)?),
+        Scenario::BatchThroughput => Params::BatchThroughput(spec.params(&params)?),
+        Scenario::MultiRelayOrdering => Params::MultiRelayOrdering(spec.params(&params)?),
+        Scenario::PartialIndex => Params::PartialIndex(spec.params(&params)?),
+        Scenario::Cleanup => Params::Cleanup(spec.params(&params)?),
+        Scenario::ClaimVsLock => Params::ClaimVsLock(validated(
+            spec.params(&params)?,
+            claim_vs_lock::Params::validate,
+        )?),
     };
     Ok(Prepared {
         scenario,
@@ -148,6 +207,12 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
         params,
         typed,
     })
+}
+
+/// Parameters whose relations (not only types) need checking before anything starts.
+fn validated<P>(params: P, validate: impl Fn(&P) -> Result<()>) -> Result<P> {
+    validate(&params)?;
+    Ok(params)
 }
 
 impl Prepared {
@@ -167,10 +232,23 @@ pub struct Outcome {
 /// What a scenario gets to work with.
 pub struct Ctx<'a> {
     server: &'a PgServer,
+    redis: &'a Redis,
     scenario: Scenario,
+    spec: &'a Spec,
 }
 
 impl Ctx<'_> {
+    /// The article's figure for `metric`, from the scenario file's checks ("" where it has none),
+    /// for tables that put the article beside the measurement.
+    pub fn article(&self, metric: &str) -> String {
+        self.spec
+            .checks
+            .iter()
+            .filter(|check| check.metric == metric)
+            .find_map(|check| check.article_text())
+            .unwrap_or_default()
+    }
+
     /// A fresh database with the article's schema, named after the scenario and `part`.
     pub async fn database(&self, part: &str) -> Result<Database> {
         let label = format!("{}_{part}", self.scenario.name());
@@ -187,14 +265,15 @@ impl Ctx<'_> {
     ) -> Result<ConsumerProcess> {
         let mut cmd = ChildCommand::new("consumer", db)
             .arg("kind", kind.name())
-            .arg("fail-next", faults.fail_next);
+            .arg("fail-next", faults.fail_next)
+            .arg("delay-ms", faults.delay.as_millis());
         if let Some(id) = faults.fail_first_delivery_of {
             cmd = cmd.arg("fail-first-delivery-of", id);
         }
         cmd.spawn_consumer().await
     }
 
-    /// A writer child creating `orders` orders with their outbox rows.
+    /// A writer child creating `orders` orders with one outbox row each.
     pub async fn run_writer(
         &self,
         db: &Database,
@@ -202,15 +281,27 @@ impl Ctx<'_> {
         ending: Ending,
         crash: Option<CrashPlan>,
     ) -> Result<ChildRun> {
-        ChildCommand::new("writer", db)
-            .arg("orders", orders)
-            .arg_enum("ending", ending)
+        self.writer(db, orders, 1, ending)
             .crash_at(crash)
             .run(CHILD_TIMEOUT)
             .await
     }
 
-    /// A relay child draining the outbox into the consumer at `sink`.
+    /// The command line of a writer child; add pacing options as needed.
+    pub fn writer(
+        &self,
+        db: &Database,
+        orders: u32,
+        events_per_order: u32,
+        ending: Ending,
+    ) -> ChildCommand {
+        ChildCommand::new("writer", db)
+            .arg("orders", orders)
+            .arg("events-per-order", events_per_order)
+            .arg_enum("ending", ending)
+    }
+
+    /// A relay child draining the outbox into `sink` (the consumer's URL or Redis').
     pub async fn run_relay(
         &self,
         db: &Database,
@@ -219,26 +310,74 @@ impl Ctx<'_> {
         config: &RelayConfig,
         crash: Option<CrashPlan>,
     ) -> Result<ChildRun> {
-        ChildCommand::new("relay", db)
-            .arg("sink", sink)
-            .arg("name", name)
-            .arg("batch", config.batch)
-            .arg("max-attempts", config.max_attempts)
-            .arg("backoff-ms", config.backoff_base.as_millis())
-            .arg("deadline-ms", config.deadline.as_millis())
+        self.relay(db, sink, name, config)
             .crash_at(crash)
             .run(CHILD_TIMEOUT)
             .await
     }
+
+    /// A relay child started in the background, for scenarios that watch it while it runs.
+    pub fn spawn_relay(
+        &self,
+        db: &Database,
+        sink: &str,
+        name: &str,
+        config: &RelayConfig,
+        crash: Option<CrashPlan>,
+    ) -> tokio::task::JoinHandle<Result<ChildRun>> {
+        tokio::spawn(
+            self.relay(db, sink, name, config)
+                .crash_at(crash)
+                .run(CHILD_TIMEOUT),
+        )
+    }
+
+    /// The command line of a relay child; add `--follow`, `--in-flight` as needed.
+    pub fn relay(
+        &self,
+        db: &Database,
+        sink: &str,
+        name: &str,
+        config: &RelayConfig,
+    ) -> ChildCommand {
+        let mut cmd = ChildCommand::new("relay", db)
+            .arg("sink", sink)
+            .arg("name", name)
+            .arg_enum("design", config.design)
+            .arg("lease-ms", config.lease.as_millis())
+            .arg("batch", config.batch)
+            .arg("max-attempts", config.max_attempts)
+            .arg("backoff-ms", config.backoff_base.as_millis())
+            .arg("deadline-ms", config.deadline.as_millis())
+            .arg("stream-prefix", self.redis.key_prefix());
+        if let Some(partition) = config.partition {
+            cmd = cmd.arg("partition", partition);
+        }
+        if config.head_of_line_guard {
+            cmd = cmd.flag("guard");
+        }
+        cmd
+    }
+
+    /// The run's Redis URL (a private server is started on first use).
+    pub async fn redis_url(&self) -> Result<String> {
+        self.redis.url().await
+    }
+
+    pub fn redis_key_prefix(&self) -> &str {
+        self.redis.key_prefix()
+    }
 }
 
 /// Runs one prepared scenario on `server` and judges it.
-pub async fn run(server: &PgServer, prepared: &Prepared) -> Result<Report> {
+pub async fn run(server: &PgServer, redis: &Redis, prepared: &Prepared) -> Result<Report> {
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let clock = Instant::now();
     let ctx = Ctx {
         server,
+        redis,
         scenario: prepared.scenario,
+        spec: &prepared.spec,
     };
     let outcome = match &prepared.typed {
         Params::DualWrite(p) => dual_write::run(&ctx, p).await,
@@ -246,6 +385,13 @@ pub async fn run(server: &PgServer, prepared: &Prepared) -> Result<Report> {
         Params::RetryBackoff(p) => retry_backoff::run(&ctx, p).await,
         Params::RelayCrash(p) => relay_crash::run(&ctx, p).await,
         Params::WatermarkGap(p) => watermark_gap::run(&ctx, p).await,
+        Params::OrderingOnFailure(p) => ordering_on_failure::run(&ctx, p).await,
+        Params::RedisStream(p) => redis_stream::run(&ctx, p).await,
+        Params::BatchThroughput(p) => batch_throughput::run(&ctx, p).await,
+        Params::MultiRelayOrdering(p) => multi_relay_ordering::run(&ctx, p).await,
+        Params::PartialIndex(p) => partial_index::run(&ctx, p).await,
+        Params::Cleanup(p) => cleanup::run(&ctx, p).await,
+        Params::ClaimVsLock(p) => claim_vs_lock::run(&ctx, p).await,
     }
     .map_err(|e| anyhow!("scenario {} did not run: {e:#}", prepared.scenario.name()))?;
     let checks = checks::evaluate(&prepared.spec, &prepared.params, &outcome.metrics)?;

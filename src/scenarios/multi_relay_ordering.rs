@@ -1,0 +1,104 @@
+//! multi-relay-ordering (順序保証とパーティション): 300 orders x 3 events, delivered by 1, 2 and 4
+//! concurrent relays, each unpartitioned and partitioned by `abs(hashtext(aggregate_id)) % N`.
+//! SKIP LOCKED hands different rows to different relays, so an order's events can overtake each
+//! other; partitioning keeps an aggregate on one relay and its order intact.
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use serde::Deserialize;
+
+use super::{Ctx, Outcome, CHILD_TIMEOUT};
+use crate::child::ChildEnd;
+use crate::consumer::{ConsumerKind, Faults};
+use crate::counts;
+use crate::relay::{Partition, RelayConfig};
+use crate::report::Table;
+use crate::writer::Ending;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    pub orders: u32,
+    pub events_per_order: u32,
+    /// Relay counts to try.
+    pub relays: Vec<u32>,
+    /// Rows per fetch: an order split across two batches is what two relays can reorder.
+    pub batch: i64,
+}
+
+pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
+    let mut outcome = Outcome::default();
+    let mut table = Table::new(
+        "ordering per relay configuration",
+        &[
+            "relays",
+            "partitioned",
+            "received",
+            "reversals",
+            "orders_out_of_order",
+            "elapsed_ms",
+        ],
+    );
+    for &relays in &params.relays {
+        if relays == 0 {
+            bail!("relays must be at least 1");
+        }
+        for partitioned in [false, true] {
+            let layout = if partitioned {
+                "partitioned"
+            } else {
+                "unpartitioned"
+            };
+            let name = format!("relays{relays}.{layout}");
+            let db = ctx.database(&format!("relays{relays}_{layout}")).await?;
+            let client = db.connect().await?;
+            let consumer = ctx
+                .start_consumer(&db, ConsumerKind::Naive, &Faults::default())
+                .await?;
+            ctx.writer(&db, params.orders, params.events_per_order, Ending::Commit)
+                .run(CHILD_TIMEOUT)
+                .await?
+                .expect(|e| *e == ChildEnd::Ok, "the writer")?;
+
+            let started = Instant::now();
+            let mut running = tokio::task::JoinSet::new();
+            for index in 0..relays {
+                let partition = partitioned.then_some(Partition {
+                    index,
+                    count: relays,
+                });
+                let config = RelayConfig {
+                    batch: params.batch,
+                    partition,
+                    ..RelayConfig::default()
+                };
+                let relay = ctx.relay(&db, &consumer.url, &index.to_string(), &config);
+                running.spawn(relay.run(CHILD_TIMEOUT));
+            }
+            while let Some(ended) = running.join_next().await {
+                ended??.expect(|e| *e == ChildEnd::Ok, "a relay")?;
+            }
+            let elapsed_ms = started.elapsed().as_millis() as i64;
+            consumer.stop().await?;
+
+            let received = counts::count(&client, counts::RECEIVED).await?;
+            let reversals = counts::one_row(&client, counts::REVERSALS).await?;
+            outcome.metrics.set_row(&name, &reversals);
+            outcome.metrics.set(format!("{name}.received"), received);
+            outcome
+                .metrics
+                .set(format!("{name}.elapsed_ms"), elapsed_ms);
+            table.push(vec![
+                relays.to_string(),
+                partitioned.to_string(),
+                received.to_string(),
+                reversals.get::<_, i64>("reversals").to_string(),
+                reversals.get::<_, i64>("orders_out_of_order").to_string(),
+                elapsed_ms.to_string(),
+            ]);
+        }
+    }
+    outcome.tables.push(table);
+    Ok(outcome)
+}

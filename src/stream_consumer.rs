@@ -1,0 +1,84 @@
+//! A consumer-group worker on a Redis Stream: reads with XREADGROUP (its own pending entries
+//! first, as a restarted or claiming worker must, then new ones), applies each event with the
+//! consumer's logic ([`consumer::apply`]) and XACKs. The stream is at-least-once too: a worker
+//! that dies before XACK leaves its entries pending, and another worker claims them.
+
+use anyhow::{anyhow, Result};
+use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamId, StreamReadOptions, StreamReadReply};
+use redis::AsyncCommands;
+use tokio_postgres::Client;
+
+use crate::consumer::{self, ConsumerKind};
+use crate::crash::{self, CrashPoint};
+use crate::event::Event;
+
+/// The article's consumer group.
+pub const GROUP: &str = "shipping";
+
+/// XREADGROUP start ids: "0" re-reads this worker's own pending entries, ">" reads new ones.
+const OWN_PENDING: &str = "0";
+const NEW_ENTRIES: &str = ">";
+
+pub struct StreamWorker {
+    pub redis: MultiplexedConnection,
+    pub db: Client,
+    pub stream: String,
+    pub name: String,
+    pub kind: ConsumerKind,
+}
+
+impl StreamWorker {
+    /// Processes up to `count` of its pending entries, then up to `count` new ones; returns how
+    /// many entries it applied.
+    pub async fn work(&mut self, count: usize) -> Result<usize> {
+        let mut applied = 0;
+        for start in [OWN_PENDING, NEW_ENTRIES] {
+            let entries = self.read(start, count).await?;
+            if entries.is_empty() {
+                continue;
+            }
+            for entry in &entries {
+                let event = event_of(&self.stream, entry)?;
+                consumer::apply(&mut self.db, self.kind, &event).await?;
+            }
+            crash::point(CrashPoint::StreamWorkerAfterApplyBeforeAck);
+            let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+            let _: i64 = self.redis.xack(&self.stream, GROUP, &ids).await?;
+            applied += entries.len();
+        }
+        Ok(applied)
+    }
+
+    async fn read(&mut self, start: &str, count: usize) -> Result<Vec<StreamId>> {
+        let options = StreamReadOptions::default()
+            .group(GROUP, &self.name)
+            .count(count);
+        let reply: Option<StreamReadReply> = self
+            .redis
+            .xread_options(&[&self.stream], &[start], &options)
+            .await?;
+        Ok(reply
+            .into_iter()
+            .flat_map(|r| r.keys)
+            .flat_map(|k| k.ids)
+            .collect())
+    }
+}
+
+/// The event an entry carries; the aggregate type is the stream's suffix.
+fn event_of(stream: &str, entry: &StreamId) -> Result<Event> {
+    let field = |name: &str| {
+        entry
+            .get::<String>(name)
+            .ok_or_else(|| anyhow!("stream entry {} has no {name}", entry.id))
+    };
+    Ok(Event {
+        event_id: field("event_id")?.parse()?,
+        outbox_id: Some(field("outbox_id")?.parse()?),
+        aggregate_type: stream.rsplit('.').next().unwrap_or_default().to_string(),
+        aggregate_id: field("aggregate_id")?,
+        event_type: field("event_type")?,
+        payload: serde_json::from_str(&field("payload")?)?,
+    })
+}
