@@ -71,41 +71,41 @@ pub struct History {
 }
 
 impl History {
-    /// The attempts in one process's log; a `sending` never answered is `info`: the process
-    /// died before it learned the outcome.
+    /// The attempts in one process's log. A sender announces each event (`sending`) before it
+    /// goes out, a batch at a time, and reports each answer (`sent`, `failed: ...`); an
+    /// announced event never answered is `info`: the process died before it learned the outcome.
     pub fn record_attempts(&mut self, process: &str, log: &str) {
-        let mut open: Option<String> = None;
-        let close = |history: &mut History, event: String, outcome, error| {
-            history.attempts.push(Attempt {
-                process: process.to_string(),
-                event,
-                outcome,
-                error,
-            })
-        };
+        let mut unanswered: Vec<&str> = Vec::new();
         for line in log.lines() {
             // Drop the `[relay NAME] ` prefix.
             let line = line.split_once("] ").map_or(line, |(_, rest)| rest);
-            if let Some(event) = line.strip_suffix(SENDING) {
-                if let Some(unanswered) = open.replace(event.to_string()) {
-                    close(self, unanswered, Outcome::Info, None);
-                }
+            let (event, outcome, error) = if let Some(event) = line.strip_suffix(SENDING) {
+                unanswered.push(event);
+                continue;
             } else if let Some(event) = line.strip_suffix(SENT) {
-                open = None;
-                close(self, event.to_string(), Outcome::Ok, None);
+                (event, Outcome::Ok, None)
             } else if let Some((event, error)) = line.split_once(FAILED) {
-                open = None;
-                close(
-                    self,
-                    event.to_string(),
-                    Outcome::of_error(error),
-                    Some(error.to_string()),
-                );
+                (event, Outcome::of_error(error), Some(error))
+            } else {
+                continue;
+            };
+            if let Some(i) = unanswered.iter().position(|e| *e == event) {
+                unanswered.remove(i);
             }
+            self.push_attempt(process, event, outcome, error);
         }
-        if let Some(unanswered) = open {
-            close(self, unanswered, Outcome::Info, None);
+        for event in unanswered {
+            self.push_attempt(process, event, Outcome::Info, None);
         }
+    }
+
+    fn push_attempt(&mut self, process: &str, event: &str, outcome: Outcome, error: Option<&str>) {
+        self.attempts.push(Attempt {
+            process: process.to_string(),
+            event: event.to_string(),
+            outcome,
+            error: error.map(str::to_string),
+        });
     }
 
     pub fn record_process(&mut self, process: &str, armed: Option<String>, end: String) {
@@ -145,11 +145,10 @@ mod tests {
         history.record_attempts(
             "relay0#1",
             "[relay r0] outbox id=1 sending\n[relay r0] outbox id=1 sent\n\
-             [relay r0] outbox id=2 sending\n\
+             [relay r0] outbox id=2 sending\n[relay r0] outbox id=3 sending\n\
+             [relay r0] outbox id=4 sending\n\
              [relay r0] outbox id=2 failed: POST x: client error (Connect): Connection refused\n\
-             [relay r0] outbox id=3 sending\n\
-             [relay r0] outbox id=3 failed: POST x: connection closed before message completed\n\
-             [relay r0] outbox id=4 sending\n",
+             [relay r0] outbox id=3 failed: POST x: connection closed before message completed\n",
         );
         let outcomes: Vec<(&str, Outcome)> = history
             .attempts
