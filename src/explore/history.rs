@@ -4,6 +4,7 @@
 //! request went out). Read from the senders' log lines, saved as one JSON line per run under
 //! `results/<run-id>/history/`, so that every verdict can be audited.
 
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::Path;
 
@@ -67,7 +68,7 @@ pub struct History {
     pub processes: Vec<Process>,
     pub attempts: Vec<Attempt>,
     /// Offending ids per violated invariant.
-    pub violations: serde_json::Map<String, serde_json::Value>,
+    pub violations: BTreeMap<String, Vec<String>>,
 }
 
 impl History {

@@ -135,9 +135,7 @@ impl Lab {
         let violations = checker::check(&self.client, stuck.as_deref()).await?;
         let mut history = history.into_inner().expect("not poisoned");
         for (invariant, ids) in violations {
-            history
-                .violations
-                .insert(invariant.name().to_string(), ids.into());
+            history.violations.insert(invariant.name().to_string(), ids);
         }
         history.elapsed_ms = started.elapsed().as_millis() as u64;
         Ok(history)
