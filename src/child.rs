@@ -21,6 +21,7 @@ use crate::consumer::{self, ConsumerKind, Faults};
 use crate::crash::{self, CrashPlan};
 use crate::db::Database;
 use crate::explore::actors;
+use crate::logging::{self, LogFormat};
 use crate::redis_server;
 use crate::relay::{Partition, Relay, RelayConfig, RelayDesign, Wakeup, RELAY_APPLICATION_NAME};
 use crate::sink::{HttpSink, Sink};
@@ -203,6 +204,7 @@ impl Role {
 pub async fn run_role(args: ChildArgs) -> Result<()> {
     // A child must not outlive the run that started it.
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+    logging::init(LogFormat::Text);
     if let Some(plan) = args.role.target().crash_at {
         crash::arm(plan);
     }
@@ -284,9 +286,10 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             db.application_name(format!("{RELAY_APPLICATION_NAME} {name}"));
             let sink = Sink::connect(&sink, in_flight, &stream_prefix).await?;
             let listen = matches!(follow, Some(Wakeup::Notify { .. }));
-            let mut relay = Relay::connect(&db, sink, config, Some(name), listen).await?;
+            let mut relay = Relay::connect(&db, sink, config, &name, listen).await?;
             match follow {
-                Some(wakeup) => relay.follow(wakeup).await?,
+                // Runs until the parent kills it.
+                Some(wakeup) => relay.follow(wakeup, std::future::pending()).await?,
                 None => drop(relay.run_until_drained().await?),
             }
         }
@@ -300,7 +303,9 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
         } => {
             let mut worker = StreamWorker {
                 redis: redis_server::connect(&redis_url).await?,
-                db: target.connect().await?,
+                db: consumer::pool(target.database().config()?, 1)?
+                    .get()
+                    .await?,
                 stream,
                 name: worker,
                 kind,
@@ -323,7 +328,17 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
                 delay: Duration::from_millis(delay_ms),
             };
             let config = target.database().config()?;
-            consumer::serve(listener, config, kind, faults, announce_listening).await?;
+            // Serves until the parent kills it.
+            let until_killed = std::future::pending();
+            consumer::serve(
+                listener,
+                config,
+                kind,
+                faults,
+                announce_listening,
+                until_killed,
+            )
+            .await?;
         }
         Role::ExploreWriter { target, args } => {
             actors::run_writer(&target.database(), args).await?

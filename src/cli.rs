@@ -2,20 +2,25 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::child::{self, ChildArgs};
+use crate::consumer::ConsumerKind;
 use crate::crash::CrashPoint;
 use crate::db::{self, PgServer, ServerChoice};
 use crate::explore::{self, ExploreArgs};
+use crate::logging::{self, LogFormat};
 use crate::partitions::{self, Action, Age};
 use crate::redis_server::Redis;
 use crate::relay;
+use crate::relay::{Partition, RelayConfig, Wakeup};
 use crate::report::{Report, Table};
 use crate::scenarios::{self, Overrides, Scenario};
+use crate::standalone::{self, RelayOptions};
 use crate::throwaway;
 
 /// Exit statuses, in one place.
@@ -85,11 +90,84 @@ A partition is pruned when its whole range ends at least that long ago (3d, 12h,
 Each one is checked first (SELECT count(*) ... WHERE published_at IS NULL, under a lock);
 exit status 0 even when one is kept: kept partitions are reported on stderr.")]
     Prune(PruneArgs),
+    /// Run a relay against your own database until SIGTERM or Ctrl-C (it finishes its batch).
+    #[command(after_help = "Examples:
+  outbox-lab relay --database-url postgres://user@host/shop --sink http://10.0.0.5:8080
+  outbox-lab relay --database-url postgres://user@host/shop --sink redis://10.0.0.6:6379 \\
+      --mode notify --partition 0/2 --metrics-listen 0.0.0.0:9187 --log-format json")]
+    Relay(RelayArgs),
+    /// Run the HTTP consumer against your own database until SIGTERM or Ctrl-C.
+    #[command(after_help = "Example:
+  outbox-lab consumer --listen 0.0.0.0:8080 --database-url postgres://user@host/shipping \\
+      --idempotent --create-schema")]
+    Consumer(ConsumerArgs),
     /// Stop and remove throwaway clusters left behind (--keep, or a killed run).
     Clean,
     /// A component in a child process (used by the scenarios).
     #[command(hide = true)]
     Child(ChildArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RelayMode {
+    /// Poll every --interval-ms.
+    Poll,
+    /// LISTEN for the outbox trigger's NOTIFY; poll every --interval-ms anyway (a fallback).
+    Notify,
+}
+
+#[derive(Debug, Args)]
+struct RelayArgs {
+    /// The database with the outbox table.
+    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+    database_url: String,
+    /// http://HOST:PORT (an outbox-lab consumer, POST /events) or redis://HOST:PORT (streams
+    /// outbox.event.<aggregate_type>).
+    #[arg(long)]
+    sink: String,
+    #[arg(long, value_enum, default_value = "poll")]
+    mode: RelayMode,
+    /// The poll interval, or the fallback poll with --mode notify.
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// i/N: only aggregates with abs(hashtext(aggregate_id)) % N = i (N relays, one each).
+    #[arg(long)]
+    partition: Option<Partition>,
+    /// Hold an aggregate's later events back while an earlier one is undelivered.
+    #[arg(long)]
+    guard: bool,
+    /// Rows per fetch.
+    #[arg(long, default_value_t = 100)]
+    batch: i64,
+    /// Aggregates delivered to at once over HTTP (per-aggregate order holds).
+    #[arg(long, default_value_t = 1)]
+    in_flight: usize,
+    /// Names the relay in logs, metrics and pg_stat_activity.
+    #[arg(long, default_value = "0")]
+    name: String,
+    /// Serve Prometheus metrics on ADDR/metrics.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Args)]
+struct ConsumerArgs {
+    /// Where to serve POST /events (port 0: any free port, printed at start).
+    #[arg(long)]
+    listen: std::net::SocketAddr,
+    /// The database with the consumer's tables (schema consumer).
+    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+    database_url: String,
+    /// Ship each event once, however often it arrives (dedup by event_id).
+    #[arg(long)]
+    idempotent: bool,
+    /// Create the consumer's tables if they are missing.
+    #[arg(long)]
+    create_schema: bool,
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -174,6 +252,53 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::CrashPoints => crash_points(),
         Command::Requeue { database_url } => requeue(&database_url).await,
         Command::Prune(args) => prune(args).await,
+        Command::Relay(args) => {
+            logging::init(args.log_format);
+            let interval = Duration::from_millis(args.interval_ms);
+            let options = RelayOptions {
+                database_url: args.database_url,
+                sink: args.sink,
+                name: args.name,
+                wakeup: match args.mode {
+                    RelayMode::Poll => Wakeup::Poll(interval),
+                    RelayMode::Notify => Wakeup::Notify { fallback: interval },
+                },
+                config: RelayConfig {
+                    batch: args.batch,
+                    partition: args.partition,
+                    head_of_line_guard: args.guard,
+                    ..RelayConfig::default()
+                },
+                in_flight: args.in_flight,
+                stream_prefix: String::new(),
+                metrics_listen: args.metrics_listen,
+            };
+            standalone::run_relay(options, async {
+                interrupted().await;
+            })
+            .await?;
+            Ok(ExitCode::from(exit::OK))
+        }
+        Command::Consumer(args) => {
+            logging::init(args.log_format);
+            let kind = if args.idempotent {
+                ConsumerKind::Idempotent
+            } else {
+                ConsumerKind::Naive
+            };
+            let shutdown = async {
+                interrupted().await;
+            };
+            standalone::run_consumer(
+                &args.database_url,
+                args.listen,
+                kind,
+                args.create_schema,
+                shutdown,
+            )
+            .await?;
+            Ok(ExitCode::from(exit::OK))
+        }
         Command::Clean => {
             for dir in throwaway::clean() {
                 println!("removed {}", dir.display());

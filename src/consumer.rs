@@ -2,18 +2,21 @@
 //!
 //! *Naive*: one shipment per delivery. *Idempotent*: records the event id in
 //! `consumer.processed_events` in the same transaction as the shipment, and answers 200 to a
-//! duplicate without shipping again. Every request is first written to `consumer.receipts`, so
-//! scenarios count deliveries from the database. Faults are injected here on request: answer 500
-//! to the next N requests, or to the first delivery of one outbox row.
+//! duplicate without shipping again. Every delivery is written to `consumer.receipts` in the
+//! transaction of its side effect, so scenarios count deliveries from the database. Faults are
+//! injected here on request: answer 500 to the next N requests, or to the first delivery of one
+//! outbox row (those requests are logged as receipts with `injected_fault`), or wait before
+//! answering (a slow sink).
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, Pool, RecyclingMethod};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -21,8 +24,9 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
+use tokio::task::JoinSet;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::NoTls;
 
 use crate::crash::{self, CrashPoint};
 use crate::event::Event;
@@ -31,15 +35,26 @@ pub const RECORD_RECEIPT: &str = "
 INSERT INTO consumer.receipts(event_id, outbox_id, order_id, event_type, injected_fault)
 VALUES ($1, $2, $3, $4, $5)";
 
-/// The idempotency check: a row only for the first delivery of an event.
-pub const MARK_PROCESSED: &str =
-    "INSERT INTO consumer.processed_events(event_id) VALUES ($1) ON CONFLICT DO NOTHING";
-
+/// The naive consumer's side effect: a shipment for every delivery.
 pub const CREATE_SHIPMENT: &str =
     "INSERT INTO consumer.shipments(order_id, event_id) VALUES ($1, $2)";
 
-/// Connections the consumer keeps open; enough for the relays of these scenarios.
-const POOL_SIZE: usize = 8;
+/// The idempotent consumer's side effect: the article's `INSERT INTO processed_events ... ON
+/// CONFLICT DO NOTHING` and, only if that inserted a row (the event's first delivery), the
+/// shipment; in one statement, so one round trip. Affects 1 row, or 0 for a duplicate.
+pub const SHIP_FIRST_DELIVERY: &str = "
+WITH first_delivery AS (
+  INSERT INTO consumer.processed_events(event_id) VALUES ($2)
+  ON CONFLICT DO NOTHING
+  RETURNING event_id)
+INSERT INTO consumer.shipments(order_id, event_id)
+SELECT $1, event_id FROM first_delivery";
+
+/// How long a stopping consumer waits for requests under way.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// Connections the consumer keeps open: as many as a relay sends requests at once.
+const POOL_SIZE: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ConsumerKind {
@@ -102,15 +117,9 @@ pub async fn serve(
     kind: ConsumerKind,
     faults: Faults,
     on_ready: impl FnOnce(std::net::SocketAddr),
+    shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-    let manager = Manager::from_config(
-        db,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager).max_size(POOL_SIZE).build()?;
+    let pool = pool(db, POOL_SIZE)?;
     // Fail now, not at the first request, if the database is unreachable.
     drop(
         pool.get()
@@ -126,10 +135,16 @@ pub async fn serve(
         delay: faults.delay,
     });
     on_ready(listener.local_addr()?);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
     loop {
-        let (stream, _) = listener.accept().await?;
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => accepted?,
+            () = &mut shutdown => break,
+        };
+        while connections.try_join_next().is_some() {} // reap closed connections
         let state = state.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let service = service_fn(move |request| handle(state.clone(), request));
             // A relay that dies mid-request ends its connection: nothing to report.
             let _ = http1::Builder::new()
@@ -137,6 +152,13 @@ pub async fn serve(
                 .await;
         });
     }
+    // Stopping: let requests under way finish (a keep-alive connection that stays idle is
+    // dropped after the bound), so no delivery is cut between its commit and its reply.
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    Ok(())
 }
 
 async fn handle(
@@ -163,15 +185,15 @@ async fn handle(
 
 /// Answers one delivery: an injected fault, or [`apply`]. `None` when a fault was injected.
 async fn handle_delivery(state: &State, event: &Event) -> Result<Option<&'static str>> {
-    let mut conn = state.pool.get().await?;
+    let conn = state.pool.get().await?;
     if state.inject_fault(event) {
         record_receipt(&conn, event, true).await?;
         return Ok(None);
     }
-    Ok(Some(apply(&mut conn, state.kind, event).await?))
+    Ok(Some(apply(&conn, state.kind, event).await?))
 }
 
-async fn record_receipt(client: &Client, event: &Event, injected_fault: bool) -> Result<()> {
+async fn record_receipt(client: &ClientWrapper, event: &Event, injected_fault: bool) -> Result<()> {
     let params: [&(dyn ToSql + Sync); 5] = [
         &event.event_id,
         &event.outbox_id,
@@ -179,33 +201,64 @@ async fn record_receipt(client: &Client, event: &Event, injected_fault: bool) ->
         &event.event_type,
         &injected_fault,
     ];
-    client.execute(RECORD_RECEIPT, &params).await?;
+    // Prepared once per pooled connection: a fresh prepare would cost a round trip per event.
+    let statement = client.prepare_cached(RECORD_RECEIPT).await?;
+    client.execute(&statement, &params).await?;
     Ok(())
 }
 
-/// Records the receipt, then the side effect: for every delivery (naive), or only for an
-/// event's first (idempotent, with the event id recorded in the same transaction). Used for
+/// One transaction: the receipt, and the side effect, for every delivery (naive) or only for
+/// an event's first (idempotent, with the event id recorded in the same transaction). BEGIN and
+/// the two statements go out together (pipelined): one round trip, then the COMMIT. Used for
 /// HTTP deliveries and for the Redis stream's workers alike.
-pub async fn apply(client: &mut Client, kind: ConsumerKind, event: &Event) -> Result<&'static str> {
-    record_receipt(client, event, false).await?;
-    let tx = client.transaction().await?;
-    let first_delivery = match kind {
-        ConsumerKind::Naive => true,
-        ConsumerKind::Idempotent => tx.execute(MARK_PROCESSED, &[&event.event_id]).await? == 1,
+pub async fn apply(
+    client: &ClientWrapper,
+    kind: ConsumerKind,
+    event: &Event,
+) -> Result<&'static str> {
+    let effect = match kind {
+        ConsumerKind::Naive => CREATE_SHIPMENT,
+        ConsumerKind::Idempotent => SHIP_FIRST_DELIVERY,
     };
-    if first_delivery {
-        tx.execute(CREATE_SHIPMENT, &[&event.aggregate_id, &event.event_id])
-            .await?;
-    }
+    let effect = client.prepare_cached(effect).await?;
+    let written = tokio::try_join!(
+        async { Ok(client.batch_execute("BEGIN").await?) },
+        record_receipt(client, event, false),
+        async {
+            Ok(client
+                .execute(&effect, &[&event.aggregate_id, &event.event_id])
+                .await?)
+        },
+    );
+    let shipped = match written {
+        Ok((_, _, shipped)) => shipped,
+        Err(e) => {
+            // The connection goes back to the pool: it must not stay inside the transaction.
+            let _ = client.batch_execute("ROLLBACK").await;
+            return Err(e);
+        }
+    };
     crash::point(CrashPoint::ConsumerAfterEffectBeforeCommit);
-    tx.commit().await?;
+    client.batch_execute("COMMIT").await?;
     crash::point(CrashPoint::ConsumerAfterCommitBeforeReply);
     // A duplicate is a success for the sender: an error would make the relay retry forever.
-    Ok(if first_delivery {
+    Ok(if shipped == 1 {
         "shipped"
     } else {
         "duplicate-ignored"
     })
+}
+
+/// A pool of connections to the consumer's database.
+pub fn pool(db: tokio_postgres::Config, size: usize) -> Result<Pool> {
+    let manager = Manager::from_config(
+        db,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Ok(Pool::builder(manager).max_size(size).build()?)
 }
 
 fn reply(status: StatusCode, text: &str) -> Response<Full<Bytes>> {

@@ -67,9 +67,9 @@ impl CrashPoint {
                 "relay::deliver_rows (lock and claim relays), relay::StoredWatermarkRelay"
             }
             CrashPoint::RelayAfterMarkBeforeCommit => {
-                "relay::Relay::deliver_locked_batch, relay::Relay::deliver_batch_marked_first"
+                "relay::Relay::deliver_locked_batch, relay::Relay::deliver_marked_first_batch"
             }
-            CrashPoint::RelayAfterMarkBeforeSend => "relay::Relay::deliver_batch_marked_first",
+            CrashPoint::RelayAfterMarkBeforeSend => "relay::Relay::deliver_marked_first_batch",
             CrashPoint::ConsumerAfterEffectBeforeCommit
             | CrashPoint::ConsumerAfterCommitBeforeReply => "consumer::apply",
             CrashPoint::StreamWorkerAfterApplyBeforeAck => "stream_consumer::StreamWorker::work",

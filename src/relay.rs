@@ -8,14 +8,17 @@
 //! ([`Wakeup`]). Two watermark relays ([`WatermarkRelay`], [`XidWatermarkRelay`]) remember how far
 //! they got instead of marking rows; the first one loses events (watermark-gap), the second shows
 //! how to make a watermark safe. For explore, two deliberately broken relays whose flaws its
-//! checker must catch: mark before send ([`Relay::deliver_batch_marked_first`]) and a stored
-//! watermark ([`StoredWatermarkRelay`]).
+//! checker must catch: [`RelayDesign::MarkBeforeSend`] and a stored watermark
+//! ([`StoredWatermarkRelay`]).
 
-use std::io::Write;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use tokio_postgres::{Client, GenericClient, Row, Transaction};
+use tokio_postgres::{Client, GenericClient, Row, Statement};
+use tracing::info;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_postgres::types::ToSql;
@@ -110,6 +113,16 @@ SELECT count(*),
  WHERE published_at IS NULL
    AND attempts < $1";
 
+/// What `/metrics` reports from the table: dead letters, and the age of the oldest row still
+/// to deliver (how far the relays lag behind).
+pub const BACKLOG: &str = "
+SELECT count(*) FILTER (WHERE attempts >= $1) AS dead_letters,
+       COALESCE(EXTRACT(EPOCH FROM clock_timestamp()
+                - min(created_at) FILTER (WHERE attempts < $1)), 0)::float8
+         AS oldest_unpublished_age_s
+  FROM outbox
+ WHERE published_at IS NULL";
+
 /// Rows that used up their attempts: no relay fetches them again until they are requeued.
 pub const DEAD_LETTERS: &str = "
 SELECT id, attempts, last_error
@@ -146,6 +159,8 @@ pub enum RelayDesign {
     Lock,
     /// A lease: `claimed_at`/`claimed_by` written and committed before delivering.
     Claim,
+    /// Broken on purpose (explore): mark the batch published and commit, then send.
+    MarkBeforeSend,
 }
 
 impl RelayDesign {
@@ -153,6 +168,7 @@ impl RelayDesign {
         match self {
             RelayDesign::Lock => "lock",
             RelayDesign::Claim => "claim",
+            RelayDesign::MarkBeforeSend => "mark-before-send",
         }
     }
 }
@@ -281,9 +297,14 @@ pub struct Relay {
     notifications: Option<UnboundedReceiver<Notification>>,
     sink: Sink,
     config: RelayConfig,
-    fetch: String,
-    /// Prints the article's log lines (`[relay 0] ...`) to stdout when set; children do.
-    log_name: Option<String>,
+    /// The fetch and the mark of this relay's design, prepared once per connection: a
+    /// statement prepared per query would cost a round trip on every batch.
+    fetch: Statement,
+    mark: Statement,
+    /// Names the relay in its log lines (`[relay 0] ...`) and its leases.
+    name: String,
+    /// What it delivered, for `/metrics`.
+    stats: Arc<RelayStats>,
     /// Claim design: the `claimed_by` of this relay's leases, unique to its process.
     claimant: String,
 }
@@ -294,7 +315,7 @@ impl Relay {
         db: &tokio_postgres::Config,
         sink: Sink,
         config: RelayConfig,
-        log_name: Option<String>,
+        name: &str,
         listen: bool,
     ) -> Result<Relay> {
         if config.design == RelayDesign::Claim
@@ -302,13 +323,12 @@ impl Relay {
         {
             bail!("the claim design takes no partition and no head-of-line guard");
         }
+        if config.design == RelayDesign::MarkBeforeSend && config.partition.is_some() {
+            bail!("the mark-before-send design takes no partition");
+        }
         let (client, notifications) = open_connection(db, listen).await?;
-        let fetch = fetch_statement(config.partition.is_some(), config.head_of_line_guard);
-        let claimant = format!(
-            "relay {}/pid {}",
-            log_name.as_deref().unwrap_or("-"),
-            std::process::id()
-        );
+        let (fetch, mark) = prepare(&client, &config).await?;
+        let claimant = format!("relay {name}/pid {}", std::process::id());
         Ok(Relay {
             db: db.clone(),
             client,
@@ -316,62 +336,97 @@ impl Relay {
             sink,
             config,
             fetch,
-            log_name,
+            mark,
+            name: name.to_string(),
+            stats: Arc::default(),
             claimant,
         })
     }
 
+    /// Its counters, shared with a `/metrics` endpoint.
+    pub fn stats(&self) -> Arc<RelayStats> {
+        self.stats.clone()
+    }
+
     /// Fetch, deliver and mark one batch, as the design says.
     pub async fn deliver_batch(&mut self) -> Result<BatchOutcome> {
-        match self.config.design {
-            RelayDesign::Lock => self.deliver_locked_batch().await,
-            RelayDesign::Claim => self.deliver_claimed_batch().await,
-        }
+        let outcome = match self.config.design {
+            RelayDesign::Lock => self.deliver_locked_batch().await?,
+            RelayDesign::Claim => self.deliver_claimed_batch().await?,
+            RelayDesign::MarkBeforeSend => self.deliver_marked_first_batch().await?,
+        };
+        self.stats
+            .delivered
+            .fetch_add(outcome.sent as u64, Ordering::Relaxed);
+        self.stats
+            .failed
+            .fetch_add(outcome.failed as u64, Ordering::Relaxed);
+        Ok(outcome)
     }
 
     /// The article's: fetch, deliver and mark in one transaction that holds the row locks.
     async fn deliver_locked_batch(&mut self) -> Result<BatchOutcome> {
-        let tx = self.client.transaction().await?;
-        let rows = fetch_due(&tx, &self.fetch, &self.config).await?;
-        let (outcome, delivered) = deliver_rows(
-            &self.sink,
-            &self.config,
-            self.log_name.as_deref(),
-            &tx,
-            &rows,
-        )
-        .await?;
+        let delivered = self.locked_batch().await;
+        if delivered.is_err() {
+            // The error ends this relay; leave the connection clean all the same.
+            let _ = self.client.batch_execute("ROLLBACK").await;
+        }
+        delivered
+    }
+
+    /// BEGIN and the fetch go out together (one round trip, not two): on an idle relay woken by
+    /// NOTIFY, every round trip is latency.
+    async fn locked_batch(&mut self) -> Result<BatchOutcome> {
+        let (index, count) = self
+            .config
+            .partition
+            .map_or((0, 1), |p| (p.index as i32, p.count as i32));
+        let all: [&(dyn ToSql + Sync); 4] = [
+            &self.config.max_attempts,
+            &self.config.batch,
+            &index,
+            &count,
+        ];
+        let params = if self.config.partition.is_some() {
+            &all[..]
+        } else {
+            &all[..2]
+        };
+        let (_, rows) = tokio::try_join!(
+            self.client.batch_execute("BEGIN"),
+            self.client.query(&self.fetch, params),
+        )?;
+        let (outcome, delivered) =
+            deliver_rows(&self.sink, &self.config, &self.name, &self.client, &rows).await?;
         if !delivered.is_empty() {
-            tx.execute(MARK_PUBLISHED, &[&delivered]).await?;
+            self.client.execute(&self.mark, &[&delivered]).await?;
             crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
         }
-        tx.commit().await?;
+        self.client.batch_execute("COMMIT").await?;
         Ok(outcome)
     }
 
-    /// The broken order (mark-before-send): mark the batch published and commit, then send. A
-    /// crash or a failed send after the commit loses the events: nothing sends them again.
-    pub async fn deliver_batch_marked_first(&mut self) -> Result<BatchOutcome> {
-        let tx = self.client.transaction().await?;
-        let rows = fetch_due(&tx, &self.fetch, &self.config).await?;
+    /// Broken on purpose (mark-before-send): fetch, mark published and COMMIT, then send. A crash
+    /// or a failed send after the commit loses the events: nothing sends them again. (An error
+    /// before the COMMIT ends the relay, and its session, which rolls back.)
+    async fn deliver_marked_first_batch(&mut self) -> Result<BatchOutcome> {
+        let params: [&(dyn ToSql + Sync); 2] = [&self.config.max_attempts, &self.config.batch];
+        let (_, rows) = tokio::try_join!(
+            self.client.batch_execute("BEGIN"),
+            self.client.query(&self.fetch, &params),
+        )?;
         let ids: Vec<i64> = rows.iter().map(|r| r.get("id")).collect();
         if !ids.is_empty() {
-            tx.execute(MARK_PUBLISHED, &[&ids]).await?;
+            self.client.execute(&self.mark, &[&ids]).await?;
             crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
         }
-        tx.commit().await?;
+        self.client.batch_execute("COMMIT").await?;
         if !rows.is_empty() {
             crash::point(CrashPoint::RelayAfterMarkBeforeSend);
         }
         // A failed send is recorded (attempts, last_error) on a row already marked published.
-        let (outcome, _) = deliver_rows(
-            &self.sink,
-            &self.config,
-            self.log_name.as_deref(),
-            &self.client,
-            &rows,
-        )
-        .await?;
+        let (outcome, _) =
+            deliver_rows(&self.sink, &self.config, &self.name, &self.client, &rows).await?;
         Ok(outcome)
     }
 
@@ -393,21 +448,15 @@ impl Relay {
             &self.claimant,
             &lease_ms,
         ];
-        let mut rows = self.client.query(CLAIM_BATCH, &params).await?;
+        let mut rows = self.client.query(&self.fetch, &params).await?;
         // UPDATE ... RETURNING has no order; deliver oldest first, as the lock design does.
         rows.sort_by_key(|row| row.get::<_, i64>("id"));
         // A failed row keeps its claim: it is retried once both its backoff and the lease ran out.
-        let (outcome, delivered) = deliver_rows(
-            &self.sink,
-            &self.config,
-            self.log_name.as_deref(),
-            &self.client,
-            &rows,
-        )
-        .await?;
+        let (outcome, delivered) =
+            deliver_rows(&self.sink, &self.config, &self.name, &self.client, &rows).await?;
         if !delivered.is_empty() {
             self.client
-                .execute(MARK_CLAIMED_PUBLISHED, &[&delivered, &self.claimant])
+                .execute(&self.mark, &[&delivered, &self.claimant])
                 .await?;
         }
         Ok(outcome)
@@ -429,10 +478,7 @@ impl Relay {
                 .await?;
             let (pending, due_in_ms): (i64, f64) = (row.get(0), row.get(1));
             if pending == 0 {
-                log_line(
-                    self.log_name.as_deref(),
-                    format_args!("exit. sent_total={sent_total}"),
-                );
+                info!(relay = %self.name, "exit. sent_total={sent_total}");
                 return Ok(sent_total);
             }
             if started.elapsed() > self.config.deadline {
@@ -452,17 +498,38 @@ impl Relay {
         }
     }
 
-    /// Delivers what arrives, waking up as `wakeup` says, until the process is stopped.
-    pub async fn follow(&mut self, wakeup: Wakeup) -> Result<()> {
+    /// Delivers what arrives, waking up as `wakeup` says, until `shutdown` resolves. A batch
+    /// under way is always finished (sent, marked, committed) first: stopping loses nothing and
+    /// sends nothing twice.
+    pub async fn follow(
+        &mut self,
+        wakeup: Wakeup,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<()> {
+        tokio::pin!(shutdown);
         loop {
             let outcome = self.deliver_batch().await?;
-            if outcome.fetched as i64 >= self.config.batch {
-                continue; // more may be waiting
+            let more_waiting = outcome.fetched as i64 >= self.config.batch;
+            tokio::select! {
+                biased;
+                () = &mut shutdown => {
+                    info!(relay = %self.name, "stopping after its last batch");
+                    return Ok(());
+                }
+                waited = self.wait(wakeup, more_waiting) => waited?,
             }
-            match wakeup {
-                Wakeup::Poll(every) => tokio::time::sleep(every).await,
-                Wakeup::Notify { fallback } => self.wait_for_notify(fallback).await?,
+        }
+    }
+
+    /// Until the next fetch: none if more rows are waiting, else as `wakeup` says.
+    async fn wait(&mut self, wakeup: Wakeup, more_waiting: bool) -> Result<()> {
+        match wakeup {
+            _ if more_waiting => Ok(()),
+            Wakeup::Poll(every) => {
+                tokio::time::sleep(every).await;
+                Ok(())
             }
+            Wakeup::Notify { fallback } => self.wait_for_notify(fallback).await,
         }
     }
 
@@ -475,11 +542,9 @@ impl Relay {
                 while notifications.try_recv().is_ok() {}
             }
             Ok(None) => {
-                log_line(
-                    self.log_name.as_deref(),
-                    format_args!("connection lost, listening again"),
-                );
+                info!(relay = %self.name, "connection lost, listening again");
                 let (client, notifications) = open_connection(&self.db, true).await?;
+                (self.fetch, self.mark) = prepare(&client, &self.config).await?;
                 self.client = client;
                 self.notifications = notifications;
             }
@@ -487,6 +552,18 @@ impl Relay {
         }
         Ok(())
     }
+}
+
+/// The design's fetch and mark, prepared on `client`.
+async fn prepare(client: &Client, config: &RelayConfig) -> Result<(Statement, Statement)> {
+    let (fetch, mark) = match config.design {
+        RelayDesign::Lock | RelayDesign::MarkBeforeSend => (
+            fetch_statement(config.partition.is_some(), config.head_of_line_guard),
+            MARK_PUBLISHED,
+        ),
+        RelayDesign::Claim => (CLAIM_BATCH.to_string(), MARK_CLAIMED_PUBLISHED),
+    };
+    Ok((client.prepare(&fetch).await?, client.prepare(mark).await?))
 }
 
 /// A connection, LISTENing when asked.
@@ -504,23 +581,6 @@ async fn open_connection(
     Ok((client, Some(notifications)))
 }
 
-/// The due rows of the relay's fetch (with its partition's parameters, if it has one).
-async fn fetch_due(tx: &Transaction<'_>, fetch: &str, config: &RelayConfig) -> Result<Vec<Row>> {
-    let rows = match config.partition {
-        None => {
-            tx.query(fetch, &[&config.max_attempts, &config.batch])
-                .await?
-        }
-        Some(p) => {
-            let (index, count) = (p.index as i32, p.count as i32);
-            let params: [&(dyn ToSql + Sync); 4] =
-                [&config.max_attempts, &config.batch, &index, &count];
-            tx.query(fetch, &params).await?
-        }
-    };
-    Ok(rows)
-}
-
 /// Sends the fetched rows through the sink; a failure is recorded (with its backoff) through
 /// `db`. Returns the ids delivered, for the mark. With `log_attempts`, every event is logged
 /// `sending` before the batch goes out and `sent` as soon as it is known delivered: an event
@@ -528,7 +588,7 @@ async fn fetch_due(tx: &Transaction<'_>, fetch: &str, config: &RelayConfig) -> R
 async fn deliver_rows(
     sink: &Sink,
     config: &RelayConfig,
-    log_name: Option<&str>,
+    name: &str,
     db: &impl GenericClient,
     rows: &[Row],
 ) -> Result<(BatchOutcome, Vec<i64>)> {
@@ -541,15 +601,18 @@ async fn deliver_rows(
     }
     crash::point(CrashPoint::RelayAfterFetchBeforeSend);
     let events: Vec<Event> = rows.iter().map(Event::from_outbox_row).collect();
-    let trace = log_name.filter(|_| config.log_attempts);
-    for event in &events {
-        let id = event.outbox_id.expect("outbox rows have ids");
-        log_line(trace, format_args!("outbox id={id} sending"));
+    if config.log_attempts {
+        for event in &events {
+            let id = event.outbox_id.expect("outbox rows have ids");
+            info!(relay = %name, "outbox id={id} sending");
+        }
     }
     let results = sink
         .deliver(&events, |event| {
-            let id = event.outbox_id.expect("outbox rows have ids");
-            log_line(trace, format_args!("outbox id={id} sent"));
+            if config.log_attempts {
+                let id = event.outbox_id.expect("outbox rows have ids");
+                info!(relay = %name, "outbox id={id} sent");
+            }
             crash::point(CrashPoint::RelayAfterSendBeforeMark)
         })
         .await;
@@ -560,7 +623,7 @@ async fn deliver_rows(
             Ok(()) => delivered.push(id),
             Err(e) => {
                 let error = format!("{e:#}");
-                log_line(log_name, format_args!("outbox id={id} failed: {error}"));
+                info!(relay = %name, "outbox id={id} failed: {error}");
                 let base_ms = config.backoff_base.as_secs_f64() * 1000.0;
                 db.execute(MARK_FAILED, &[&id, &error, &base_ms]).await?;
                 outcome.failed += 1;
@@ -571,13 +634,11 @@ async fn deliver_rows(
     Ok((outcome, delivered))
 }
 
-/// The article's relay log line (`[relay 0] ...`), for relays that have a name.
-fn log_line(name: Option<&str>, line: std::fmt::Arguments<'_>) {
-    if let Some(name) = name {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "[relay {name}] {line}");
-        let _ = out.flush();
-    }
+/// A relay's counters since it started.
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    pub delivered: AtomicU64,
+    pub failed: AtomicU64,
 }
 
 /// Delivers rows after the highest id it has seen, and never looks back.
@@ -685,22 +746,20 @@ impl StoredWatermarkRelay {
             .client
             .query(FETCH_AFTER_WATERMARK, &[&last_seen])
             .await?;
-        let log_name = Some(self.name.as_str());
+        let name = &self.name;
         let mut delivered = 0;
         for row in &rows {
             let event = Event::from_outbox_row(row);
             let id = event.outbox_id.expect("outbox rows have ids");
             crash::point(CrashPoint::RelayAfterFetchBeforeSend);
-            log_line(log_name, format_args!("outbox id={id} sending"));
+            info!(relay = %name, "outbox id={id} sending");
             if let Err(e) = self.sink.send(&event).await {
-                log_line(log_name, format_args!("outbox id={id} failed: {e:#}"));
+                info!(relay = %name, "outbox id={id} failed: {e:#}");
                 break;
             }
-            log_line(log_name, format_args!("outbox id={id} sent"));
+            info!(relay = %name, "outbox id={id} sent");
             crash::point(CrashPoint::RelayAfterSendBeforeMark);
-            self.client
-                .execute(SAVE_WATERMARK, &[&self.name, &id])
-                .await?;
+            self.client.execute(SAVE_WATERMARK, &[name, &id]).await?;
             delivered += 1;
         }
         Ok(delivered)

@@ -4,9 +4,8 @@
 use anyhow::{Context, Result};
 use tokio_postgres::Client;
 
-/// The article's tables, column for column, plus the consumer's receipt log that the article
-/// printed as "受信ログ".
-pub const CREATE: &str = r#"
+/// The article's tables, column for column: the business table and the outbox.
+pub const CREATE_OUTBOX: &str = r#"
 CREATE TABLE orders (
   id          bigserial   PRIMARY KEY,
   customer_id bigint      NOT NULL,
@@ -29,10 +28,15 @@ CREATE TABLE outbox (
 );
 -- only the undelivered rows: the relay's fetch stays small however much is published
 CREATE INDEX outbox_unpublished_idx ON outbox (id) WHERE published_at IS NULL;
+"#;
 
+/// The consumer's side (another service's database, in production): the receipt log the
+/// article printed as "受信ログ", the processed events, the shipments.
+pub const CREATE_CONSUMER: &str = r#"
 CREATE SCHEMA consumer;
 
--- every HTTP request that reached the consumer, answered or not
+-- every delivery the consumer processed (in the transaction of its side effect), and every
+-- request it answered with an injected fault
 CREATE TABLE consumer.receipts (
   seq            bigserial   PRIMARY KEY,
   event_id       uuid        NOT NULL,
@@ -96,9 +100,28 @@ pub const NO_AUTOVACUUM: &str = "ALTER TABLE outbox SET (autovacuum_enabled = of
 pub const ADD_CLAIM_COLUMNS: &str =
     "ALTER TABLE outbox ADD COLUMN claimed_at timestamptz, ADD COLUMN claimed_by text";
 
+/// Both sides, in a scenario's fresh database.
 pub async fn create(client: &Client) -> Result<()> {
     client
-        .batch_execute(CREATE)
+        .batch_execute(CREATE_OUTBOX)
         .await
-        .context("cannot create the schema")
+        .context("cannot create the outbox tables")?;
+    client
+        .batch_execute(CREATE_CONSUMER)
+        .await
+        .context("cannot create the consumer's tables")
+}
+
+/// Whether a table exists (`schema.table` or a table on the search path).
+pub async fn has_table(client: &Client, name: &str) -> Result<bool> {
+    let row = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+        .await?;
+    Ok(row.get(0))
+}
+
+/// Whether the NOTIFY trigger is installed on the outbox.
+pub async fn has_notify_trigger(client: &Client) -> Result<bool> {
+    let exists = "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'outbox_notify_trg')";
+    Ok(client.query_one(exists, &[]).await?.get(0))
 }

@@ -7,7 +7,6 @@ use anyhow::{anyhow, Result};
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamId, StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands;
-use tokio_postgres::Client;
 
 use crate::consumer::{self, ConsumerKind};
 use crate::crash::{self, CrashPoint};
@@ -22,7 +21,8 @@ const NEW_ENTRIES: &str = ">";
 
 pub struct StreamWorker {
     pub redis: MultiplexedConnection,
-    pub db: Client,
+    /// A pooled connection, so the consumer's logic prepares its statements once.
+    pub db: deadpool_postgres::Object,
     pub stream: String,
     pub name: String,
     pub kind: ConsumerKind,
@@ -40,7 +40,7 @@ impl StreamWorker {
             }
             for entry in &entries {
                 let event = event_of(&self.stream, entry)?;
-                consumer::apply(&mut self.db, self.kind, &event).await?;
+                consumer::apply(&self.db, self.kind, &event).await?;
             }
             crash::point(CrashPoint::StreamWorkerAfterApplyBeforeAck);
             let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();

@@ -44,11 +44,6 @@ fn unknown_scenario_lists_the_known_ones() {
 }
 
 #[test]
-fn catalogued_but_unbuilt_scenario_says_so() {
-    assert_usage_error(&run(&["scenario", "notify-latency"]), "not implemented yet");
-}
-
-#[test]
 fn malformed_database_url() {
     let run = run(&[
         "scenario",

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::designs::RelayVariant;
 use crate::db::Database;
-use crate::relay::{Relay, RelayConfig, StoredWatermarkRelay};
+use crate::relay::{Relay, RelayConfig, RelayDesign, StoredWatermarkRelay};
 use crate::sink::{HttpSink, Sink};
 use crate::writer::{self, DualWriteOrder, Ending};
 
@@ -124,6 +124,10 @@ pub async fn run_relay(db: &Database, args: RelayArgs) -> Result<()> {
         }
         variant => {
             let config = RelayConfig {
+                design: match variant {
+                    RelayVariant::MarkFirst => RelayDesign::MarkBeforeSend,
+                    _ => RelayDesign::Lock,
+                },
                 batch: args.batch,
                 max_attempts: args.max_attempts,
                 backoff_base: Duration::from_millis(args.backoff_ms),
@@ -131,10 +135,9 @@ pub async fn run_relay(db: &Database, args: RelayArgs) -> Result<()> {
                 log_attempts: true,
                 ..RelayConfig::default()
             };
-            let name = Some(args.name.clone());
             let relay =
-                Relay::connect(&db.config()?, Sink::Http(sink), config, name, false).await?;
-            Variant::Locking(Box::new(relay), variant)
+                Relay::connect(&db.config()?, Sink::Http(sink), config, &args.name, false).await?;
+            Variant::Locking(Box::new(relay))
         }
     };
     let deadline = Duration::from_millis(args.deadline_ms);
@@ -158,7 +161,8 @@ pub async fn run_relay(db: &Database, args: RelayArgs) -> Result<()> {
 
 /// The relay variants, behind one loop.
 enum Variant {
-    Locking(Box<Relay>, RelayVariant),
+    /// The article's relay, in the design the variant asks for.
+    Locking(Box<Relay>),
     Watermark(Box<StoredWatermarkRelay>),
 }
 
@@ -166,17 +170,14 @@ impl Variant {
     /// One pass; how many rows it moved (fetched, or delivered for the watermark relay).
     async fn pass(&mut self) -> Result<usize> {
         Ok(match self {
-            Variant::Locking(relay, RelayVariant::MarkFirst) => {
-                relay.deliver_batch_marked_first().await?.fetched
-            }
-            Variant::Locking(relay, _) => relay.deliver_batch().await?.fetched,
+            Variant::Locking(relay) => relay.deliver_batch().await?.fetched,
             Variant::Watermark(relay) => relay.deliver_new().await?,
         })
     }
 
     async fn pending(&self) -> Result<i64> {
         match self {
-            Variant::Locking(relay, _) => relay.pending().await,
+            Variant::Locking(relay) => relay.pending().await,
             Variant::Watermark(relay) => relay.pending().await,
         }
     }

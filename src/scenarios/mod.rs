@@ -7,6 +7,7 @@ pub mod claim_vs_lock;
 pub mod cleanup;
 pub mod dual_write;
 pub mod multi_relay_ordering;
+pub mod notify_latency;
 pub mod ordering_on_failure;
 pub mod outbox_atomicity;
 pub mod partial_index;
@@ -45,15 +46,13 @@ pub enum Scenario {
     RelayCrash,
     MultiRelayOrdering,
     OrderingOnFailure,
+    NotifyLatency,
     BatchThroughput,
     RedisStream,
     WatermarkGap,
     ClaimVsLock,
     Cleanup,
 }
-
-/// Catalogue entries (SCENARIOS.md) not built yet, so that asking for one says so.
-const PLANNED: &[&str] = &["notify-latency"];
 
 impl Scenario {
     /// In the article's order.
@@ -65,6 +64,7 @@ impl Scenario {
         Scenario::RelayCrash,
         Scenario::MultiRelayOrdering,
         Scenario::OrderingOnFailure,
+        Scenario::NotifyLatency,
         Scenario::BatchThroughput,
         Scenario::RedisStream,
         Scenario::WatermarkGap,
@@ -81,6 +81,7 @@ impl Scenario {
             Scenario::WatermarkGap => "watermark-gap",
             Scenario::OrderingOnFailure => "ordering-on-failure",
             Scenario::RedisStream => "redis-stream",
+            Scenario::NotifyLatency => "notify-latency",
             Scenario::BatchThroughput => "batch-throughput",
             Scenario::MultiRelayOrdering => "multi-relay-ordering",
             Scenario::PartialIndex => "partial-index",
@@ -99,6 +100,7 @@ impl Scenario {
             Scenario::WatermarkGap => include_str!("../../scenarios/watermark-gap.toml"),
             Scenario::OrderingOnFailure => include_str!("../../scenarios/ordering-on-failure.toml"),
             Scenario::RedisStream => include_str!("../../scenarios/redis-stream.toml"),
+            Scenario::NotifyLatency => include_str!("../../scenarios/notify-latency.toml"),
             Scenario::BatchThroughput => include_str!("../../scenarios/batch-throughput.toml"),
             Scenario::MultiRelayOrdering => {
                 include_str!("../../scenarios/multi-relay-ordering.toml")
@@ -115,9 +117,6 @@ impl Scenario {
         }
         let known: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
         let known = known.join(", ");
-        if PLANNED.contains(&name) {
-            bail!("scenario '{name}' is in the catalogue but not implemented yet; implemented: {known}");
-        }
         bail!("unknown scenario '{name}'; known: {known} (or all)")
     }
 
@@ -155,6 +154,7 @@ enum Params {
     OrderingOnFailure(ordering_on_failure::Params),
     BatchThroughput(batch_throughput::Params),
     RedisStream(redis_stream::Params),
+    NotifyLatency(notify_latency::Params),
     WatermarkGap(watermark_gap::Params),
     PartialIndex(partial_index::Params),
     Cleanup(cleanup::Params),
@@ -192,6 +192,7 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
         Scenario::WatermarkGap => Params::WatermarkGap(spec.params(&params)?),
         Scenario::OrderingOnFailure => Params::OrderingOnFailure(spec.params(&params)?),
         Scenario::RedisStream => Params::RedisStream(spec.params(&params)?),
+        Scenario::NotifyLatency => Params::NotifyLatency(spec.params(&params)?),
         Scenario::BatchThroughput => Params::BatchThroughput(spec.params(&params)?),
         Scenario::MultiRelayOrdering => Params::MultiRelayOrdering(spec.params(&params)?),
         Scenario::PartialIndex => Params::PartialIndex(spec.params(&params)?),
@@ -387,6 +388,7 @@ pub async fn run(server: &PgServer, redis: &Redis, prepared: &Prepared) -> Resul
         Params::WatermarkGap(p) => watermark_gap::run(&ctx, p).await,
         Params::OrderingOnFailure(p) => ordering_on_failure::run(&ctx, p).await,
         Params::RedisStream(p) => redis_stream::run(&ctx, p).await,
+        Params::NotifyLatency(p) => notify_latency::run(&ctx, p).await,
         Params::BatchThroughput(p) => batch_throughput::run(&ctx, p).await,
         Params::MultiRelayOrdering(p) => multi_relay_ordering::run(&ctx, p).await,
         Params::PartialIndex(p) => partial_index::run(&ctx, p).await,

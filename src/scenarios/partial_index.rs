@@ -28,7 +28,7 @@ pub struct Params {
     pub payload_padding: usize,
 }
 
-/// The article's partial index, as `schema::CREATE` names it.
+/// The article's partial index, as `schema::CREATE_OUTBOX` names it.
 const PARTIAL_INDEX: &str = "outbox_unpublished_idx";
 
 const DROP_PARTIAL_INDEX: &str = "DROP INDEX outbox_unpublished_idx";

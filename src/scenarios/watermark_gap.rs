@@ -81,7 +81,7 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
                     &db.config()?,
                     Sink::Http(sink.clone()),
                     RelayConfig::default(),
-                    None,
+                    "published_at",
                     false,
                 )
                 .await?,

@@ -1,0 +1,77 @@
+//! The actors' log lines. Events carry the actor as a field (`relay = "0"`); a process with no
+//! subscriber (the scenario runner itself) prints none. Text is the article's form,
+//! `[relay 0] outbox id=1 failed: HTTP 500`, which scenarios read back from their children;
+//! `--log-format json` gives one JSON object per line for log collectors.
+
+use std::fmt;
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// The fields that name an actor, in the order they are looked for.
+const ACTORS: [&str; 2] = ["relay", "consumer"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// `[relay 0] message`, as the article prints it.
+    #[default]
+    Text,
+    /// One JSON object per line: timestamp, level, fields.
+    Json,
+}
+
+/// Installs the subscriber that prints the actors' events on stdout.
+pub fn init(format: LogFormat) {
+    let builder = tracing_subscriber::fmt().with_writer(std::io::stdout);
+    // A second init (not expected) keeps the first subscriber.
+    let _ = match format {
+        LogFormat::Text => builder.event_format(ArticleLine).try_init(),
+        LogFormat::Json => builder.json().with_current_span(false).try_init(),
+    };
+}
+
+/// `[relay 0] message`.
+struct ArticleLine;
+
+impl<S, N> FormatEvent<S, N> for ArticleLine
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        match fields.actor {
+            Some((actor, name)) => writeln!(writer, "[{actor} {name}] {}", fields.message),
+            None => writeln!(writer, "{}", fields.message),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Fields {
+    actor: Option<(&'static str, String)>,
+    message: String,
+}
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.record_str(field, &format!("{value:?}"));
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.message = value.to_string();
+        } else if let Some(actor) = ACTORS.into_iter().find(|a| *a == field.name()) {
+            self.actor = Some((actor, value.to_string()));
+        }
+    }
+}

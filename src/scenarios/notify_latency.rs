@@ -1,0 +1,196 @@
+//! notify-latency (配送遅延とスループットの実測): orders written every 200 ms (on average), and
+//! the delay from the outbox row's created_at to the consumer's received_at, for a relay polling
+//! every 1000 ms, every 100 ms, and one woken by LISTEN/NOTIFY (statement trigger, 1 s fallback
+//! poll). Then what each costs the database while nothing happens (transactions in idle
+//! seconds), and what the NOTIFY trigger costs writers (notifying commits queue up).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use hdrhistogram::Histogram;
+use serde::Deserialize;
+
+use super::{Ctx, Outcome, CHILD_TIMEOUT};
+use crate::child::ChildEnd;
+use crate::consumer::{ConsumerKind, Faults};
+use crate::counts;
+use crate::relay::{RelayConfig, Wakeup};
+use crate::report::Table;
+use crate::schema;
+use crate::writer::Ending;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    pub orders: u32,
+    /// Average gap between orders.
+    pub interval_ms: u64,
+    /// Chooses the (reproducible) shifts of the write times around the average gap.
+    pub seed: u64,
+    pub poll_intervals_ms: Vec<u64>,
+    pub notify_fallback_ms: u64,
+    /// How long each relay is watched with nothing to do.
+    pub idle_ms: u64,
+    /// Concurrent writers for the trigger's cost, and how long they write.
+    pub tps_writers: u32,
+    pub tps_duration_ms: u64,
+}
+
+/// Latencies are recorded in microseconds, up to a minute, to 3 significant digits.
+const HISTOGRAM_MAX_US: u64 = 60_000_000;
+/// A follow-mode relay runs until the scenario stops it; this only bounds a hang.
+const RELAY_LIFETIME: Duration = Duration::from_secs(600);
+/// Time for ended sessions to report their statistics before idle transactions are counted.
+const STATS_SETTLE: Duration = Duration::from_millis(1500);
+/// Time for a relay to connect (and LISTEN) before the first order is written.
+const RELAY_STARTUP: Duration = Duration::from_millis(500);
+
+pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
+    let mut outcome = Outcome::default();
+    let mut table = Table::new(
+        format!(
+            "latency of {} orders, ~{} ms apart (created_at -> received_at)",
+            params.orders, params.interval_ms
+        ),
+        &[
+            "relay",
+            "p50_ms",
+            "p99_ms",
+            "max_ms",
+            "idle transactions per 10 s",
+        ],
+    );
+    let mut modes: Vec<(String, Wakeup)> = params
+        .poll_intervals_ms
+        .iter()
+        .map(|&ms| (format!("poll{ms}"), Wakeup::Poll(Duration::from_millis(ms))))
+        .collect();
+    let fallback = Duration::from_millis(params.notify_fallback_ms);
+    modes.push(("notify".into(), Wakeup::Notify { fallback }));
+    for (name, wakeup) in modes {
+        let row = measure_mode(ctx, params, &name, wakeup, &mut outcome).await?;
+        table.push(row);
+    }
+    outcome.tables.push(table);
+    writer_throughput(ctx, params, &mut outcome).await?;
+    Ok(outcome)
+}
+
+/// One relay mode: latencies while orders arrive, then transactions while idle.
+async fn measure_mode(
+    ctx: &Ctx<'_>,
+    params: &Params,
+    name: &str,
+    wakeup: Wakeup,
+    outcome: &mut Outcome,
+) -> Result<Vec<String>> {
+    let db = ctx.database(name).await?;
+    let client = db.connect().await?;
+    if matches!(wakeup, Wakeup::Notify { .. }) {
+        client.batch_execute(schema::NOTIFY_TRIGGER).await?;
+    }
+    let consumer = ctx
+        .start_consumer(&db, ConsumerKind::Naive, &Faults::default())
+        .await?;
+    let relay = ctx
+        .relay(&db, &consumer.url, "0", &RelayConfig::default())
+        .arg("follow", wakeup);
+    let relay = tokio::spawn(relay.run(RELAY_LIFETIME));
+    tokio::time::sleep(RELAY_STARTUP).await;
+
+    ctx.writer(&db, params.orders, 1, Ending::Commit)
+        .arg("interval-ms", params.interval_ms)
+        .arg("seed", params.seed)
+        .run(CHILD_TIMEOUT)
+        .await?
+        .expect(|e| *e == ChildEnd::Ok, "the writer")?;
+    let deadline = Instant::now() + CHILD_TIMEOUT;
+    while counts::count(&client, counts::RECEIVED).await? < i64::from(params.orders) {
+        if relay.is_finished() || Instant::now() > deadline {
+            let ended = match relay.await {
+                Ok(Ok(run)) => run.end.to_string(),
+                Ok(Err(e)) => format!("{e:#}"),
+                Err(e) => e.to_string(),
+            };
+            bail!("the {name} relay did not deliver every order: {ended}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let mut histogram = Histogram::<u64>::new_with_bounds(1, HISTOGRAM_MAX_US, 3)?;
+    for row in client.query(counts::LATENCIES_MS, &[]).await? {
+        let latency_us = (row.get::<_, f64>(0) * 1000.0).round().max(1.0) as u64;
+        histogram.saturating_record(latency_us);
+    }
+    let ms = |us: u64| (us as f64 / 10.0).round() / 100.0;
+    let (p50, p99, max) = (
+        ms(histogram.value_at_quantile(0.5)),
+        ms(histogram.value_at_quantile(0.99)),
+        ms(histogram.max()),
+    );
+
+    // Nothing arrives now: every transaction is the relay looking for work. A backend that
+    // reported statistics less than a second ago holds the rest back for up to 10 s: stop the
+    // consumer (its sessions report as they end) and let that settle before counting.
+    consumer.stop().await?;
+    tokio::time::sleep(STATS_SETTLE).await;
+    let before = counts::count(&client, counts::XACT_COMMIT).await?;
+    tokio::time::sleep(Duration::from_millis(params.idle_ms)).await;
+    let after = counts::count(&client, counts::XACT_COMMIT).await?;
+    let idle_xacts_10s =
+        ((after - before) as f64 * 10_000.0 / params.idle_ms as f64).round() as i64;
+    relay.abort(); // drops the child, which kills it
+    let _ = relay.await;
+
+    outcome.metrics.set(format!("{name}.p50_ms"), p50);
+    outcome.metrics.set(format!("{name}.p99_ms"), p99);
+    outcome.metrics.set(format!("{name}.max_ms"), max);
+    outcome
+        .metrics
+        .set(format!("{name}.samples"), histogram.len() as i64);
+    outcome
+        .metrics
+        .set(format!("{name}.idle_xacts_10s"), idle_xacts_10s);
+    Ok(vec![
+        name.to_string(),
+        format!("{p50:.2}"),
+        format!("{p99:.2}"),
+        format!("{max:.2}"),
+        idle_xacts_10s.to_string(),
+    ])
+}
+
+/// Writers committing as fast as they can, with and without the NOTIFY trigger.
+async fn writer_throughput(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome) -> Result<()> {
+    let mut table = Table::new(
+        format!(
+            "{} writers for {} ms (synchronous_commit on)",
+            params.tps_writers, params.tps_duration_ms
+        ),
+        &["outbox", "orders_per_s"],
+    );
+    for (name, trigger) in [("without_trigger", false), ("with_trigger", true)] {
+        let db = ctx.database(&format!("tps_{name}")).await?;
+        let client = db.connect().await?;
+        if trigger {
+            client.batch_execute(schema::NOTIFY_TRIGGER).await?;
+        }
+        let mut writers = tokio::task::JoinSet::new();
+        for _ in 0..params.tps_writers {
+            let writer = ctx
+                .writer(&db, 0, 1, Ending::Commit)
+                .arg("duration-ms", params.tps_duration_ms);
+            writers.spawn(writer.run(CHILD_TIMEOUT));
+        }
+        while let Some(ended) = writers.join_next().await {
+            ended??.expect(|e| *e == ChildEnd::Ok, "a writer")?;
+        }
+        let per_s: f64 = client.query_one(counts::ORDERS_PER_S, &[]).await?.get(0);
+        outcome
+            .metrics
+            .set(format!("writer_tps.{name}"), per_s.round());
+        table.push(vec![name.replace('_', " "), format!("{per_s:.0}")]);
+    }
+    outcome.tables.push(table);
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! The actors as long-running processes against your own PostgreSQL (and Redis):
+//! `outbox-lab relay` and `outbox-lab consumer`, to spread relays and consumers over several
+//! hosts. They run the very components the scenarios use. SIGTERM or Ctrl-C stops them
+//! gracefully: the relay finishes its batch (sent, marked, committed), the consumer its requests.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_postgres::Client;
+use tracing::info;
+
+use crate::consumer::{self, ConsumerKind, Faults};
+use crate::db;
+use crate::relay::{self, Relay, RelayConfig, RelayStats, Wakeup, RELAY_APPLICATION_NAME};
+use crate::schema;
+use crate::sink::Sink;
+
+/// What `outbox-lab relay` was asked to do.
+pub struct RelayOptions {
+    pub database_url: String,
+    pub sink: String,
+    pub name: String,
+    pub wakeup: Wakeup,
+    pub config: RelayConfig,
+    pub in_flight: usize,
+    pub stream_prefix: String,
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+/// Delivers until `shutdown` resolves.
+pub async fn run_relay(options: RelayOptions, shutdown: impl Future<Output = ()>) -> Result<()> {
+    let mut db = db::parse_url(&options.database_url)?;
+    db.application_name(format!("{RELAY_APPLICATION_NAME} {}", options.name));
+    let client = db::connect(&db).await?;
+    if !schema::has_table(&client, "outbox").await? {
+        bail!("this database has no outbox table: create it first (the article's, in outbox-lab's src/schema.rs)");
+    }
+    let listen = matches!(options.wakeup, Wakeup::Notify { .. });
+    if listen && !schema::has_notify_trigger(&client).await? {
+        eprintln!(
+            "warning: no outbox_notify_trg trigger: only the fallback poll will find new rows; create it with:{}",
+            schema::NOTIFY_TRIGGER
+        );
+    }
+    let sink = Sink::connect(&options.sink, options.in_flight, &options.stream_prefix).await?;
+    let max_attempts = options.config.max_attempts;
+    let mut relay = Relay::connect(&db, sink, options.config, &options.name, listen).await?;
+    if let Some(addr) = options.metrics_listen {
+        let listener = bind(addr).await?;
+        let bound = listener.local_addr()?;
+        let exporter = Exporter {
+            stats: relay.stats(),
+            client,
+            name: options.name.clone(),
+            max_attempts,
+        };
+        tokio::spawn(serve_metrics(listener, Arc::new(exporter)));
+        info!(relay = %options.name, "metrics on http://{bound}/metrics");
+    }
+    info!(relay = %options.name, "delivering to {} ({})", options.sink, options.wakeup);
+    relay.follow(options.wakeup, shutdown).await
+}
+
+/// Serves `POST /events` until `shutdown` resolves; with `create_schema`, creates the
+/// consumer's tables (schema `consumer`) if they are missing.
+pub async fn run_consumer(
+    database_url: &str,
+    listen: SocketAddr,
+    kind: ConsumerKind,
+    create_schema: bool,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    let db = db::parse_url(database_url)?;
+    let client = db::connect(&db).await?;
+    if !schema::has_table(&client, "consumer.receipts").await? {
+        if !create_schema {
+            bail!("this database has no consumer tables (schema consumer): rerun with --create-schema");
+        }
+        client.batch_execute(schema::CREATE_CONSUMER).await?;
+    }
+    let listener = bind(listen).await?;
+    let name = kind.name();
+    let announce = |addr: SocketAddr| info!(consumer = name, "listening http://{addr}");
+    consumer::serve(listener, db, kind, Faults::default(), announce, shutdown).await?;
+    info!(consumer = name, "stopped");
+    Ok(())
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} (in use? choose another address)"))
+}
+
+/// The relay's `/metrics` (Prometheus text format).
+struct Exporter {
+    stats: Arc<RelayStats>,
+    /// Reads the backlog figures from the outbox at each scrape.
+    client: Client,
+    name: String,
+    max_attempts: i32,
+}
+
+impl Exporter {
+    async fn render(&self) -> Result<String> {
+        let backlog = self
+            .client
+            .query_one(relay::BACKLOG, &[&self.max_attempts])
+            .await?;
+        let (dead_letters, lag_s): (i64, f64) = (backlog.get(0), backlog.get(1));
+        let relay = &self.name;
+        let delivered = self.stats.delivered.load(Ordering::Relaxed);
+        let failed = self.stats.failed.load(Ordering::Relaxed);
+        Ok(format!(
+            "# HELP outbox_relay_delivered_total Events this relay delivered.\n\
+             # TYPE outbox_relay_delivered_total counter\n\
+             outbox_relay_delivered_total{{relay=\"{relay}\"}} {delivered}\n\
+             # HELP outbox_relay_failed_total Deliveries that failed (each is retried after its backoff).\n\
+             # TYPE outbox_relay_failed_total counter\n\
+             outbox_relay_failed_total{{relay=\"{relay}\"}} {failed}\n\
+             # HELP outbox_dead_letters Undelivered rows that used up their attempts.\n\
+             # TYPE outbox_dead_letters gauge\n\
+             outbox_dead_letters {dead_letters}\n\
+             # HELP outbox_oldest_unpublished_age_seconds Age of the oldest row still to deliver.\n\
+             # TYPE outbox_oldest_unpublished_age_seconds gauge\n\
+             outbox_oldest_unpublished_age_seconds {lag_s:.3}\n"
+        ))
+    }
+}
+
+async fn serve_metrics(listener: TcpListener, exporter: Arc<Exporter>) {
+    while let Ok((stream, _)) = listener.accept().await {
+        let exporter = exporter.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request| scrape(exporter.clone(), request));
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn scrape(
+    exporter: Arc<Exporter>,
+    request: Request<hyper::body::Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (status, body) = match request.uri().path() {
+        "/metrics" => match exporter.render().await {
+            Ok(text) => (StatusCode::OK, text),
+            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}\n")),
+        },
+        _ => (StatusCode::NOT_FOUND, "see /metrics\n".to_string()),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    Ok(response)
+}

@@ -1,0 +1,195 @@
+//! The delivery scenarios (ordering, Redis Streams, latency, throughput) on a real PostgreSQL
+//! and a real redis-server, asserting what they measured.
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::scenario;
+
+/// ordering-on-failure: the article's two receive orders, exactly.
+#[test]
+fn ordering_on_failure_sequences_match_the_article() {
+    let run = scenario("ordering-on-failure", &[]);
+    assert_eq!(
+        run.code,
+        0,
+        "{}{}",
+        run.stderr,
+        run.failed_checks().join("\n")
+    );
+    assert_eq!(
+        run.metric_str("unguarded.sequence"),
+        "order1#2,order1#3,order2#1,order2#2,order2#3,order1#1"
+    );
+    assert_eq!(
+        run.metric_str("guarded.sequence"),
+        "order2#1,order2#2,order2#3,order1#1,order1#2,order1#3"
+    );
+    assert_eq!(run.metric("guarded.out_of_order"), 0);
+}
+
+/// multi-relay-ordering (fewer orders): one relay and partitioned relays never reorder, and
+/// every event arrives whatever the layout.
+#[test]
+fn partitioned_relays_keep_per_order_sequence() {
+    let run = scenario("multi-relay-ordering", &["--quick"]);
+    assert!(run.code == 0 || run.code == 1, "{}", run.stderr);
+    for relays in [1, 2, 4] {
+        assert_eq!(
+            run.metric(&format!("relays{relays}.partitioned.orders_out_of_order")),
+            0
+        );
+        for layout in ["partitioned", "unpartitioned"] {
+            assert_eq!(
+                run.metric(&format!("relays{relays}.{layout}.received")),
+                60 * 3
+            );
+        }
+    }
+    assert_eq!(run.metric("relays1.unpartitioned.orders_out_of_order"), 0);
+}
+
+/// redis-stream: the article's XPENDING / XAUTOCLAIM / XINFO figures, and the idempotent
+/// consumer ships nothing twice where a naive one does.
+#[test]
+fn redis_stream_recovers_pending_entries() {
+    let run = scenario("redis-stream", &[]);
+    assert_eq!(
+        run.code,
+        0,
+        "{}{}",
+        run.stderr,
+        run.failed_checks().join("\n")
+    );
+    for (metric, expected) in [
+        ("xlen", 3),
+        ("pending_after_crash", 2),
+        ("autoclaimed", 2),
+        ("group.consumers", 2),
+        ("group.pending", 2),
+        ("group.lag", 1),
+        ("pending_after_recovery", 0),
+        ("idempotent.shipments", 3),
+        ("idempotent.duplicate_shipments", 0),
+        ("naive.duplicate_shipments", 2),
+    ] {
+        assert_eq!(run.metric(metric), expected, "{metric}");
+    }
+}
+
+/// A redis-server of the test's own, with a key that outbox-lab must leave alone.
+struct ExternalRedis {
+    process: Child,
+    url: String,
+}
+
+impl ExternalRedis {
+    fn start() -> ExternalRedis {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let process = Command::new("redis-server")
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server (run scripts/setup)");
+        let redis = ExternalRedis {
+            process,
+            url: format!("redis://127.0.0.1:{port}/"),
+        };
+        let started = Instant::now();
+        while redis.cli(&["PING"]) != "PONG" {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "redis-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        redis
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-u", &self.url])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+impl Drop for ExternalRedis {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+/// With --redis-url, only outboxlab:<run>:* keys are used, and they are gone afterwards.
+#[test]
+fn external_redis_keeps_user_keys_and_loses_ours() {
+    let redis = ExternalRedis::start();
+    redis.cli(&["SET", "user:data", "precious"]);
+    let run = scenario("redis-stream", &["--redis-url", &redis.url]);
+    assert_eq!(
+        run.code,
+        0,
+        "{}{}",
+        run.stderr,
+        run.failed_checks().join("\n")
+    );
+    assert_eq!(run.metric("xlen"), 3);
+    assert_eq!(redis.cli(&["GET", "user:data"]), "precious");
+    assert_eq!(
+        redis.cli(&["KEYS", "outbox*"]),
+        "",
+        "outbox-lab left keys behind"
+    );
+}
+
+/// batch-throughput (1,000 events): every cell delivers everything, and batching pays.
+#[test]
+fn batch_throughput_delivers_every_event_and_batching_pays() {
+    let run = scenario(
+        "batch-throughput",
+        &["--quick", "--set", "batch_sizes=[1, 100]"],
+    );
+    assert!(run.code == 0 || run.code == 1, "{}", run.stderr);
+    for sink in ["redis", "http"] {
+        let one = run.metric_f64(&format!("{sink}.batch1.events_per_s"));
+        let hundred = run.metric_f64(&format!("{sink}.batch100.events_per_s"));
+        // 1,000 commits against 10: the margin is far beyond any machine's noise.
+        assert!(
+            hundred > one,
+            "{sink}: batch 100 {hundred}/s vs batch 1 {one}/s"
+        );
+    }
+}
+
+/// notify-latency (shortened): NOTIFY answers in milliseconds where 1 s polling takes hundreds,
+/// and idles with far fewer transactions than 100 ms polling.
+#[test]
+fn notify_beats_polling_on_latency_and_idle_cost() {
+    let run = scenario("notify-latency", &["--quick"]);
+    assert!(run.code == 0 || run.code == 1, "{}", run.stderr);
+    for mode in ["poll1000", "poll100", "notify"] {
+        assert_eq!(run.metric(&format!("{mode}.samples")), 12, "{mode}");
+    }
+    assert!(run.metric_f64("notify.p50_ms") < run.metric_f64("poll1000.p50_ms") / 10.0);
+    assert!(run.metric("notify.idle_xacts_10s") < run.metric("poll100.idle_xacts_10s") / 2);
+    assert!(run.metric_f64("writer_tps.with_trigger") > 0.0);
+}

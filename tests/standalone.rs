@@ -1,0 +1,277 @@
+//! `outbox-lab relay` and `outbox-lab consumer` as a user starts them by hand: they deliver a
+//! workload written while they run, SIGTERM stops the relay after its batch (nothing lost,
+//! nothing sent twice), and /metrics tells what happened.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdout, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{outbox_lab, query_i64, server_url};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use outbox_lab::db::Database;
+use outbox_lab::schema;
+use outbox_lab::writer::{self, Ending};
+
+/// A fresh database of this test with the article's schema and the NOTIFY trigger.
+fn fresh_database(name: &str) -> Database {
+    let server = server_url();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let admin = outbox_lab::db::connect(&outbox_lab::db::parse_url(server).unwrap())
+            .await
+            .unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        let db = Database {
+            server_url: server.to_string(),
+            name: name.to_string(),
+        };
+        let client = db.connect().await.unwrap();
+        schema::create(&client).await.unwrap();
+        client.batch_execute(schema::NOTIFY_TRIGGER).await.unwrap();
+        db
+    })
+}
+
+/// Writes `orders` orders with their events, as the application would.
+fn write_orders(db: &Database, orders: i64) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut client = db.connect().await.unwrap();
+        for customer in 1..=orders {
+            writer::create_order_with_events(&mut client, customer, 2, Ending::Commit)
+                .await
+                .unwrap();
+        }
+    });
+}
+
+/// Reads the child's stdout until a line contains `needle`; returns that line.
+fn wait_for_line(out: &mut BufReader<ChildStdout>, needle: &str) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "output ended before '{needle}'"
+        );
+        if line.contains(needle) {
+            return line.trim().to_string();
+        }
+    }
+}
+
+fn start(args: &[&str]) -> (Child, BufReader<ChildStdout>) {
+    let mut child = outbox_lab()
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    (child, out)
+}
+
+fn url_after(line: &str, marker: &str) -> String {
+    line.split(marker)
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+fn sigterm_and_wait(child: &mut Child) -> Option<i32> {
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    child.wait().unwrap().code()
+}
+
+/// GET `http://ADDR/PATH` with a plain socket (HTTP/1.0: the server closes when done).
+fn http_get(url: &str) -> String {
+    use std::io::{Read, Write};
+    let rest = url.trim_start_matches("http://");
+    let (addr, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+#[test]
+fn standalone_relay_and_consumer_deliver_and_stop_cleanly() {
+    let name = format!("standalone_{}", std::process::id());
+    let db = fresh_database(&name);
+    let url = db.url();
+
+    let (mut consumer, mut consumer_out) = start(&[
+        "consumer",
+        "--listen",
+        "127.0.0.1:0",
+        "--database-url",
+        &url,
+        "--idempotent",
+    ]);
+    let sink = url_after(
+        &wait_for_line(&mut consumer_out, "listening "),
+        "listening ",
+    );
+
+    write_orders(&db, 100);
+    let (mut relay, mut relay_out) = start(&[
+        "relay",
+        "--database-url",
+        &url,
+        "--sink",
+        &sink,
+        "--mode",
+        "notify",
+        "--interval-ms",
+        "200",
+        "--batch",
+        "10",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
+    let metrics = url_after(&wait_for_line(&mut relay_out, "metrics on "), "metrics on ");
+    // More orders while it runs: NOTIFY wakes it.
+    let writer = {
+        let db = db.clone();
+        std::thread::spawn(move || write_orders(&db, 100))
+    };
+    let started = Instant::now();
+    while query_i64(
+        &name,
+        "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
+    ) < 150
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the relay did not deliver"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let scraped = http_get(&metrics);
+    assert!(
+        scraped.contains("outbox_relay_delivered_total{relay=\"0\"}"),
+        "{scraped}"
+    );
+    assert!(scraped.contains("outbox_dead_letters 0"), "{scraped}");
+
+    // Stop mid-stream: the batch under way is finished and marked, nothing more.
+    assert_eq!(sigterm_and_wait(&mut relay), Some(0));
+    writer.join().unwrap();
+    let published = query_i64(
+        &name,
+        "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL",
+    );
+    let received = query_i64(&name, "SELECT count(*) FROM consumer.receipts");
+    assert_eq!(
+        published, received,
+        "stopping the relay lost or repeated a delivery"
+    );
+
+    // A second relay (polling) delivers the rest.
+    let (mut second, mut second_out) = start(&[
+        "relay",
+        "--database-url",
+        &url,
+        "--sink",
+        &sink,
+        "--interval-ms",
+        "50",
+        "--name",
+        "1",
+    ]);
+    wait_for_line(&mut second_out, "delivering to");
+    let started = Instant::now();
+    while query_i64(
+        &name,
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+    ) > 0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the second relay did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(sigterm_and_wait(&mut second), Some(0));
+    assert_eq!(sigterm_and_wait(&mut consumer), Some(0));
+
+    assert_eq!(query_i64(&name, "SELECT count(*) FROM outbox"), 400);
+    assert_eq!(
+        query_i64(&name, "SELECT count(*) FROM consumer.receipts"),
+        400
+    );
+    assert_eq!(
+        query_i64(
+            &name,
+            "SELECT count(DISTINCT event_id) FROM consumer.shipments"
+        ),
+        400
+    );
+    assert_eq!(
+        query_i64(&name, "SELECT count(*) FROM consumer.shipments"),
+        400
+    );
+}
+
+#[test]
+fn standalone_relay_without_an_outbox_says_so() {
+    let name = format!("standalone_empty_{}", std::process::id());
+    let server = server_url();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let admin = outbox_lab::db::connect(&outbox_lab::db::parse_url(server).unwrap())
+            .await
+            .unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+    });
+    let url = Database {
+        server_url: server.to_string(),
+        name,
+    }
+    .url();
+    let out = outbox_lab()
+        .args([
+            "relay",
+            "--database-url",
+            &url,
+            "--sink",
+            "http://127.0.0.1:9",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no outbox table"));
+    let out = outbox_lab()
+        .args([
+            "consumer",
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            &url,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--create-schema"));
+}
