@@ -26,6 +26,7 @@ use crate::redis_server;
 use crate::relay::{Partition, Relay, RelayConfig, RelayDesign, Wakeup, RELAY_APPLICATION_NAME};
 use crate::sink::{HttpSink, Sink};
 use crate::stream_consumer::StreamWorker;
+use crate::throwaway;
 use crate::writer::{self, DualWriteOrder, Ending};
 
 /// Exit status of a child that died at its crash point (`_exit(1)`).
@@ -499,7 +500,7 @@ impl ChildCommand {
                 }
                 Err(anyhow!(
                     "the consumer did not start: {}",
-                    last_line(&stderr)
+                    throwaway::last_line(&stderr)
                 ))
             }
         }
@@ -583,7 +584,7 @@ fn classify(status: std::process::ExitStatus, stderr: &str) -> ChildEnd {
                 .to_string(),
         },
         (Some(_), _) => ChildEnd::Failed {
-            error: last_line(stderr)
+            error: throwaway::last_line(stderr)
                 .trim_start_matches("outbox-lab: error: ")
                 .to_string(),
         },
@@ -592,15 +593,6 @@ fn classify(status: std::process::ExitStatus, stderr: &str) -> ChildEnd {
             error: "ended without status".into(),
         },
     }
-}
-
-fn last_line(text: &str) -> String {
-    text.lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim()
-        .to_string()
 }
 
 /// A consumer child prints `listening URL` once it serves; the parent reads that line.

@@ -205,17 +205,17 @@ fn requeue_command_resets_attempts() {
         .find_map(|l| l.strip_prefix("kept database "))
         .unwrap()
         .to_string();
-    let url = format!("{}/{db}", server_url_base());
-    let dead = "UPDATE outbox SET attempts = 5";
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let client = outbox_lab::db::connect(&outbox_lab::db::parse_url(&url).unwrap())
+    let database = outbox_lab::db::Database {
+        server_url: common::server_url().to_string(),
+        name: db.clone(),
+    };
+    let url = database.url();
+    common::block_on(async {
+        let client = database.connect().await.unwrap();
+        client
+            .batch_execute("UPDATE outbox SET attempts = 5")
             .await
             .unwrap();
-        client.batch_execute(dead).await.unwrap();
     });
     let out = common::outbox_lab()
         .args(["requeue", "--database-url", &url])
@@ -228,9 +228,4 @@ fn requeue_command_resets_attempts() {
         query_i64(&db, "SELECT count(*) FROM outbox WHERE attempts = 0"),
         1
     );
-}
-
-fn server_url_base() -> String {
-    let url = common::server_url();
-    url.rsplit_once('/').unwrap().0.to_string()
 }

@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{outbox_lab, query_i64, server_url};
+use common::{block_on, create_database, outbox_lab, query_i64};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use outbox_lab::db::Database;
@@ -17,37 +17,17 @@ use outbox_lab::writer::{self, Ending};
 
 /// A fresh database of this test with the article's schema and the NOTIFY trigger.
 fn fresh_database(name: &str) -> Database {
-    let server = server_url();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let admin = outbox_lab::db::connect(&outbox_lab::db::parse_url(server).unwrap())
-            .await
-            .unwrap();
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
-        let db = Database {
-            server_url: server.to_string(),
-            name: name.to_string(),
-        };
-        let client = db.connect().await.unwrap();
-        schema::create(&client).await.unwrap();
-        client.batch_execute(schema::NOTIFY_TRIGGER).await.unwrap();
-        db
-    })
+    let sql = [
+        schema::CREATE_OUTBOX,
+        schema::CREATE_CONSUMER,
+        schema::NOTIFY_TRIGGER,
+    ];
+    create_database(name, &sql.join(";\n"))
 }
 
 /// Writes `orders` orders with their events, as the application would.
 fn write_orders(db: &Database, orders: i64) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    block_on(async {
         let mut client = db.connect().await.unwrap();
         for customer in 1..=orders {
             writer::create_order_with_events(&mut client, customer, 2, Ending::Commit)
@@ -231,25 +211,7 @@ fn standalone_relay_and_consumer_deliver_and_stop_cleanly() {
 #[test]
 fn standalone_relay_without_an_outbox_says_so() {
     let name = format!("standalone_empty_{}", std::process::id());
-    let server = server_url();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let admin = outbox_lab::db::connect(&outbox_lab::db::parse_url(server).unwrap())
-            .await
-            .unwrap();
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
-    });
-    let url = Database {
-        server_url: server.to_string(),
-        name,
-    }
-    .url();
+    let url = create_database(&name, "").url();
     let out = outbox_lab()
         .args([
             "relay",

@@ -5,7 +5,7 @@
 mod common;
 
 use chrono::{TimeDelta, Utc};
-use common::{outbox_lab, query_i64, scenario, server_url, Run};
+use common::{outbox_lab, query_i64, scenario, Run};
 use outbox_lab::partitions;
 
 fn assert_passed(run: &Run) {
@@ -120,30 +120,7 @@ fn claim_waits_for_its_lease_lock_holds_a_transaction() {
 
 /// A database of this test's own on the shared cluster, with `sql` applied.
 fn database_with(name: &str, sql: &str) -> String {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let admin = outbox_lab::db::connect(&outbox_lab::db::parse_url(server_url()).unwrap())
-            .await
-            .unwrap();
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
-        let db = outbox_lab::db::Database {
-            server_url: server_url().to_string(),
-            name: name.to_string(),
-        };
-        db.connect()
-            .await
-            .unwrap()
-            .batch_execute(sql)
-            .await
-            .unwrap();
-    });
-    format!("{}/{name}", server_url().rsplit_once('/').unwrap().0)
+    common::create_database(name, sql).url()
 }
 
 fn prune(url: &str, args: &[&str]) -> Run {

@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
 
 use outbox_lab::cluster::{Cluster, PgBinaries};
+use outbox_lab::db::Database;
 use serde_json::Value;
 
 static CLUSTER: OnceLock<Mutex<Option<Cluster>>> = OnceLock::new();
@@ -135,17 +136,47 @@ pub fn run_json(command: &[&str], results: &Path, args: &[&str]) -> Run {
     Run::from(output)
 }
 
-/// Runs a query against a database of the shared cluster.
-pub fn query_i64(dbname: &str, sql: &str) -> i64 {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+/// Runs `future` to completion on a runtime of its own (tests are plain functions).
+pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
-    runtime.block_on(async {
-        let db = outbox_lab::db::Database {
-            server_url: server_url().to_string(),
-            name: dbname.to_string(),
+        .unwrap()
+        .block_on(future)
+}
+
+/// A database of the test's own on the shared cluster, with `sql` applied (may be empty).
+pub fn create_database(name: &str, sql: &str) -> Database {
+    let server = server_url();
+    block_on(async {
+        let admin = outbox_lab::db::connect(&outbox_lab::db::parse_url(server).unwrap())
+            .await
+            .unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        let db = Database {
+            server_url: server.to_string(),
+            name: name.to_string(),
         };
+        db.connect()
+            .await
+            .unwrap()
+            .batch_execute(sql)
+            .await
+            .unwrap();
+        db
+    })
+}
+
+/// Runs a query against a database of the shared cluster.
+pub fn query_i64(dbname: &str, sql: &str) -> i64 {
+    let db = Database {
+        server_url: server_url().to_string(),
+        name: dbname.to_string(),
+    };
+    block_on(async {
         let client = db.connect().await.expect("connect");
         client
             .query_one(sql, &[])
