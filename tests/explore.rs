@@ -16,17 +16,6 @@ fn explore(name: &str, args: &[&str]) -> (Run, PathBuf) {
     (run_json(&["explore"], &results, args), results)
 }
 
-/// Exit 0 (no claim violated), with the stderr shown otherwise.
-fn assert_claims_hold(run: &Run) {
-    assert_eq!(
-        run.code,
-        0,
-        "{}{}",
-        run.stderr,
-        run.failed_checks().join("\n")
-    );
-}
-
 /// The one history file a single-design run wrote, one JSON document per schedule.
 fn histories(results: &std::path::Path, design: &str) -> Vec<Value> {
     let run_dir = std::fs::read_dir(results)
@@ -55,7 +44,7 @@ fn outbox_idempotent_holds_over_exhaustive_and_random_schedules() {
         ),
     ] {
         let (run, _) = explore(name, &args);
-        assert_claims_hold(&run);
+        run.assert_passed(); // no claim violated
         let schedules = run.metric(&format!("{design}.schedules"));
         assert!(schedules >= 13, "{name}: {schedules} schedules");
         for invariant in ["ghost", "lost", "duplicate", "liveness"] {
@@ -85,7 +74,7 @@ fn broken_designs_are_caught_with_their_characteristic_violation() {
         args.extend(["--design", design]);
     }
     let (run, _) = explore("broken", &args);
-    assert_claims_hold(&run);
+    run.assert_passed(); // no claim violated
     let json = run.json();
     for (design, flaw) in expected {
         let violating = run.metric(&format!("{design}.{flaw}.violating"));
@@ -121,7 +110,7 @@ fn one_schedule_reproduces_a_duplicate_and_saves_its_history() {
             "relay:after-send@1",
         ],
     );
-    assert_claims_hold(&run);
+    run.assert_passed(); // no claim violated
     assert_eq!(run.metric("outbox-naive.schedules"), 1);
     assert_eq!(run.metric("outbox-naive.duplicate.violating"), 1);
     assert_eq!(run.metric("outbox-naive.lost.violating"), 0);
@@ -153,7 +142,7 @@ fn unanswered_attempt_is_info_and_the_idempotent_consumer_holds() {
             "consumer:after-commit@1",
         ],
     );
-    assert_claims_hold(&run);
+    run.assert_passed(); // no claim violated
     let history = &histories(&results, "outbox-idempotent")[0];
     let outcomes: Vec<&str> = history["attempts"]
         .as_array()

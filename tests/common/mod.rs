@@ -106,6 +106,17 @@ impl Run {
             .into()
     }
 
+    /// Exit 0; otherwise panics with the stderr and the failed checks.
+    pub fn assert_passed(&self) {
+        assert_eq!(
+            self.code,
+            0,
+            "{}{}",
+            self.stderr,
+            self.failed_checks().join("\n")
+        );
+    }
+
     pub fn failed_checks(&self) -> Vec<String> {
         self.json()["checks"]
             .as_array()
