@@ -146,8 +146,10 @@ pub async fn run_relay(db: &Database, args: RelayArgs) -> Result<()> {
         if relay.pass().await? > 0 {
             continue;
         }
-        let pending = relay.pending().await?;
-        if pending == 0 && stop_when_drained.load(Ordering::SeqCst) {
+        // Read the stop flag before counting: once the writer is done (and only then is stdin
+        // closed), a count taken after seeing the flag includes all it wrote.
+        let stopping = stop_when_drained.load(Ordering::SeqCst);
+        if stopping && relay.pending().await? == 0 {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(args.idle_poll_ms)).await;
