@@ -17,6 +17,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use uuid::Uuid;
 
+use crate::cdc::{CdcConfig, CdcRelay};
 use crate::consumer::{self, ConsumerKind, Faults};
 use crate::crash::{self, CrashPlan};
 use crate::db::Database;
@@ -24,7 +25,7 @@ use crate::explore::actors;
 use crate::logging::{self, LogFormat};
 use crate::redis_server;
 use crate::relay::{Partition, Relay, RelayConfig, RelayDesign, Wakeup, RELAY_APPLICATION_NAME};
-use crate::sink::{HttpSink, Sink};
+use crate::sink::{HttpSink, Sink, DEFAULT_REQUEST_TIMEOUT};
 use crate::stream_consumer::StreamWorker;
 use crate::throwaway;
 use crate::writer::{self, DualWriteOrder, Ending};
@@ -89,6 +90,9 @@ enum Role {
         /// Instead of --orders: write as fast as possible for this long.
         #[arg(long)]
         duration_ms: Option<u64>,
+        /// Delete the outbox rows again in the same transaction (the Debezium-style outbox).
+        #[arg(long)]
+        delete_outbox: bool,
     },
     /// The naive app: INSERT the order and POST the event itself.
     NaiveApp {
@@ -138,6 +142,29 @@ enum Role {
         /// Aggregates delivered to at once over HTTP.
         #[arg(long, default_value_t = 1)]
         in_flight: usize,
+        /// An HTTP delivery unanswered for this long failed.
+        #[arg(long, default_value_t = DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)]
+        request_timeout_ms: u64,
+        #[arg(long, default_value = "")]
+        stream_prefix: String,
+    },
+    /// The log-tailing relay: streams the outbox's INSERTs from a replication slot until killed.
+    CdcRelay {
+        #[command(flatten)]
+        target: Target,
+        /// http://… (the consumer) or redis://… (a stream per aggregate type).
+        #[arg(long)]
+        sink: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        slot: String,
+        #[arg(long)]
+        max_attempts: u32,
+        #[arg(long)]
+        backoff_ms: u64,
+        #[arg(long, default_value_t = DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)]
+        request_timeout_ms: u64,
         #[arg(long, default_value = "")]
         stream_prefix: String,
     },
@@ -194,6 +221,7 @@ impl Role {
             Role::Writer { target, .. }
             | Role::NaiveApp { target, .. }
             | Role::Relay { target, .. }
+            | Role::CdcRelay { target, .. }
             | Role::StreamWorker { target, .. }
             | Role::Consumer { target, .. }
             | Role::ExploreWriter { target, .. }
@@ -218,6 +246,7 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             interval_ms,
             seed,
             duration_ms,
+            delete_outbox,
         } => {
             let mut client = target.connect().await?;
             let started = Instant::now();
@@ -239,6 +268,7 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
                     customer_id,
                     events_per_order,
                     ending,
+                    delete_outbox,
                 )
                 .await?;
             }
@@ -269,6 +299,7 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             guard,
             follow,
             in_flight,
+            request_timeout_ms,
             stream_prefix,
         } => {
             let config = RelayConfig {
@@ -280,12 +311,14 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
                 deadline: Duration::from_millis(deadline_ms),
                 partition,
                 head_of_line_guard: guard,
+                request_timeout: Duration::from_millis(request_timeout_ms),
                 ..RelayConfig::default()
             };
             // Named, so that a scenario can find this relay's session in pg_stat_activity.
             let mut db = target.database().config()?;
             db.application_name(format!("{RELAY_APPLICATION_NAME} {name}"));
-            let sink = Sink::connect(&sink, in_flight, &stream_prefix).await?;
+            let request_timeout = Duration::from_millis(request_timeout_ms);
+            let sink = Sink::connect(&sink, in_flight, request_timeout, &stream_prefix).await?;
             let listen = matches!(follow, Some(Wakeup::Notify { .. }));
             let mut relay = Relay::connect(&db, sink, config, &name, listen).await?;
             match follow {
@@ -293,6 +326,30 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
                 Some(wakeup) => relay.follow(wakeup, std::future::pending()).await?,
                 None => drop(relay.run_until_drained().await?),
             }
+        }
+        Role::CdcRelay {
+            target,
+            sink,
+            name,
+            slot,
+            max_attempts,
+            backoff_ms,
+            request_timeout_ms,
+            stream_prefix,
+        } => {
+            let config = CdcConfig {
+                slot,
+                backoff_base: Duration::from_millis(backoff_ms),
+                max_attempts,
+            };
+            let mut db = target.database().config()?;
+            db.application_name(format!("{RELAY_APPLICATION_NAME} {name}"));
+            let request_timeout = Duration::from_millis(request_timeout_ms);
+            let sink = Sink::connect(&sink, 1, request_timeout, &stream_prefix).await?;
+            CdcRelay::connect(&db, sink, config, Some(name))
+                .await?
+                .follow()
+                .await?;
         }
         Role::StreamWorker {
             target,
@@ -459,15 +516,11 @@ impl ChildCommand {
 
     /// Runs to the end (or kills it after `timeout`) and classifies how it ended.
     pub async fn run(self, timeout: Duration) -> Result<ChildRun> {
-        let child = self
-            .command(Stdio::null())?
-            .spawn()
-            .context("cannot start a child process")?;
-        RunningChild { child, stdin: None }.finish(timeout).await
+        self.spawn()?.finish(timeout).await
     }
 
-    /// Starts it with a pipe on stdin, which the child may read as "stop when done" once the
-    /// parent closes it ([`RunningChild::close_stdin`]).
+    /// Starts it in the background: for children that run until stopped (following relays), or
+    /// until they are done and their stdin is closed ([`RunningChild::close_stdin`]).
     pub fn spawn(self) -> Result<RunningChild> {
         let mut child = self
             .command(Stdio::piped())?
@@ -490,7 +543,10 @@ impl ChildCommand {
         match ready {
             Ok(Ok(Some(line))) if line.starts_with("listening ") => {
                 let url = line["listening ".len()..].trim().to_string();
-                Ok(ConsumerProcess { child, url })
+                Ok(ConsumerProcess {
+                    process: RunningChild { child, stdin: None },
+                    url,
+                })
             }
             _ => {
                 let _ = child.start_kill();
@@ -507,7 +563,7 @@ impl ChildCommand {
     }
 }
 
-/// A child started with [`ChildCommand::spawn`].
+/// A child running in the background.
 pub struct RunningChild {
     child: Child,
     /// The write end of the child's stdin; dropping it is the "stop when done" signal.
@@ -525,7 +581,7 @@ impl RunningChild {
         drop(self.stdin.take());
     }
 
-    /// Waits for the end (or kills it after `timeout`) and classifies how it ended.
+    /// Waits for its end (or kills it after `timeout`) and classifies how it ended.
     pub async fn finish(self, timeout: Duration) -> Result<ChildRun> {
         match tokio::time::timeout(timeout, self.child.wait_with_output()).await {
             Err(_) => Ok(ChildRun {
@@ -542,11 +598,18 @@ impl RunningChild {
             }
         }
     }
+
+    /// Kills it and waits until it is gone.
+    pub async fn stop(mut self) -> Result<()> {
+        let _ = self.child.start_kill();
+        self.child.wait().await?;
+        Ok(())
+    }
 }
 
 /// A running consumer child.
 pub struct ConsumerProcess {
-    child: Child,
+    process: RunningChild,
     /// Its base URL, e.g. `http://127.0.0.1:41234`.
     pub url: String,
 }
@@ -554,19 +617,18 @@ pub struct ConsumerProcess {
 impl ConsumerProcess {
     /// Waits until it ends by itself (a crash) and classifies how (cancel-safe).
     pub async fn ended(&mut self) -> Result<ChildEnd> {
-        let status = self.child.wait().await?;
+        let child = &mut self.process.child;
+        let status = child.wait().await?;
         let mut stderr = String::new();
-        if let Some(mut err) = self.child.stderr.take() {
+        if let Some(mut err) = child.stderr.take() {
             err.read_to_string(&mut stderr).await?;
         }
         Ok(classify(status, &stderr))
     }
 
     /// Kills it and waits until it is gone.
-    pub async fn stop(mut self) -> Result<()> {
-        let _ = self.child.start_kill();
-        self.child.wait().await?;
-        Ok(())
+    pub async fn stop(self) -> Result<()> {
+        self.process.stop().await
     }
 }
 

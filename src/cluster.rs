@@ -192,6 +192,13 @@ impl Cluster {
                 "listen_addresses=127.0.0.1",
                 "-c",
                 "max_connections=200",
+                // The cdc scenario's relay reads the WAL through a logical replication slot.
+                "-c",
+                "wal_level=logical",
+                "-c",
+                "max_replication_slots=20",
+                "-c",
+                "max_wal_senders=20",
             ])
             .current_dir(&self.dir)
             .stdin(Stdio::null())

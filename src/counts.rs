@@ -213,6 +213,44 @@ pub const ORDERS_PER_S: &str = "
 SELECT count(*) / GREATEST(EXTRACT(EPOCH FROM max(created_at) - min(created_at)), 0.001)::float8
   FROM orders";
 
+/// Deliveries the relay counted as failed: every try raises `attempts`, the successful one too.
+pub const RELAY_FAILURES: &str = "
+SELECT (COALESCE(sum(attempts), 0) - count(*) FILTER (WHERE published_at IS NOT NULL))::bigint
+  FROM outbox";
+
+/// Whether every outbox row has reached the consumer (answered 200) at least once.
+pub const ALL_RECEIVED: &str = "
+SELECT NOT EXISTS (SELECT 1 FROM outbox o
+                    WHERE NOT EXISTS (SELECT 1 FROM consumer.receipts r
+                                       WHERE r.event_id = o.event_id AND NOT r.injected_fault))";
+
+/// Whether the relay has marked every outbox row published.
+pub const ALL_PUBLISHED: &str =
+    "SELECT NOT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL)";
+
+/// Whether the consumer has received (answered 200) at least $1 deliveries.
+pub const RECEIVED_AT_LEAST: &str =
+    "SELECT count(*) >= $1 FROM consumer.receipts WHERE NOT injected_fault";
+
+/// Whether a relay child (named `outbox-lab relay ...`, pattern $1) is connected.
+pub const RELAY_CONNECTED: &str = "
+SELECT count(*) > 0 FROM pg_stat_activity
+ WHERE datname = current_database() AND application_name LIKE $1";
+
+/// Events delivered whose outbox row no longer exists (the Debezium-style outbox deletes them).
+pub const DELIVERED_WITHOUT_ROW: &str = "
+SELECT count(DISTINCT r.event_id) FROM consumer.receipts r
+ WHERE NOT r.injected_fault
+   AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = r.event_id)";
+
+/// Orders whose event never reached the consumer.
+pub const ORDERS_WITHOUT_EVENT: &str = "
+SELECT count(*) FROM orders o
+ WHERE NOT EXISTS (SELECT 1 FROM consumer.receipts r
+                    WHERE r.order_id = o.id::text AND NOT r.injected_fault)";
+
+pub const OUTBOX_ROWS: &str = "SELECT count(*) FROM outbox";
+
 pub const RECEIVED: &str = "SELECT count(*) FROM consumer.receipts WHERE NOT injected_fault";
 pub const PUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
 

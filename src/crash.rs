@@ -20,13 +20,14 @@ pub enum CrashPoint {
     RelayAfterSendBeforeMark,
     RelayAfterMarkBeforeCommit,
     RelayAfterMarkBeforeSend,
+    CdcRelayAfterSendBeforeConfirm,
     ConsumerAfterEffectBeforeCommit,
     ConsumerAfterCommitBeforeReply,
     StreamWorkerAfterApplyBeforeAck,
 }
 
 impl CrashPoint {
-    pub const ALL: [CrashPoint; 10] = [
+    pub const ALL: [CrashPoint; 11] = [
         CrashPoint::WriterAfterInsertBeforeCommit,
         CrashPoint::WriterAfterCommitBeforeSend,
         CrashPoint::WriterAfterSendBeforeCommit,
@@ -34,6 +35,7 @@ impl CrashPoint {
         CrashPoint::RelayAfterSendBeforeMark,
         CrashPoint::RelayAfterMarkBeforeCommit,
         CrashPoint::RelayAfterMarkBeforeSend,
+        CrashPoint::CdcRelayAfterSendBeforeConfirm,
         CrashPoint::ConsumerAfterEffectBeforeCommit,
         CrashPoint::ConsumerAfterCommitBeforeReply,
         CrashPoint::StreamWorkerAfterApplyBeforeAck,
@@ -48,6 +50,7 @@ impl CrashPoint {
             CrashPoint::RelayAfterSendBeforeMark => "relay-after-send-before-mark",
             CrashPoint::RelayAfterMarkBeforeCommit => "relay-after-mark-before-commit",
             CrashPoint::RelayAfterMarkBeforeSend => "relay-after-mark-before-send",
+            CrashPoint::CdcRelayAfterSendBeforeConfirm => "cdc-relay-after-send-before-confirm",
             CrashPoint::ConsumerAfterEffectBeforeCommit => "consumer-after-effect-before-commit",
             CrashPoint::ConsumerAfterCommitBeforeReply => "consumer-after-commit-before-reply",
             CrashPoint::StreamWorkerAfterApplyBeforeAck => "stream-worker-after-apply-before-ack",
@@ -70,6 +73,7 @@ impl CrashPoint {
                 "relay::Relay::deliver_locked_batch, relay::Relay::deliver_marked_first_batch"
             }
             CrashPoint::RelayAfterMarkBeforeSend => "relay::Relay::deliver_marked_first_batch",
+            CrashPoint::CdcRelayAfterSendBeforeConfirm => "cdc::CdcRelay::deliver",
             CrashPoint::ConsumerAfterEffectBeforeCommit
             | CrashPoint::ConsumerAfterCommitBeforeReply => "consumer::apply",
             CrashPoint::StreamWorkerAfterApplyBeforeAck => "stream_consumer::StreamWorker::work",
@@ -99,6 +103,9 @@ impl CrashPoint {
             }
             CrashPoint::RelayAfterMarkBeforeSend => {
                 "mark-before-send: batch marked published and committed, not sent: lost"
+            }
+            CrashPoint::CdcRelayAfterSendBeforeConfirm => {
+                "event delivered, its transaction's end not confirmed to the slot: streamed again"
             }
             CrashPoint::ConsumerAfterEffectBeforeCommit => {
                 "shipment written, consumer transaction never commits, no reply"

@@ -21,6 +21,21 @@ pub const DATABASE_PREFIX: &str = "outboxlab_";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// PostgreSQL truncates identifiers to 63 bytes; we stay under it so names stay ours.
 const MAX_NAME_LEN: usize = 63;
+/// Bounds the wait for a stopped relay's walsender to let go of its slot.
+const SLOT_RELEASE_LIMIT: Duration = Duration::from_secs(10);
+
+/// A replication slot (the CDC relay's) keeps its database from being dropped and retains WAL
+/// for as long as it exists: before a database of ours goes, its slots go, their walsenders
+/// (of a relay killed mid-run) ended first.
+const END_SLOT_WALSENDERS: &str = "
+SELECT count(pg_terminate_backend(active_pid))
+  FROM pg_replication_slots WHERE database = $1 AND active";
+
+const DROP_RELEASED_SLOTS: &str = "
+SELECT count(pg_drop_replication_slot(slot_name))
+  FROM pg_replication_slots WHERE database = $1 AND NOT active";
+
+const SLOTS_LEFT: &str = "SELECT count(*) FROM pg_replication_slots WHERE database = $1";
 
 /// A database of ours: how to reach it, from this process and from a child.
 #[derive(Debug, Clone)]
@@ -223,11 +238,32 @@ impl PgServer {
         let admin = connect(&parse_url(&self.url)?).await?;
         for name in names {
             debug_assert!(name.starts_with(DATABASE_PREFIX));
+            drop_slots_of(&admin, &name).await?;
             admin
                 .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
                 .await
                 .with_context(|| format!("cannot drop database {name}"))?;
         }
         Ok(())
+    }
+}
+
+/// Drops every replication slot of database `name`, ending the walsenders that hold them.
+async fn drop_slots_of(admin: &Client, name: &str) -> Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        admin.query_one(END_SLOT_WALSENDERS, &[&name]).await?;
+        admin
+            .query_one(DROP_RELEASED_SLOTS, &[&name])
+            .await
+            .with_context(|| format!("cannot drop the replication slots of {name}"))?;
+        let left: i64 = admin.query_one(SLOTS_LEFT, &[&name]).await?.get(0);
+        if left == 0 {
+            return Ok(());
+        }
+        if started.elapsed() > SLOT_RELEASE_LIMIT {
+            bail!("{left} replication slots of {name} still in use after {SLOT_RELEASE_LIMIT:?}: drop them with pg_drop_replication_slot");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

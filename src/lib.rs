@@ -8,9 +8,12 @@
 //! experiment, parameters and expected figures in [`spec`] files), the SQL that [`counts`] what
 //! happened, the [`checks`] against the article, and the [`report`]. The storage experiments add
 //! bulk [`load`]ing with COPY, plans read with [`explain`], and the daily [`partitions`] of
-//! `outbox_p` with their guarded cleanup (also `outbox-lab prune`). Beyond the article,
-//! [`explore`] runs every crash point against every design and checks invariants.
+//! `outbox_p` with their guarded cleanup (also `outbox-lab prune`). Beyond the article: the
+//! log-tailing [`cdc`] relay (a logical replication slot, [`pgoutput`] decoded), and a TCP
+//! [`proxy`] between relay and consumer that injects network faults. And [`explore`]: every
+//! crash point against every design, judged by an invariant checker.
 
+pub mod cdc;
 pub mod checks;
 pub mod child;
 pub mod cli;
@@ -22,9 +25,12 @@ pub mod db;
 pub mod event;
 pub mod explain;
 pub mod explore;
+pub mod latency;
 pub mod load;
 pub mod logging;
 pub mod partitions;
+pub mod pgoutput;
+pub mod proxy;
 pub mod redis_server;
 pub mod relay;
 pub mod report;

@@ -28,7 +28,7 @@ use crate::crash::{self, CrashPoint};
 use crate::db;
 use crate::event::Event;
 use crate::schema;
-use crate::sink::{HttpSink, Sink};
+use crate::sink::{HttpSink, Sink, DEFAULT_REQUEST_TIMEOUT};
 
 /// The article's fetch: due, undelivered rows under the attempt limit, oldest first, locked so
 /// that concurrent relays take different rows.
@@ -259,6 +259,8 @@ pub struct RelayConfig {
     pub partition: Option<Partition>,
     /// Skip events whose aggregate has an earlier undelivered event.
     pub head_of_line_guard: bool,
+    /// An HTTP delivery unanswered for this long failed (a lost reply included).
+    pub request_timeout: Duration,
     /// Also log every delivery attempt (`sending`, `sent`): the history explore audits.
     pub log_attempts: bool,
 }
@@ -275,6 +277,7 @@ impl Default for RelayConfig {
             deadline: Duration::from_secs(60),
             partition: None,
             head_of_line_guard: false,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
             log_attempts: false,
         }
     }

@@ -16,8 +16,9 @@ use tokio::sync::Semaphore;
 use crate::event::Event;
 use crate::redis_server;
 
-/// A delivery that has not been answered in this time counts as failed (and is retried).
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// A delivery that has not been answered in this time counts as failed (and is retried): a
+/// reply lost on the way back is a failure, although the consumer may have acted on it.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A relay's destination.
 #[derive(Clone)]
@@ -29,8 +30,14 @@ pub enum Sink {
 impl Sink {
     /// `http://…` for the HTTP consumer, `redis://…` for a Redis Stream. `in_flight` bounds how
     /// many aggregates an HTTP batch delivers to at once (1: strictly one event after another);
-    /// `stream_prefix` goes before every stream name.
-    pub async fn connect(url: &str, in_flight: usize, stream_prefix: &str) -> Result<Sink> {
+    /// an HTTP delivery unanswered after `request_timeout` failed; `stream_prefix` goes before
+    /// every stream name.
+    pub async fn connect(
+        url: &str,
+        in_flight: usize,
+        request_timeout: Duration,
+        stream_prefix: &str,
+    ) -> Result<Sink> {
         if url.starts_with("redis://") {
             let connection = redis_server::connect(url).await?;
             Ok(Sink::Redis(RedisSink {
@@ -38,7 +45,11 @@ impl Sink {
                 stream_prefix: stream_prefix.to_string(),
             }))
         } else {
-            Ok(Sink::Http(HttpSink::new(url)?.in_flight(in_flight)))
+            Ok(Sink::Http(
+                HttpSink::new(url)?
+                    .in_flight(in_flight)
+                    .request_timeout(request_timeout),
+            ))
         }
     }
 
@@ -62,6 +73,7 @@ pub struct HttpSink {
     uri: Uri,
     client: Client<HttpConnector, Full<Bytes>>,
     in_flight: usize,
+    request_timeout: Duration,
 }
 
 impl HttpSink {
@@ -74,6 +86,7 @@ impl HttpSink {
             uri,
             client,
             in_flight: 1,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
         })
     }
 
@@ -82,14 +95,25 @@ impl HttpSink {
         self
     }
 
+    fn request_timeout(mut self, request_timeout: Duration) -> HttpSink {
+        self.request_timeout = request_timeout;
+        self
+    }
+
     pub async fn send(&self, event: &Event) -> Result<()> {
         let body = serde_json::to_vec(event)?;
         let request = Request::post(self.uri.clone())
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(body)))?;
-        let response = tokio::time::timeout(REQUEST_TIMEOUT, self.client.request(request))
+        let response = tokio::time::timeout(self.request_timeout, self.client.request(request))
             .await
-            .map_err(|_| anyhow!("no answer from {} within {REQUEST_TIMEOUT:?}", self.uri))?
+            .map_err(|_| {
+                anyhow!(
+                    "no answer from {} within {:?}",
+                    self.uri,
+                    self.request_timeout
+                )
+            })?
             .map_err(|e| anyhow!("POST {}: {}", self.uri, error_chain(&e)))?;
         let status = response.status();
         // Read the body to the end so the connection can be reused.

@@ -53,7 +53,13 @@ pub async fn run_relay(options: RelayOptions, shutdown: impl Future<Output = ()>
             schema::NOTIFY_TRIGGER
         );
     }
-    let sink = Sink::connect(&options.sink, options.in_flight, &options.stream_prefix).await?;
+    let sink = Sink::connect(
+        &options.sink,
+        options.in_flight,
+        options.config.request_timeout,
+        &options.stream_prefix,
+    )
+    .await?;
     let max_attempts = options.config.max_attempts;
     let mut relay = Relay::connect(&db, sink, options.config, &options.name, listen).await?;
     if let Some(addr) = options.metrics_listen {

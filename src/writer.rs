@@ -20,6 +20,10 @@ INSERT INTO outbox(aggregate_type, aggregate_id, event_type, payload)
 VALUES ('orders', $1, $2, $3)
 RETURNING id, event_id";
 
+/// The Debezium-style outbox: the rows go again in the transaction that wrote them; only the
+/// WAL (and so a log-tailing relay) ever carries them.
+pub const DELETE_OUTBOX_ROWS: &str = "DELETE FROM outbox WHERE id = ANY($1)";
+
 /// Events without orders, many at once, for throughput runs: one statement for `$1` rows.
 pub const LOAD_EVENTS: &str = "
 INSERT INTO outbox(aggregate_type, aggregate_id, event_type, payload)
@@ -71,35 +75,46 @@ pub fn order_payload(order_id: i64) -> serde_json::Value {
 /// client retrying a request it is unsure about would, by its own request key.
 pub const COMMITTED_CUSTOMERS: &str = "SELECT customer_id FROM orders WHERE customer_id = ANY($1)";
 
-/// The outbox way: the order and its events in one transaction; nothing is sent here.
+/// The outbox way: the order and its events in one transaction; nothing is sent here. With
+/// `delete_outbox`, the transaction deletes its outbox rows again (Debezium-style).
 pub async fn create_order_with_events(
     client: &mut Client,
     customer_id: i64,
     events_per_order: u32,
     ending: Ending,
+    delete_outbox: bool,
 ) -> Result<i64> {
     let tx = client.transaction().await?;
-    let order_id = insert_order_with_events(&tx, customer_id, events_per_order).await?;
+    let order_id =
+        insert_order_with_events(&tx, customer_id, events_per_order, delete_outbox).await?;
     crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
     end(tx, ending).await?;
     Ok(order_id)
 }
 
-/// The order and its outbox rows, in the caller's transaction.
+/// The order and its outbox rows, in the caller's transaction (deleted again with
+/// `delete_outbox`).
 pub async fn insert_order_with_events(
     tx: &Transaction<'_>,
     customer_id: i64,
     events_per_order: u32,
+    delete_outbox: bool,
 ) -> Result<i64> {
     let order_id: i64 = tx.query_one(INSERT_ORDER, &[&customer_id]).await?.get(0);
+    let mut outbox_ids: Vec<i64> = Vec::with_capacity(events_per_order as usize);
     for n in 1..=events_per_order {
         let mut payload = order_payload(order_id);
         payload["seq"] = n.into();
-        tx.execute(
-            INSERT_OUTBOX,
-            &[&order_id.to_string(), &event_type(n), &payload],
-        )
-        .await?;
+        let row = tx
+            .query_one(
+                INSERT_OUTBOX,
+                &[&order_id.to_string(), &event_type(n), &payload],
+            )
+            .await?;
+        outbox_ids.push(row.get("id"));
+    }
+    if delete_outbox {
+        tx.execute(DELETE_OUTBOX_ROWS, &[&outbox_ids]).await?;
     }
     Ok(order_id)
 }
@@ -116,10 +131,10 @@ pub async fn write_overlapping_pairs(
 ) -> Result<()> {
     for pair in customers.chunks(2) {
         let slow_tx = slow.transaction().await?;
-        insert_order_with_events(&slow_tx, pair[0], events_per_order).await?;
+        insert_order_with_events(&slow_tx, pair[0], events_per_order, false).await?;
         if let Some(&second) = pair.get(1) {
             let fast_tx = fast.transaction().await?;
-            insert_order_with_events(&fast_tx, second, events_per_order).await?;
+            insert_order_with_events(&fast_tx, second, events_per_order, false).await?;
             crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
             fast_tx.commit().await?;
             tokio::time::sleep(overlap).await;

@@ -102,6 +102,20 @@ fn crash_after_larger_than_events() {
     assert_usage_error(&run, "--crash-after 5 must be between 1 and --events (3)");
 }
 
+/// A misspelt network fault is rejected before anything runs.
+#[test]
+fn misspelt_network_fault() {
+    assert_usage_error(
+        &run(&[
+            "scenario",
+            "reply-lost",
+            "--set",
+            "faults=[\"reply-lots@2\"]",
+        ]),
+        "unknown network fault 'reply-lots'",
+    );
+}
+
 #[test]
 fn parameter_the_scenario_does_not_take() {
     assert_usage_error(

@@ -6,7 +6,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{outbox_lab, run_json, scratch_dir, Run};
+use common::{assert_passed, outbox_lab, run_json, scratch_dir, Run};
 use serde_json::Value;
 
 /// `outbox-lab explore ARGS --format json` against this binary's cluster; also returns where
@@ -44,7 +44,7 @@ fn outbox_idempotent_holds_over_exhaustive_and_random_schedules() {
         ),
     ] {
         let (run, _) = explore(name, &args);
-        run.assert_passed(); // no claim violated
+        assert_passed(&run); // no claim violated
         let schedules = run.metric(&format!("{design}.schedules"));
         assert!(schedules >= 13, "{name}: {schedules} schedules");
         for invariant in ["ghost", "lost", "duplicate", "liveness"] {
@@ -74,7 +74,7 @@ fn broken_designs_are_caught_with_their_characteristic_violation() {
         args.extend(["--design", design]);
     }
     let (run, _) = explore("broken", &args);
-    run.assert_passed(); // no claim violated
+    assert_passed(&run); // no claim violated
     let json = run.json();
     for (design, flaw) in expected {
         let violating = run.metric(&format!("{design}.{flaw}.violating"));
@@ -110,7 +110,7 @@ fn one_schedule_reproduces_a_duplicate_and_saves_its_history() {
             "relay:after-send@1",
         ],
     );
-    run.assert_passed(); // no claim violated
+    assert_passed(&run); // no claim violated
     assert_eq!(run.metric("outbox-naive.schedules"), 1);
     assert_eq!(run.metric("outbox-naive.duplicate.violating"), 1);
     assert_eq!(run.metric("outbox-naive.lost.violating"), 0);
@@ -142,7 +142,7 @@ fn unanswered_attempt_is_info_and_the_idempotent_consumer_holds() {
             "consumer:after-commit@1",
         ],
     );
-    run.assert_passed(); // no claim violated
+    assert_passed(&run); // no claim violated
     let history = &histories(&results, "outbox-idempotent")[0];
     let outcomes: Vec<&str> = history["attempts"]
         .as_array()

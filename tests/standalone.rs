@@ -30,7 +30,7 @@ fn write_orders(db: &Database, orders: i64) {
     block_on(async {
         let mut client = db.connect().await.unwrap();
         for customer in 1..=orders {
-            writer::create_order_with_events(&mut client, customer, 2, Ending::Commit)
+            writer::create_order_with_events(&mut client, customer, 2, Ending::Commit, false)
                 .await
                 .unwrap();
         }

@@ -5,7 +5,7 @@
 mod common;
 
 use chrono::{TimeDelta, Utc};
-use common::{outbox_lab, query_i64, scenario, Run};
+use common::{assert_passed, outbox_lab, query_i64, scenario, Run};
 use outbox_lab::partitions;
 
 fn kept_database(run: &Run, suffix: &str) -> String {
@@ -22,7 +22,7 @@ fn kept_database(run: &Run, suffix: &str) -> String {
 #[test]
 fn partial_index_reads_a_few_buffers_until_churn() {
     let run = scenario("partial-index", &[]);
-    run.assert_passed();
+    assert_passed(&run);
     assert_eq!(run.metric_str("with_index.node"), "Index Scan");
     assert_eq!(
         run.metric_str("with_index.index_name"),
@@ -57,7 +57,7 @@ fn partial_index_reads_a_few_buffers_until_churn() {
 #[test]
 fn cleanup_delete_keeps_the_file_and_drop_is_guarded() {
     let run = scenario("cleanup", &["--keep"]);
-    run.assert_passed();
+    assert_passed(&run);
     let before = run.metric("size_before_bytes");
     assert!(before > 60_000_000, "{before} bytes");
     assert_eq!(run.metric("size_after_delete_bytes"), before);
@@ -96,7 +96,7 @@ fn claim_waits_for_its_lease_lock_holds_a_transaction() {
         .replace("sink_delay_ms = 200", "sink_delay_ms = 100");
     std::fs::write(dir.join("claim-vs-lock.toml"), text).unwrap();
     let run = scenario("claim-vs-lock", &["--scenarios-dir", dir.to_str().unwrap()]);
-    run.assert_passed();
+    assert_passed(&run);
     assert_eq!(run.metric("lock.redelivered"), 10);
     assert_eq!(run.metric("claim.redelivered"), 10);
     assert!(run.metric_f64("lock.recovery_ms") < 500.0);

@@ -3,6 +3,7 @@
 //! [`Report`] with its checks.
 
 pub mod batch_throughput;
+pub mod cdc;
 pub mod claim_vs_lock;
 pub mod cleanup;
 pub mod dual_write;
@@ -13,6 +14,7 @@ pub mod outbox_atomicity;
 pub mod partial_index;
 pub mod redis_stream;
 pub mod relay_crash;
+pub mod reply_lost;
 pub mod retry_backoff;
 pub mod watermark_gap;
 
@@ -52,6 +54,8 @@ pub enum Scenario {
     WatermarkGap,
     ClaimVsLock,
     Cleanup,
+    Cdc,
+    ReplyLost,
 }
 
 impl Scenario {
@@ -70,6 +74,8 @@ impl Scenario {
         Scenario::WatermarkGap,
         Scenario::ClaimVsLock,
         Scenario::Cleanup,
+        Scenario::Cdc,
+        Scenario::ReplyLost,
     ];
 
     pub fn name(self) -> &'static str {
@@ -87,6 +93,8 @@ impl Scenario {
             Scenario::PartialIndex => "partial-index",
             Scenario::Cleanup => "cleanup",
             Scenario::ClaimVsLock => "claim-vs-lock",
+            Scenario::Cdc => "cdc",
+            Scenario::ReplyLost => "reply-lost",
         }
     }
 
@@ -108,6 +116,8 @@ impl Scenario {
             Scenario::PartialIndex => include_str!("../../scenarios/partial-index.toml"),
             Scenario::Cleanup => include_str!("../../scenarios/cleanup.toml"),
             Scenario::ClaimVsLock => include_str!("../../scenarios/claim-vs-lock.toml"),
+            Scenario::Cdc => include_str!("../../scenarios/cdc.toml"),
+            Scenario::ReplyLost => include_str!("../../scenarios/reply-lost.toml"),
         }
     }
 
@@ -159,6 +169,8 @@ enum Params {
     PartialIndex(partial_index::Params),
     Cleanup(cleanup::Params),
     ClaimVsLock(claim_vs_lock::Params),
+    Cdc(cdc::Params),
+    ReplyLost(reply_lost::Params),
 }
 
 /// Reads the file and validates the parameters before anything is started.
@@ -200,6 +212,11 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
         Scenario::ClaimVsLock => Params::ClaimVsLock(validated(
             spec.params(&params)?,
             claim_vs_lock::Params::validate,
+        )?),
+        Scenario::Cdc => Params::Cdc(validated(spec.params(&params)?, cdc::Params::validate)?),
+        Scenario::ReplyLost => Params::ReplyLost(validated(
+            spec.params(&params)?,
+            reply_lost::Params::validate,
         )?),
     };
     Ok(Prepared {
@@ -350,6 +367,7 @@ impl Ctx<'_> {
             .arg("max-attempts", config.max_attempts)
             .arg("backoff-ms", config.backoff_base.as_millis())
             .arg("deadline-ms", config.deadline.as_millis())
+            .arg("request-timeout-ms", config.request_timeout.as_millis())
             .arg("stream-prefix", self.redis.key_prefix());
         if let Some(partition) = config.partition {
             cmd = cmd.arg("partition", partition);
@@ -358,6 +376,25 @@ impl Ctx<'_> {
             cmd = cmd.flag("guard");
         }
         cmd
+    }
+
+    /// The command line of a log-tailing relay child following `slot` until stopped.
+    pub fn cdc_relay(
+        &self,
+        db: &Database,
+        sink: &str,
+        name: &str,
+        slot: &str,
+        config: &RelayConfig,
+    ) -> ChildCommand {
+        ChildCommand::new("cdc-relay", db)
+            .arg("sink", sink)
+            .arg("name", name)
+            .arg("slot", slot)
+            .arg("max-attempts", config.max_attempts)
+            .arg("backoff-ms", config.backoff_base.as_millis())
+            .arg("request-timeout-ms", config.request_timeout.as_millis())
+            .arg("stream-prefix", self.redis.key_prefix())
     }
 
     /// The run's Redis URL (a private server is started on first use).
@@ -394,6 +431,8 @@ pub async fn run(server: &PgServer, redis: &Redis, prepared: &Prepared) -> Resul
         Params::PartialIndex(p) => partial_index::run(&ctx, p).await,
         Params::Cleanup(p) => cleanup::run(&ctx, p).await,
         Params::ClaimVsLock(p) => claim_vs_lock::run(&ctx, p).await,
+        Params::Cdc(p) => cdc::run(&ctx, p).await,
+        Params::ReplyLost(p) => reply_lost::run(&ctx, p).await,
     }
     .map_err(|e| anyhow!("scenario {} did not run: {e:#}", prepared.scenario.name()))?;
     let checks = checks::evaluate(&prepared.spec, &prepared.params, &outcome.metrics)?;

@@ -7,13 +7,13 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use hdrhistogram::Histogram;
 use serde::Deserialize;
 
 use super::{Ctx, Outcome, CHILD_TIMEOUT};
 use crate::child::ChildEnd;
 use crate::consumer::{ConsumerKind, Faults};
 use crate::counts;
+use crate::latency;
 use crate::relay::{RelayConfig, Wakeup};
 use crate::report::Table;
 use crate::schema;
@@ -36,8 +36,6 @@ pub struct Params {
     pub tps_duration_ms: u64,
 }
 
-/// Latencies are recorded in microseconds, up to a minute, to 3 significant digits.
-const HISTOGRAM_MAX_US: u64 = 60_000_000;
 /// A follow-mode relay runs until the scenario stops it; this only bounds a hang.
 const RELAY_LIFETIME: Duration = Duration::from_secs(600);
 /// Time for ended sessions to report their statistics before idle transactions are counted.
@@ -117,17 +115,8 @@ async fn measure_mode(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    let mut histogram = Histogram::<u64>::new_with_bounds(1, HISTOGRAM_MAX_US, 3)?;
-    for row in client.query(counts::LATENCIES_MS, &[]).await? {
-        let latency_us = (row.get::<_, f64>(0) * 1000.0).round().max(1.0) as u64;
-        histogram.saturating_record(latency_us);
-    }
-    let ms = |us: u64| (us as f64 / 10.0).round() / 100.0;
-    let (p50, p99, max) = (
-        ms(histogram.value_at_quantile(0.5)),
-        ms(histogram.value_at_quantile(0.99)),
-        ms(histogram.max()),
-    );
+    let latency = latency::measure(&client).await?;
+    let (p50, p99, max) = (latency.p50_ms, latency.p99_ms, latency.max_ms);
 
     // Nothing arrives now: every transaction is the relay looking for work. A backend that
     // reported statistics less than a second ago holds the rest back for up to 10 s: stop the
@@ -147,7 +136,7 @@ async fn measure_mode(
     outcome.metrics.set(format!("{name}.max_ms"), max);
     outcome
         .metrics
-        .set(format!("{name}.samples"), histogram.len() as i64);
+        .set(format!("{name}.samples"), latency.samples as i64);
     outcome
         .metrics
         .set(format!("{name}.idle_xacts_10s"), idle_xacts_10s);

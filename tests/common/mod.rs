@@ -106,17 +106,6 @@ impl Run {
             .into()
     }
 
-    /// Exit 0; otherwise panics with the stderr and the failed checks.
-    pub fn assert_passed(&self) {
-        assert_eq!(
-            self.code,
-            0,
-            "{}{}",
-            self.stderr,
-            self.failed_checks().join("\n")
-        );
-    }
-
     pub fn failed_checks(&self) -> Vec<String> {
         self.json()["checks"]
             .as_array()
@@ -126,6 +115,17 @@ impl Run {
             .map(|c| c.to_string())
             .collect()
     }
+}
+
+/// The run worked and every check passed (else: its stderr and the failed checks).
+pub fn assert_passed(run: &Run) {
+    assert_eq!(
+        run.code,
+        0,
+        "{}{}",
+        run.stderr,
+        run.failed_checks().join("\n")
+    );
 }
 
 /// `outbox-lab scenario NAME ARGS --format json` against this binary's cluster.

@@ -1,0 +1,36 @@
+//! Delivery latency as the article measures it: the consumer's `received_at` minus the outbox
+//! row's `created_at` (one server clock for both), summarised with an HDR histogram.
+
+use anyhow::Result;
+use hdrhistogram::Histogram;
+use tokio_postgres::Client;
+
+use crate::counts;
+
+/// Latencies are recorded in microseconds, up to a minute, to 3 significant digits.
+const HISTOGRAM_MAX_US: u64 = 60_000_000;
+
+/// The distribution of one run's deliveries.
+#[derive(Debug, Clone, Copy)]
+pub struct LatencySummary {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub samples: u64,
+}
+
+/// Every delivery the consumer received in this database.
+pub async fn measure(client: &Client) -> Result<LatencySummary> {
+    let mut histogram = Histogram::<u64>::new_with_bounds(1, HISTOGRAM_MAX_US, 3)?;
+    for row in client.query(counts::LATENCIES_MS, &[]).await? {
+        let latency_us = (row.get::<_, f64>(0) * 1000.0).round().max(1.0) as u64;
+        histogram.saturating_record(latency_us);
+    }
+    let ms = |us: u64| (us as f64 / 10.0).round() / 100.0;
+    Ok(LatencySummary {
+        p50_ms: ms(histogram.value_at_quantile(0.5)),
+        p99_ms: ms(histogram.value_at_quantile(0.99)),
+        max_ms: ms(histogram.max()),
+        samples: histogram.len(),
+    })
+}

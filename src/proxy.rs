@@ -1,0 +1,280 @@
+//! A TCP proxy between a relay and the HTTP consumer, run by the harness, that does to the
+//! traffic what real networks do: adds latency, resets connections, and loses replies.
+//!
+//! The proxy sees bytes, not HTTP; it counts requests by the turn of the conversation (the
+//! relay's first bytes after a reply, or on a new connection, start a request), which holds for
+//! the relays' one-request-at-a-time keep-alive connections. Faults are planned like crash
+//! points, by count (`reply-lost@2`: the reply to the second request), so runs reproduce.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+
+/// A proxy holding a lost reply's connection gives up on it after this long.
+const HOLD_LIMIT: Duration = Duration::from_secs(60);
+
+/// What the proxy does to one request. The names are stable, like crash points'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkFault {
+    /// The connection is reset as the request arrives: it never reaches the consumer.
+    Reset,
+    /// The request reaches the consumer, which acts and commits; its reply is swallowed and the
+    /// connection kept silent, so the relay only learns of it from its request timeout.
+    ReplyLost,
+}
+
+impl NetworkFault {
+    pub const ALL: [NetworkFault; 2] = [NetworkFault::Reset, NetworkFault::ReplyLost];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            NetworkFault::Reset => "reset",
+            NetworkFault::ReplyLost => "reply-lost",
+        }
+    }
+}
+
+/// `NAME@N`: the fault hits the N-th request through the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "String")]
+pub struct FaultPlan {
+    pub fault: NetworkFault,
+    pub on_request: u32,
+}
+
+impl fmt::Display for FaultPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.fault.name(), self.on_request)
+    }
+}
+
+impl FromStr for FaultPlan {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, number) = s
+            .split_once('@')
+            .ok_or_else(|| format!("'{s}' is not a network fault NAME@REQUEST"))?;
+        let fault = NetworkFault::ALL
+            .into_iter()
+            .find(|f| f.name() == name)
+            .ok_or_else(|| format!("unknown network fault '{name}' (reset, reply-lost)"))?;
+        let on_request =
+            number.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                format!("'{number}' in '{s}' is not a request number of 1 or more")
+            })?;
+        Ok(FaultPlan { fault, on_request })
+    }
+}
+
+impl TryFrom<String> for FaultPlan {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+/// Everything the proxy does to the traffic.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyFaults {
+    /// Every request waits this long before it is passed on.
+    pub latency: Duration,
+    pub plans: Vec<FaultPlan>,
+}
+
+impl ProxyFaults {
+    fn on_request(&self, number: u32) -> Option<NetworkFault> {
+        self.plans
+            .iter()
+            .find(|plan| plan.on_request == number)
+            .map(|plan| plan.fault)
+    }
+}
+
+/// What went through the proxy.
+#[derive(Debug, Default)]
+struct Counters {
+    requests: AtomicU32,
+    resets: AtomicU32,
+    replies_lost: AtomicU32,
+}
+
+/// What the proxy counted, for the report.
+#[derive(Debug, Clone, Copy)]
+pub struct ProxyCounts {
+    pub requests: u32,
+    pub resets: u32,
+    pub replies_lost: u32,
+}
+
+/// A running proxy; it stops (with every connection through it) when stopped or dropped.
+pub struct Proxy {
+    /// Where relays send to instead of the consumer, e.g. `http://127.0.0.1:41234`.
+    pub url: String,
+    counters: Arc<Counters>,
+    task: JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Listens on a free loopback port and passes connections on to `upstream_url`
+    /// (`http://host:port`).
+    pub async fn start(upstream_url: &str, faults: ProxyFaults) -> Result<Proxy> {
+        let authority = upstream_url
+            .parse::<hyper::Uri>()
+            .ok()
+            .and_then(|uri| uri.authority().map(|a| a.to_string()))
+            .ok_or_else(|| anyhow!("cannot proxy '{upstream_url}': not http://host:port"))?;
+        let upstream = tokio::net::lookup_host(&authority)
+            .await?
+            .next()
+            .with_context(|| format!("cannot resolve {authority}"))?;
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let counters = Arc::new(Counters::default());
+        let task = tokio::spawn(accept(listener, upstream, faults, counters.clone()));
+        Ok(Proxy {
+            url,
+            counters,
+            task,
+        })
+    }
+
+    pub fn counts(&self) -> ProxyCounts {
+        ProxyCounts {
+            requests: self.counters.requests.load(Ordering::SeqCst),
+            resets: self.counters.resets.load(Ordering::SeqCst),
+            replies_lost: self.counters.replies_lost.load(Ordering::SeqCst),
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        // The connections live in the accept task's JoinSet: they end with it.
+        self.task.abort();
+    }
+}
+
+async fn accept(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    faults: ProxyFaults,
+    counters: Arc<Counters>,
+) {
+    let faults = Arc::new(faults);
+    let mut connections = JoinSet::new();
+    while let Ok((client, _)) = listener.accept().await {
+        // Finished connections are reaped as new ones come, so the set stays small.
+        while connections.try_join_next().is_some() {}
+        connections.spawn(pass_on(client, upstream, faults.clone(), counters.clone()));
+    }
+}
+
+/// How a proxied connection ended.
+enum Ending {
+    /// Either side closed it (or failed): both are closed.
+    Closed,
+    /// A planned reset: the relay's side is reset.
+    Reset,
+    /// A reply was lost: the relay's side is kept silent until the relay gives up.
+    Hold,
+}
+
+/// One connection: the relay's side to the consumer and back, with the planned faults.
+async fn pass_on(
+    mut client: TcpStream,
+    upstream: SocketAddr,
+    faults: Arc<ProxyFaults>,
+    counters: Arc<Counters>,
+) {
+    let Ok(mut server) = TcpStream::connect(upstream).await else {
+        return; // the relay sees its connection close, as if the consumer were down
+    };
+    match forward(&mut client, &mut server, &faults, &counters).await {
+        Ending::Closed => {}
+        Ending::Reset => {
+            // SO_LINGER 0 makes the close an RST: the relay reads "connection reset by peer".
+            let _ = client.set_zero_linger();
+        }
+        Ending::Hold => {
+            drop(server);
+            let mut discard = [0u8; 4096];
+            let _ = tokio::time::timeout(HOLD_LIMIT, async {
+                while matches!(client.read(&mut discard).await, Ok(n) if n > 0) {}
+            })
+            .await;
+        }
+    }
+}
+
+async fn forward(
+    client: &mut TcpStream,
+    server: &mut TcpStream,
+    faults: &ProxyFaults,
+    counters: &Counters,
+) -> Ending {
+    let mut from_client = [0u8; 16 * 1024];
+    let mut from_server = [0u8; 16 * 1024];
+    let mut awaiting_request = true;
+    let mut fault = None;
+    loop {
+        tokio::select! {
+            read = client.read(&mut from_client) => {
+                let Ok(n @ 1..) = read else { return Ending::Closed };
+                if awaiting_request {
+                    awaiting_request = false;
+                    let number = counters.requests.fetch_add(1, Ordering::SeqCst) + 1;
+                    fault = faults.on_request(number);
+                    if fault == Some(NetworkFault::Reset) {
+                        counters.resets.fetch_add(1, Ordering::SeqCst);
+                        return Ending::Reset;
+                    }
+                }
+                tokio::time::sleep(faults.latency).await;
+                if server.write_all(&from_client[..n]).await.is_err() {
+                    return Ending::Closed;
+                }
+            }
+            read = server.read(&mut from_server) => {
+                let Ok(n @ 1..) = read else { return Ending::Closed };
+                awaiting_request = true;
+                if fault == Some(NetworkFault::ReplyLost) {
+                    counters.replies_lost.fetch_add(1, Ordering::SeqCst);
+                    return Ending::Hold;
+                }
+                if client.write_all(&from_server[..n]).await.is_err() {
+                    return Ending::Closed;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Fault plans parse back from their names, and a typo is an error.
+    #[test]
+    fn plans_round_trip_and_typos_are_rejected() {
+        for fault in NetworkFault::ALL {
+            let plan = FaultPlan {
+                fault,
+                on_request: 3,
+            };
+            assert_eq!(plan.to_string().parse::<FaultPlan>(), Ok(plan));
+        }
+        assert!("reply-lost".parse::<FaultPlan>().is_err());
+        assert!("reply-lots@2".parse::<FaultPlan>().is_err());
+        assert!("reset@0".parse::<FaultPlan>().is_err());
+    }
+}

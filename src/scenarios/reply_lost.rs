@@ -1,0 +1,128 @@
+//! reply-lost (beyond the article: the network between relay and consumer): the article's relay
+//! delivers through a TCP proxy that adds latency, resets a connection, and loses replies after
+//! the consumer acted on the request and committed. The relay's request timeout counts a lost
+//! reply as a failure and delivers again: the naive consumer ships those orders twice, the
+//! idempotent one does not, and every event still arrives.
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use serde::Deserialize;
+
+use super::{Ctx, Outcome};
+use crate::child::ChildEnd;
+use crate::consumer::{ConsumerKind, Faults};
+use crate::counts;
+use crate::proxy::{FaultPlan, Proxy, ProxyFaults};
+use crate::relay::RelayConfig;
+use crate::report::Table;
+use crate::writer::Ending;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// Orders written, each with one event.
+    pub events: u32,
+    /// What the proxy does to which request (`reply-lost@2`, `reset@3`).
+    pub faults: Vec<FaultPlan>,
+    /// Every request waits this long in the proxy.
+    pub latency_ms: u64,
+    /// The relay's request timeout: how long it waits for a reply before it counts a failure.
+    pub request_timeout_ms: u64,
+}
+
+impl Params {
+    pub fn validate(&self) -> Result<()> {
+        // A fault on a first delivery hits one event once: the damage it does is countable.
+        if let Some(plan) = self.faults.iter().find(|p| p.on_request > self.events) {
+            bail!(
+                "fault {plan} must hit one of the first {} requests (the first deliveries)",
+                self.events
+            );
+        }
+        if self.latency_ms >= self.request_timeout_ms {
+            bail!(
+                "latency_ms {} must stay under request_timeout_ms {}, or every delivery fails",
+                self.latency_ms,
+                self.request_timeout_ms
+            );
+        }
+        Ok(())
+    }
+}
+
+pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
+    let mut outcome = Outcome::default();
+    let mut summary = Table::new(
+        "naive vs idempotent behind the faulty network",
+        &[
+            "consumer",
+            "requests",
+            "replies_lost",
+            "resets",
+            "relay_failures",
+            "received",
+            "shipments",
+            "duplicate_shipments",
+            "lost",
+        ],
+    );
+    let faults = ProxyFaults {
+        latency: Duration::from_millis(params.latency_ms),
+        plans: params.faults.clone(),
+    };
+    let config = RelayConfig {
+        request_timeout: Duration::from_millis(params.request_timeout_ms),
+        ..RelayConfig::default()
+    };
+    let mut lost_total = 0i64;
+    for kind in [ConsumerKind::Naive, ConsumerKind::Idempotent] {
+        let name = kind.name();
+        let db = ctx.database(name).await?;
+        let client = db.connect().await?;
+        let consumer = ctx.start_consumer(&db, kind, &Faults::default()).await?;
+        let proxy = Proxy::start(&consumer.url, faults.clone()).await?;
+        ctx.run_writer(&db, params.events, Ending::Commit, None)
+            .await?
+            .expect(|e| *e == ChildEnd::Ok, "the writer")?;
+        let relay = ctx
+            .run_relay(&db, &proxy.url, "0", &config, None)
+            .await?
+            .expect(|e| *e == ChildEnd::Ok, "the relay")?;
+        outcome
+            .notes
+            .extend(relay.log_lines().map(|l| format!("[{name}] {l}")));
+        let proxied = proxy.counts();
+        drop(proxy);
+        consumer.stop().await?;
+
+        let tries = client.query(counts::TRIES, &[]).await?;
+        outcome.tables.push(Table::from_rows(
+            format!("what reached the {name} consumer"),
+            &tries,
+        ));
+        let row = counts::one_row(&client, counts::DELIVERIES).await?;
+        let failures = counts::count(&client, counts::RELAY_FAILURES).await?;
+        let m = &mut outcome.metrics;
+        m.set_row(name, &row);
+        m.set(format!("{name}.requests"), proxied.requests);
+        m.set(format!("{name}.replies_lost"), proxied.replies_lost);
+        m.set(format!("{name}.resets"), proxied.resets);
+        m.set(format!("{name}.relay_failures"), failures);
+        lost_total += row.get::<_, i64>("lost");
+        summary.push(vec![
+            name.into(),
+            proxied.requests.to_string(),
+            proxied.replies_lost.to_string(),
+            proxied.resets.to_string(),
+            failures.to_string(),
+            row.get::<_, i64>("received").to_string(),
+            row.get::<_, i64>("shipments").to_string(),
+            row.get::<_, i64>("duplicate_shipments").to_string(),
+            row.get::<_, i64>("lost").to_string(),
+        ]);
+    }
+    outcome.metrics.set("lost", lost_total);
+    outcome.tables.insert(0, summary);
+    Ok(outcome)
+}
