@@ -264,7 +264,7 @@ impl CdcRelay {
         for attempt in 1..=self.config.max_attempts {
             let result = self
                 .sink
-                .deliver(std::slice::from_ref(event), || {
+                .deliver(std::slice::from_ref(event), |_| {
                     crash::point(CrashPoint::CdcRelayAfterSendBeforeConfirm)
                 })
                 .await

@@ -14,13 +14,14 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::{Child, ChildStdin, Command};
 use uuid::Uuid;
 
 use crate::cdc::{CdcConfig, CdcRelay};
 use crate::consumer::{self, ConsumerKind, Faults};
 use crate::crash::{self, CrashPlan};
 use crate::db::Database;
+use crate::explore::actors;
 use crate::logging::{self, LogFormat};
 use crate::redis_server;
 use crate::relay::{Partition, Relay, RelayConfig, RelayDesign, Wakeup, RELAY_APPLICATION_NAME};
@@ -188,12 +189,29 @@ enum Role {
         target: Target,
         #[arg(long, value_enum)]
         kind: ConsumerKind,
+        /// Listen here (0: any free port); a restarted consumer takes its predecessor's port.
+        #[arg(long, default_value_t = 0)]
+        port: u16,
         #[arg(long, default_value_t = 0)]
         fail_next: u32,
         #[arg(long)]
         fail_first_delivery_of: Option<i64>,
         #[arg(long, default_value_t = 0)]
         delay_ms: u64,
+    },
+    /// explore's writer: the workload's orders, skipping those already committed.
+    ExploreWriter {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        args: actors::WriterArgs,
+    },
+    /// explore's relay: one relay variant, until its outbox is drained and stdin is closed.
+    ExploreRelay {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        args: actors::RelayArgs,
     },
 }
 
@@ -205,7 +223,9 @@ impl Role {
             | Role::Relay { target, .. }
             | Role::CdcRelay { target, .. }
             | Role::StreamWorker { target, .. }
-            | Role::Consumer { target, .. } => target,
+            | Role::Consumer { target, .. }
+            | Role::ExploreWriter { target, .. }
+            | Role::ExploreRelay { target, .. } => target,
         }
     }
 }
@@ -354,11 +374,12 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
         Role::Consumer {
             target,
             kind,
+            port,
             fail_next,
             fail_first_delivery_of,
             delay_ms,
         } => {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
             let faults = Faults {
                 fail_next,
                 fail_first_delivery_of,
@@ -377,6 +398,10 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             )
             .await?;
         }
+        Role::ExploreWriter { target, args } => {
+            actors::run_writer(&target.database(), args).await?
+        }
+        Role::ExploreRelay { target, args } => actors::run_relay(&target.database(), args).await?,
     }
     Ok(())
 }
@@ -478,11 +503,11 @@ impl ChildCommand {
         }
     }
 
-    fn command(&self) -> Result<Command> {
+    fn command(&self, stdin: Stdio) -> Result<Command> {
         let exe = std::env::current_exe().context("cannot find the outbox-lab binary")?;
         let mut cmd = Command::new(exe);
         cmd.args(&self.args)
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
@@ -494,18 +519,22 @@ impl ChildCommand {
         self.spawn()?.finish(timeout).await
     }
 
-    /// Starts it in the background, for children that run until stopped (following relays).
+    /// Starts it in the background: for children that run until stopped (following relays), or
+    /// until they are done and their stdin is closed ([`RunningChild::close_stdin`]).
     pub fn spawn(self) -> Result<RunningChild> {
-        let child = self
-            .command()?
+        let mut child = self
+            .command(Stdio::piped())?
             .spawn()
             .context("cannot start a child process")?;
-        Ok(RunningChild { child })
+        // Held apart: tokio's `Child::wait` would close it.
+        let stdin = child.stdin.take();
+        Ok(RunningChild { child, stdin })
     }
+
     /// Starts a consumer and waits until it says where it listens.
     pub async fn spawn_consumer(self) -> Result<ConsumerProcess> {
         let mut child = self
-            .command()?
+            .command(Stdio::null())?
             .spawn()
             .context("cannot start the consumer")?;
         let stdout = child.stdout.take().expect("piped");
@@ -515,7 +544,7 @@ impl ChildCommand {
             Ok(Ok(Some(line))) if line.starts_with("listening ") => {
                 let url = line["listening ".len()..].trim().to_string();
                 Ok(ConsumerProcess {
-                    process: RunningChild { child },
+                    process: RunningChild { child, stdin: None },
                     url,
                 })
             }
@@ -537,9 +566,21 @@ impl ChildCommand {
 /// A child running in the background.
 pub struct RunningChild {
     child: Child,
+    /// The write end of the child's stdin; dropping it is the "stop when done" signal.
+    stdin: Option<ChildStdin>,
 }
 
 impl RunningChild {
+    /// Resolves when the process has ended (cancel-safe: a `select!` may drop it).
+    pub async fn exited(&mut self) {
+        let _ = self.child.wait().await;
+    }
+
+    /// Closes the child's stdin: end of input, read by the child as "stop when done".
+    pub fn close_stdin(&mut self) {
+        drop(self.stdin.take());
+    }
+
     /// Waits for its end (or kills it after `timeout`) and classifies how it ended.
     pub async fn finish(self, timeout: Duration) -> Result<ChildRun> {
         match tokio::time::timeout(timeout, self.child.wait_with_output()).await {
@@ -574,6 +615,17 @@ pub struct ConsumerProcess {
 }
 
 impl ConsumerProcess {
+    /// Waits until it ends by itself (a crash) and classifies how (cancel-safe).
+    pub async fn ended(&mut self) -> Result<ChildEnd> {
+        let child = &mut self.process.child;
+        let status = child.wait().await?;
+        let mut stderr = String::new();
+        if let Some(mut err) = child.stderr.take() {
+            err.read_to_string(&mut stderr).await?;
+        }
+        Ok(classify(status, &stderr))
+    }
+
     /// Kills it and waits until it is gone.
     pub async fn stop(self) -> Result<()> {
         self.process.stop().await

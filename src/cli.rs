@@ -15,6 +15,7 @@ use crate::compare;
 use crate::consumer::ConsumerKind;
 use crate::crash::CrashPoint;
 use crate::db::{self, PgServer, ServerChoice};
+use crate::explore::{self, ExploreArgs};
 use crate::html;
 use crate::logging::{self, LogFormat};
 use crate::partitions::{self, Action, Age};
@@ -48,6 +49,7 @@ Examples:
   outbox-lab scenario dual-write --database-url postgres://user@host/db
   outbox-lab report results/20261202-153635-38f9
   outbox-lab compare results/20261202-153635-38f9 results/20261203-091500-1a2b
+  outbox-lab explore
   outbox-lab crash-points
   outbox-lab prune --database-url postgres://user@host/shop --older-than 3d --dry-run";
 
@@ -79,6 +81,9 @@ terminal, and never with --quiet or --format json.
 
 Exit status: 0 every check passed, 1 a check failed, 2 bad input or environment.")]
     Scenario(ScenarioArgs),
+    /// Every crash point against every design, judged by an invariant checker.
+    #[command(after_help = explore::EXAMPLES)]
+    Explore(ExploreArgs),
     /// Print a saved run's tables again and rewrite its report.html, without rerunning anything.
     #[command(after_help = "Example:
   outbox-lab report results/20261202-153635-38f9
@@ -212,37 +217,44 @@ struct ConsumerArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Format {
+pub enum Format {
     Text,
     Json,
+}
+
+/// Where a run happens and where its results go (`scenario` and `explore`).
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+    /// Use this PostgreSQL server instead of a throwaway cluster; outbox-lab creates and drops
+    /// only databases named outboxlab_* there.
+    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Leave the throwaway cluster and the run's databases in place, and print how to reach them.
+    #[arg(long)]
+    pub keep: bool,
+    /// Directory with initdb and postgres (default: PATH, then /usr/lib/postgresql/*/bin).
+    #[arg(long, env = "OUTBOX_LAB_PG_BIN")]
+    pub pg_bin: Option<PathBuf>,
+    /// Where each run writes <run-id>/<name>.json, its tables as CSV, and report.html.
+    #[arg(long, default_value = "results")]
+    pub results_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
 struct ScenarioArgs {
     /// Scenario name (see `outbox-lab list`), or `all`.
     name: String,
-    #[arg(long, value_enum, default_value = "text")]
-    format: Format,
-    /// Use this PostgreSQL server instead of a throwaway cluster; outbox-lab creates and drops
-    /// only databases named outboxlab_* there.
-    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
-    database_url: Option<String>,
+    #[command(flatten)]
+    run: RunArgs,
     /// Use this Redis instead of a private redis-server; outbox-lab only touches keys named
     /// outboxlab:<run>:* there.
     #[arg(long, env = "OUTBOX_LAB_REDIS_URL")]
     redis_url: Option<String>,
-    /// Leave the throwaway cluster and the scenario databases in place, and print how to reach them.
-    #[arg(long)]
-    keep: bool,
-    /// Directory with initdb and postgres (default: PATH, then /usr/lib/postgresql/*/bin).
-    #[arg(long, env = "OUTBOX_LAB_PG_BIN")]
-    pg_bin: Option<PathBuf>,
     /// Read scenario files from this directory instead of the built-in copies.
     #[arg(long)]
     scenarios_dir: Option<PathBuf>,
-    /// Where each run writes <run-id>/<scenario>.json, its tables as CSV, and report.html.
-    #[arg(long, default_value = "results")]
-    results_dir: PathBuf,
     /// No progress bars and no note on stderr where the results went; errors still show.
     #[arg(long, short)]
     quiet: bool,
@@ -285,6 +297,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::List => list(),
         Command::Scenario(args) => scenario(args).await,
+        Command::Explore(args) => explore::command(args).await,
         Command::Report { dir } => report(&dir),
         Command::Compare { a, b } => compare(&a, &b),
         Command::Completions { shell } => completions(shell),
@@ -482,31 +495,19 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
         .map(|s| scenarios::prepare(*s, args.scenarios_dir.as_deref(), &overrides))
         .collect::<Result<Vec<_>>>()?;
 
-    let run_id = format!(
-        "{}-{:04x}",
-        chrono::Utc::now().format("%Y%m%d-%H%M%S"),
-        std::process::id() & 0xffff
-    );
-    let choice = ServerChoice {
-        database_url: args.database_url.as_deref(),
-        pg_bin: args.pg_bin.as_deref(),
-        keep: args.keep,
-    };
-    let server = tokio::select! {
-        server = PgServer::open(&choice, &run_id) => server?,
-        by = interrupted() => return Err(Interrupted(by).into()),
-    };
-    let redis = Redis::new(args.redis_url.as_deref(), &run_id, args.keep);
-    let results = args.results_dir.join(&run_id);
-    let progress = Progress::on_stderr(args.format == Format::Text && !args.quiet);
-    let runs = async {
+    let run_id = new_run_id();
+    // Redis starts only if a scenario asks for it; it is closed however the runs end.
+    let redis = Redis::new(args.redis_url.as_deref(), &run_id, args.run.keep);
+    let results = args.run.results_dir.join(&run_id);
+    let progress = Progress::on_stderr(args.run.format == Format::Text && !args.quiet);
+    let outcome = on_server(&args.run, &run_id, async |server: &PgServer| {
         let mut reports = Vec::new();
         let bar = progress.bar(prepared.len() as u64, "scenarios");
         for p in &prepared {
             bar.set_message(p.scenario().name());
-            let report = scenarios::run(&server, &redis, p, &progress).await?;
+            let report = scenarios::run(server, &redis, p, &progress).await?;
             report.write_files(&results)?;
-            if args.format == Format::Text {
+            if args.run.format == Format::Text {
                 progress.suspend(|| println!("{}", report.render_text()));
             }
             reports.push(report);
@@ -515,19 +516,15 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
             bar.inc(1);
         }
         bar.finish_and_clear();
-        Ok::<_, anyhow::Error>(reports)
-    };
-    let outcome = tokio::select! {
-        reports = runs => reports,
-        by = interrupted() => Err(Interrupted(by).into()),
-    };
-    let closed = (server.close().await, redis.close().await);
+        Ok(reports)
+    })
+    .await;
+    let closed = redis.close().await;
     let reports = outcome?;
-    closed.0?;
-    closed.1?;
+    closed?;
 
     let passed = reports.iter().all(Report::passed);
-    match args.format {
+    match args.run.format {
         Format::Json if reports.len() == 1 => {
             println!("{}", serde_json::to_string_pretty(&reports[0])?)
         }
@@ -557,6 +554,41 @@ async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
     } else {
         exit::CHECK_FAILED
     }))
+}
+
+/// A run's id: when it started (UTC) and which process ran it, e.g. `20261202-153635-38f9`.
+pub fn new_run_id() -> String {
+    format!(
+        "{}-{:04x}",
+        chrono::Utc::now().format("%Y%m%d-%H%M%S"),
+        std::process::id() & 0xffff
+    )
+}
+
+/// Opens the run's server, does `work` on it, and closes it (dropping what the run created),
+/// also when Ctrl-C or SIGTERM ends the work.
+pub async fn on_server<T>(
+    run: &RunArgs,
+    run_id: &str,
+    work: impl AsyncFnOnce(&PgServer) -> Result<T>,
+) -> Result<T> {
+    let choice = ServerChoice {
+        database_url: run.database_url.as_deref(),
+        pg_bin: run.pg_bin.as_deref(),
+        keep: run.keep,
+    };
+    let server = tokio::select! {
+        server = PgServer::open(&choice, run_id) => server?,
+        by = interrupted() => return Err(Interrupted(by).into()),
+    };
+    let outcome = tokio::select! {
+        outcome = work(&server) => outcome,
+        by = interrupted() => Err(Interrupted(by).into()),
+    };
+    let closed = server.close().await;
+    let outcome = outcome?;
+    closed?;
+    Ok(outcome)
 }
 
 /// The run's summary table and its count of passed checks.

@@ -19,6 +19,7 @@ pub enum CrashPoint {
     RelayAfterFetchBeforeSend,
     RelayAfterSendBeforeMark,
     RelayAfterMarkBeforeCommit,
+    RelayAfterMarkBeforeSend,
     CdcRelayAfterSendBeforeConfirm,
     ConsumerAfterEffectBeforeCommit,
     ConsumerAfterCommitBeforeReply,
@@ -26,13 +27,14 @@ pub enum CrashPoint {
 }
 
 impl CrashPoint {
-    pub const ALL: [CrashPoint; 10] = [
+    pub const ALL: [CrashPoint; 11] = [
         CrashPoint::WriterAfterInsertBeforeCommit,
         CrashPoint::WriterAfterCommitBeforeSend,
         CrashPoint::WriterAfterSendBeforeCommit,
         CrashPoint::RelayAfterFetchBeforeSend,
         CrashPoint::RelayAfterSendBeforeMark,
         CrashPoint::RelayAfterMarkBeforeCommit,
+        CrashPoint::RelayAfterMarkBeforeSend,
         CrashPoint::CdcRelayAfterSendBeforeConfirm,
         CrashPoint::ConsumerAfterEffectBeforeCommit,
         CrashPoint::ConsumerAfterCommitBeforeReply,
@@ -47,6 +49,7 @@ impl CrashPoint {
             CrashPoint::RelayAfterFetchBeforeSend => "relay-after-fetch-before-send",
             CrashPoint::RelayAfterSendBeforeMark => "relay-after-send-before-mark",
             CrashPoint::RelayAfterMarkBeforeCommit => "relay-after-mark-before-commit",
+            CrashPoint::RelayAfterMarkBeforeSend => "relay-after-mark-before-send",
             CrashPoint::CdcRelayAfterSendBeforeConfirm => "cdc-relay-after-send-before-confirm",
             CrashPoint::ConsumerAfterEffectBeforeCommit => "consumer-after-effect-before-commit",
             CrashPoint::ConsumerAfterCommitBeforeReply => "consumer-after-commit-before-reply",
@@ -57,14 +60,19 @@ impl CrashPoint {
     /// The function whose path the point interrupts, for `outbox-lab crash-points`.
     pub fn location(self) -> &'static str {
         match self {
-            CrashPoint::WriterAfterInsertBeforeCommit => "writer::create_order_with_events",
+            CrashPoint::WriterAfterInsertBeforeCommit => {
+                "writer::create_order_with_events, writer::write_overlapping_pairs"
+            }
             CrashPoint::WriterAfterCommitBeforeSend | CrashPoint::WriterAfterSendBeforeCommit => {
                 "writer::dual_write"
             }
             CrashPoint::RelayAfterFetchBeforeSend | CrashPoint::RelayAfterSendBeforeMark => {
-                "relay::deliver_rows (lock and claim relays)"
+                "relay::deliver_rows (lock and claim relays), relay::StoredWatermarkRelay"
             }
-            CrashPoint::RelayAfterMarkBeforeCommit => "relay::Relay::deliver_locked_batch",
+            CrashPoint::RelayAfterMarkBeforeCommit => {
+                "relay::Relay::deliver_locked_batch, relay::Relay::deliver_marked_first_batch"
+            }
+            CrashPoint::RelayAfterMarkBeforeSend => "relay::Relay::deliver_marked_first_batch",
             CrashPoint::CdcRelayAfterSendBeforeConfirm => "cdc::CdcRelay::deliver",
             CrashPoint::ConsumerAfterEffectBeforeCommit
             | CrashPoint::ConsumerAfterCommitBeforeReply => "consumer::apply",
@@ -91,7 +99,10 @@ impl CrashPoint {
                 "event delivered, published_at not written: it is sent again"
             }
             CrashPoint::RelayAfterMarkBeforeCommit => {
-                "batch delivered and marked, the marking transaction never commits"
+                "batch marked published, the marking transaction never commits"
+            }
+            CrashPoint::RelayAfterMarkBeforeSend => {
+                "mark-before-send: batch marked published and committed, not sent: lost"
             }
             CrashPoint::CdcRelayAfterSendBeforeConfirm => {
                 "event delivered, its transaction's end not confirmed to the slot: streamed again"

@@ -10,7 +10,8 @@
 //! bulk [`load`]ing with COPY, plans read with [`explain`], and the daily [`partitions`] of
 //! `outbox_p` with their guarded cleanup (also `outbox-lab prune`). Beyond the article: the
 //! log-tailing [`cdc`] relay (a logical replication slot, [`pgoutput`] decoded), and a TCP
-//! [`proxy`] between relay and consumer that injects network faults.
+//! [`proxy`] between relay and consumer that injects network faults. And [`explore`]: every
+//! crash point against every design, judged by an invariant checker.
 
 pub mod cdc;
 pub mod checks;
@@ -24,6 +25,7 @@ pub mod crash;
 pub mod db;
 pub mod event;
 pub mod explain;
+pub mod explore;
 pub mod html;
 pub mod latency;
 pub mod load;

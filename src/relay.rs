@@ -7,7 +7,9 @@
 //! the lease to expire (claim-vs-lock). A following relay wakes up by polling or by LISTEN/NOTIFY
 //! ([`Wakeup`]). Two watermark relays ([`WatermarkRelay`], [`XidWatermarkRelay`]) remember how far
 //! they got instead of marking rows; the first one loses events (watermark-gap), the second shows
-//! how to make a watermark safe.
+//! how to make a watermark safe. For explore, two deliberately broken relays whose flaws its
+//! checker must catch: [`RelayDesign::MarkBeforeSend`] and a stored watermark
+//! ([`StoredWatermarkRelay`]).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -157,6 +159,8 @@ pub enum RelayDesign {
     Lock,
     /// A lease: `claimed_at`/`claimed_by` written and committed before delivering.
     Claim,
+    /// Broken on purpose (explore): mark the batch published and commit, then send.
+    MarkBeforeSend,
 }
 
 impl RelayDesign {
@@ -164,6 +168,7 @@ impl RelayDesign {
         match self {
             RelayDesign::Lock => "lock",
             RelayDesign::Claim => "claim",
+            RelayDesign::MarkBeforeSend => "mark-before-send",
         }
     }
 }
@@ -256,6 +261,8 @@ pub struct RelayConfig {
     pub head_of_line_guard: bool,
     /// An HTTP delivery unanswered for this long failed (a lost reply included).
     pub request_timeout: Duration,
+    /// Also log every delivery attempt (`sending`, `sent`): the history explore audits.
+    pub log_attempts: bool,
 }
 
 impl Default for RelayConfig {
@@ -271,6 +278,7 @@ impl Default for RelayConfig {
             partition: None,
             head_of_line_guard: false,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            log_attempts: false,
         }
     }
 }
@@ -318,6 +326,9 @@ impl Relay {
         {
             bail!("the claim design takes no partition and no head-of-line guard");
         }
+        if config.design == RelayDesign::MarkBeforeSend && config.partition.is_some() {
+            bail!("the mark-before-send design takes no partition");
+        }
         let (client, notifications) = open_connection(db, listen).await?;
         let (fetch, mark) = prepare(&client, &config).await?;
         let claimant = format!("relay {name}/pid {}", std::process::id());
@@ -345,6 +356,7 @@ impl Relay {
         let outcome = match self.config.design {
             RelayDesign::Lock => self.deliver_locked_batch().await?,
             RelayDesign::Claim => self.deliver_claimed_batch().await?,
+            RelayDesign::MarkBeforeSend => self.deliver_marked_first_batch().await?,
         };
         self.stats
             .delivered
@@ -395,6 +407,39 @@ impl Relay {
         }
         self.client.batch_execute("COMMIT").await?;
         Ok(outcome)
+    }
+
+    /// Broken on purpose (mark-before-send): fetch, mark published and COMMIT, then send. A crash
+    /// or a failed send after the commit loses the events: nothing sends them again. (An error
+    /// before the COMMIT ends the relay, and its session, which rolls back.)
+    async fn deliver_marked_first_batch(&mut self) -> Result<BatchOutcome> {
+        let params: [&(dyn ToSql + Sync); 2] = [&self.config.max_attempts, &self.config.batch];
+        let (_, rows) = tokio::try_join!(
+            self.client.batch_execute("BEGIN"),
+            self.client.query(&self.fetch, &params),
+        )?;
+        let ids: Vec<i64> = rows.iter().map(|r| r.get("id")).collect();
+        if !ids.is_empty() {
+            self.client.execute(&self.mark, &[&ids]).await?;
+            crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
+        }
+        self.client.batch_execute("COMMIT").await?;
+        if !rows.is_empty() {
+            crash::point(CrashPoint::RelayAfterMarkBeforeSend);
+        }
+        // A failed send is recorded (attempts, last_error) on a row already marked published.
+        let (outcome, _) =
+            deliver_rows(&self.sink, &self.config, &self.name, &self.client, &rows).await?;
+        Ok(outcome)
+    }
+
+    /// Undelivered rows under the attempt limit, due or not.
+    pub async fn pending(&self) -> Result<i64> {
+        let row = self
+            .client
+            .query_one(PENDING, &[&self.config.max_attempts])
+            .await?;
+        Ok(row.get(0))
     }
 
     /// The lease: claim (committed), deliver outside any transaction, mark what was delivered.
@@ -515,7 +560,7 @@ impl Relay {
 /// The design's fetch and mark, prepared on `client`.
 async fn prepare(client: &Client, config: &RelayConfig) -> Result<(Statement, Statement)> {
     let (fetch, mark) = match config.design {
-        RelayDesign::Lock => (
+        RelayDesign::Lock | RelayDesign::MarkBeforeSend => (
             fetch_statement(config.partition.is_some(), config.head_of_line_guard),
             MARK_PUBLISHED,
         ),
@@ -540,7 +585,9 @@ async fn open_connection(
 }
 
 /// Sends the fetched rows through the sink; a failure is recorded (with its backoff) through
-/// `db`. Returns the ids delivered, for the mark.
+/// `db`. Returns the ids delivered, for the mark. With `log_attempts`, every event is logged
+/// `sending` before the batch goes out and `sent` as soon as it is known delivered: an event
+/// left without an answer when the relay dies is one whose outcome it never learned.
 async fn deliver_rows(
     sink: &Sink,
     config: &RelayConfig,
@@ -557,8 +604,18 @@ async fn deliver_rows(
     }
     crash::point(CrashPoint::RelayAfterFetchBeforeSend);
     let events: Vec<Event> = rows.iter().map(Event::from_outbox_row).collect();
+    if config.log_attempts {
+        for event in &events {
+            let id = event.outbox_id.expect("outbox rows have ids");
+            info!(relay = %name, "outbox id={id} sending");
+        }
+    }
     let results = sink
-        .deliver(&events, || {
+        .deliver(&events, |event| {
+            if config.log_attempts {
+                let id = event.outbox_id.expect("outbox rows have ids");
+                info!(relay = %name, "outbox id={id} sent");
+            }
             crash::point(CrashPoint::RelayAfterSendBeforeMark)
         })
         .await;
@@ -647,4 +704,76 @@ impl XidWatermarkRelay {
 /// Gives every undelivered row its attempts back (`outbox-lab requeue`); returns rows requeued.
 pub async fn requeue(client: &Client) -> Result<u64> {
     Ok(client.execute(REQUEUE, &[]).await?)
+}
+
+/// Where the stored watermark relay resumes: the highest id it has delivered.
+pub const LOAD_WATERMARK: &str =
+    "SELECT COALESCE(max(last_seen), 0) FROM relay_watermark WHERE relay = $1";
+
+pub const SAVE_WATERMARK: &str = "
+INSERT INTO relay_watermark(relay, last_seen) VALUES ($1, $2)
+ON CONFLICT (relay) DO UPDATE SET last_seen = EXCLUDED.last_seen";
+
+/// What the stored watermark relay has still to deliver: rows above its watermark. Rows below it
+/// that committed late are not counted; nothing will ever deliver them.
+pub const WATERMARK_PENDING: &str = "
+SELECT count(*) FROM outbox
+ WHERE id > COALESCE((SELECT max(last_seen) FROM relay_watermark WHERE relay = $1), 0)";
+
+/// A watermark relay as it is usually built for production: `id > last_seen`, with the
+/// watermark stored (and saved after each delivery) so that a restart resumes where it stopped.
+/// Crash-safe (a crash between send and save redelivers) but not gap-safe: a row whose
+/// transaction commits after a later id was delivered is below the watermark, and lost.
+pub struct StoredWatermarkRelay {
+    client: Client,
+    sink: HttpSink,
+    /// The key of its row in `relay_watermark`, and its log name.
+    name: String,
+}
+
+impl StoredWatermarkRelay {
+    pub fn new(client: Client, sink: HttpSink, name: String) -> StoredWatermarkRelay {
+        StoredWatermarkRelay { client, sink, name }
+    }
+
+    /// One pass; returns the rows delivered. A failed send ends the pass without moving the
+    /// watermark, so the row is tried again on the next pass. Every try is logged (`sending`,
+    /// then `sent` or `failed`), as the article's relay does with `log_attempts`.
+    pub async fn deliver_new(&mut self) -> Result<usize> {
+        let last_seen: i64 = self
+            .client
+            .query_one(LOAD_WATERMARK, &[&self.name])
+            .await?
+            .get(0);
+        let rows = self
+            .client
+            .query(FETCH_AFTER_WATERMARK, &[&last_seen])
+            .await?;
+        let name = &self.name;
+        let mut delivered = 0;
+        for row in &rows {
+            let event = Event::from_outbox_row(row);
+            let id = event.outbox_id.expect("outbox rows have ids");
+            crash::point(CrashPoint::RelayAfterFetchBeforeSend);
+            info!(relay = %name, "outbox id={id} sending");
+            if let Err(e) = self.sink.send(&event).await {
+                info!(relay = %name, "outbox id={id} failed: {e:#}");
+                break;
+            }
+            info!(relay = %name, "outbox id={id} sent");
+            crash::point(CrashPoint::RelayAfterSendBeforeMark);
+            self.client.execute(SAVE_WATERMARK, &[name, &id]).await?;
+            delivered += 1;
+        }
+        Ok(delivered)
+    }
+
+    /// Rows above the watermark.
+    pub async fn pending(&self) -> Result<i64> {
+        Ok(self
+            .client
+            .query_one(WATERMARK_PENDING, &[&self.name])
+            .await?
+            .get(0))
+    }
 }

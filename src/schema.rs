@@ -66,6 +66,13 @@ pub const RESET: &str = "
 TRUNCATE outbox, orders, consumer.receipts, consumer.processed_events, consumer.shipments
 RESTART IDENTITY";
 
+/// Where explore's stored watermark relay keeps its position across restarts.
+pub const ADD_RELAY_WATERMARK: &str =
+    "CREATE TABLE relay_watermark (relay text PRIMARY KEY, last_seen bigint NOT NULL)";
+
+/// [`RESET`] for the watermark table, where it exists.
+pub const RESET_RELAY_WATERMARK: &str = "TRUNCATE relay_watermark";
+
 /// The gap-safe watermark of watermark-gap: each row remembers the transaction that wrote it.
 pub const ADD_WRITER_XID: &str =
     "ALTER TABLE outbox ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id()";

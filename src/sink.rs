@@ -55,7 +55,11 @@ impl Sink {
 
     /// Delivers a batch, in order; `on_delivered` runs after each event known to be delivered
     /// (the relay's crash point). Results come back in batch order.
-    pub async fn deliver(&self, events: &[Event], on_delivered: impl Fn()) -> Vec<Result<()>> {
+    pub async fn deliver(
+        &self,
+        events: &[Event],
+        on_delivered: impl Fn(&Event),
+    ) -> Vec<Result<()>> {
         match self {
             Sink::Http(http) => http.deliver(events, on_delivered).await,
             Sink::Redis(redis) => redis.deliver(events, on_delivered).await,
@@ -122,13 +126,13 @@ impl HttpSink {
 
     /// One event after another; or, with `in_flight` > 1, aggregates side by side and each
     /// aggregate's events still one after another, so per-aggregate order holds.
-    async fn deliver(&self, events: &[Event], on_delivered: impl Fn()) -> Vec<Result<()>> {
+    async fn deliver(&self, events: &[Event], on_delivered: impl Fn(&Event)) -> Vec<Result<()>> {
         if self.in_flight <= 1 {
             let mut results = Vec::with_capacity(events.len());
             for event in events {
                 let result = self.send(event).await;
                 if result.is_ok() {
-                    on_delivered();
+                    on_delivered(event);
                 }
                 results.push(result);
             }
@@ -163,7 +167,7 @@ impl HttpSink {
         while let Some(done) = tasks.join_next().await {
             for (i, result) in done.unwrap_or_default() {
                 if result.is_ok() {
-                    on_delivered();
+                    on_delivered(&events[i]);
                 }
                 results[i] = Some(result);
             }
@@ -189,7 +193,7 @@ impl RedisSink {
     }
 
     /// One pipeline for the whole batch: it is delivered whole or not at all.
-    async fn deliver(&self, events: &[Event], on_delivered: impl Fn()) -> Vec<Result<()>> {
+    async fn deliver(&self, events: &[Event], on_delivered: impl Fn(&Event)) -> Vec<Result<()>> {
         let mut pipe = redis::pipe();
         for event in events {
             pipe.cmd("XADD")
@@ -214,8 +218,8 @@ impl RedisSink {
         match pipe.query_async::<()>(&mut connection).await {
             Ok(()) => events
                 .iter()
-                .map(|_| {
-                    on_delivered();
+                .map(|event| {
+                    on_delivered(event);
                     Ok(())
                 })
                 .collect(),

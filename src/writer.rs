@@ -71,6 +71,10 @@ pub fn order_payload(order_id: i64) -> serde_json::Value {
     json!({ "order_id": order_id, "amount": "1200" })
 }
 
+/// Customers (of those asked for) whose order is committed: a restarted writer skips them, as a
+/// client retrying a request it is unsure about would, by its own request key.
+pub const COMMITTED_CUSTOMERS: &str = "SELECT customer_id FROM orders WHERE customer_id = ANY($1)";
+
 /// The outbox way: the order and its events in one transaction; nothing is sent here. With
 /// `delete_outbox`, the transaction deletes its outbox rows again (Debezium-style).
 pub async fn create_order_with_events(
@@ -81,6 +85,21 @@ pub async fn create_order_with_events(
     delete_outbox: bool,
 ) -> Result<i64> {
     let tx = client.transaction().await?;
+    let order_id =
+        insert_order_with_events(&tx, customer_id, events_per_order, delete_outbox).await?;
+    crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
+    end(tx, ending).await?;
+    Ok(order_id)
+}
+
+/// The order and its outbox rows, in the caller's transaction (deleted again with
+/// `delete_outbox`).
+pub async fn insert_order_with_events(
+    tx: &Transaction<'_>,
+    customer_id: i64,
+    events_per_order: u32,
+    delete_outbox: bool,
+) -> Result<i64> {
     let order_id: i64 = tx.query_one(INSERT_ORDER, &[&customer_id]).await?.get(0);
     let mut outbox_ids: Vec<i64> = Vec::with_capacity(events_per_order as usize);
     for n in 1..=events_per_order {
@@ -97,9 +116,48 @@ pub async fn create_order_with_events(
     if delete_outbox {
         tx.execute(DELETE_OUTBOX_ROWS, &[&outbox_ids]).await?;
     }
-    crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
-    end(tx, ending).await?;
     Ok(order_id)
+}
+
+/// Orders written in pairs by two sessions whose transactions overlap, as on any busy server:
+/// the second order of a pair commits first and the first `overlap` later (a slow request), so
+/// outbox ids do not become visible in id order.
+pub async fn write_overlapping_pairs(
+    slow: &mut Client,
+    fast: &mut Client,
+    customers: &[i64],
+    events_per_order: u32,
+    overlap: Duration,
+) -> Result<()> {
+    for pair in customers.chunks(2) {
+        let slow_tx = slow.transaction().await?;
+        insert_order_with_events(&slow_tx, pair[0], events_per_order, false).await?;
+        if let Some(&second) = pair.get(1) {
+            let fast_tx = fast.transaction().await?;
+            insert_order_with_events(&fast_tx, second, events_per_order, false).await?;
+            crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
+            fast_tx.commit().await?;
+            tokio::time::sleep(overlap).await;
+        }
+        crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
+        slow_tx.commit().await?;
+    }
+    Ok(())
+}
+
+/// Of `customers`, those without a committed order, in order.
+pub async fn uncommitted_customers(client: &Client, customers: &[i64]) -> Result<Vec<i64>> {
+    let committed: Vec<i64> = client
+        .query(COMMITTED_CUSTOMERS, &[&customers])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    Ok(customers
+        .iter()
+        .copied()
+        .filter(|c| !committed.contains(c))
+        .collect())
 }
 
 async fn end(tx: Transaction<'_>, ending: Ending) -> Result<()> {

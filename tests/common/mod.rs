@@ -3,7 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses a different part of this module
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
 
@@ -148,17 +148,16 @@ pub fn assert_usage_error(run: &Run, needle: &str) {
 /// `outbox-lab scenario NAME ARGS --format json` against this binary's cluster.
 pub fn scenario(name: &str, args: &[&str]) -> Run {
     let results = scratch_dir(&format!("results-{name}"));
+    run_json(&["scenario", name], &results, args)
+}
+
+/// `outbox-lab COMMAND --format json ARGS` against this binary's cluster, results in `results`.
+pub fn run_json(command: &[&str], results: &Path, args: &[&str]) -> Run {
     let output = outbox_lab()
-        .args([
-            "scenario",
-            name,
-            "--format",
-            "json",
-            "--database-url",
-            server_url(),
-        ])
+        .args(command)
+        .args(["--format", "json", "--database-url", server_url()])
         .arg("--results-dir")
-        .arg(&results)
+        .arg(results)
         .args(args)
         .output()
         .expect("outbox-lab runs");

@@ -1,0 +1,186 @@
+//! explore's writer and relay as they run in a child process (`outbox-lab child explore-writer`,
+//! `explore-relay`): the workload, and a relay loop that keeps polling until the parent closes
+//! its stdin ("the writer is done") and nothing is left to deliver.
+
+use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use clap::Args;
+use tokio::io::AsyncReadExt;
+use uuid::Uuid;
+
+use super::designs::RelayVariant;
+use crate::db::Database;
+use crate::relay::{Relay, RelayConfig, RelayDesign, StoredWatermarkRelay};
+use crate::sink::{HttpSink, Sink};
+use crate::writer::{self, DualWriteOrder, Ending};
+
+/// The workload: customers 1..=orders, each order with its events.
+#[derive(Debug, Clone, Args)]
+pub struct WriterArgs {
+    #[arg(long)]
+    pub orders: u32,
+    #[arg(long)]
+    pub events_per_order: u32,
+    /// How long the first order of each pair stays uncommitted after the second commits.
+    #[arg(long)]
+    pub overlap_ms: u64,
+    /// Be the naive app instead: write the order and POST its event (one per order) itself.
+    #[arg(long, value_enum, requires = "sink")]
+    pub dual_write: Option<DualWriteOrder>,
+    #[arg(long)]
+    pub sink: Option<String>,
+}
+
+/// Writes the orders not committed yet (a restarted writer retries only those).
+pub async fn run_writer(db: &Database, args: WriterArgs) -> Result<()> {
+    let customers: Vec<i64> = (1..=i64::from(args.orders)).collect();
+    let mut client = db.connect().await?;
+    let todo = writer::uncommitted_customers(&client, &customers).await?;
+    let Some(order) = args.dual_write else {
+        let mut second_session = db.connect().await?;
+        let overlap = Duration::from_millis(args.overlap_ms);
+        return writer::write_overlapping_pairs(
+            &mut client,
+            &mut second_session,
+            &todo,
+            args.events_per_order,
+            overlap,
+        )
+        .await;
+    };
+    let sink = HttpSink::new(args.sink.as_deref().expect("clap requires --sink"))?;
+    for customer in todo {
+        // The same attempt lines as a relay's, for the history.
+        log_line(format_args!("customer={customer} sending"));
+        let sent = writer::dual_write(
+            &mut client,
+            &sink,
+            customer,
+            Uuid::new_v4(),
+            order,
+            Ending::Commit,
+        )
+        .await;
+        match sent {
+            Ok(_) => log_line(format_args!("customer={customer} sent")),
+            Err(e) => {
+                log_line(format_args!("customer={customer} failed: {e:#}"));
+                // The request failed: end like a crashed request; the restart retries.
+                return Err(e.context(format!("order of customer {customer}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn log_line(line: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "[app] {line}");
+    let _ = out.flush();
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RelayArgs {
+    #[arg(long, value_enum)]
+    pub variant: RelayVariant,
+    #[arg(long)]
+    pub sink: String,
+    #[arg(long)]
+    pub name: String,
+    #[arg(long)]
+    pub batch: i64,
+    #[arg(long)]
+    pub max_attempts: i32,
+    #[arg(long)]
+    pub backoff_ms: u64,
+    #[arg(long)]
+    pub idle_poll_ms: u64,
+    #[arg(long)]
+    pub deadline_ms: u64,
+}
+
+/// Polls until stdin is closed and nothing is pending, or gives up at the deadline.
+pub async fn run_relay(db: &Database, args: RelayArgs) -> Result<()> {
+    let stop_when_drained = Arc::new(AtomicBool::new(false));
+    let flag = stop_when_drained.clone();
+    tokio::spawn(async move {
+        let mut input = Vec::new();
+        let _ = tokio::io::stdin().read_to_end(&mut input).await;
+        flag.store(true, Ordering::SeqCst);
+    });
+    let sink = HttpSink::new(&args.sink)?;
+    let mut relay = match args.variant {
+        RelayVariant::StoredWatermark => {
+            let client = db.connect().await?;
+            Variant::Watermark(Box::new(StoredWatermarkRelay::new(
+                client,
+                sink,
+                args.name.clone(),
+            )))
+        }
+        variant => {
+            let config = RelayConfig {
+                design: match variant {
+                    RelayVariant::MarkFirst => RelayDesign::MarkBeforeSend,
+                    _ => RelayDesign::Lock,
+                },
+                batch: args.batch,
+                max_attempts: args.max_attempts,
+                backoff_base: Duration::from_millis(args.backoff_ms),
+                head_of_line_guard: variant == RelayVariant::Guarded,
+                log_attempts: true,
+                ..RelayConfig::default()
+            };
+            let relay =
+                Relay::connect(&db.config()?, Sink::Http(sink), config, &args.name, false).await?;
+            Variant::Locking(Box::new(relay))
+        }
+    };
+    let deadline = Duration::from_millis(args.deadline_ms);
+    let started = Instant::now();
+    while started.elapsed() < deadline {
+        if relay.pass().await? > 0 {
+            continue;
+        }
+        // Read the stop flag before counting: once the writer is done (and only then is stdin
+        // closed), a count taken after seeing the flag includes all it wrote.
+        let stopping = stop_when_drained.load(Ordering::SeqCst);
+        if stopping && relay.pending().await? == 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(args.idle_poll_ms)).await;
+    }
+    let pending = relay.pending().await?;
+    bail!(
+        "relay {} gave up after {deadline:?} with {pending} rows pending",
+        args.name
+    )
+}
+
+/// The relay variants, behind one loop.
+enum Variant {
+    /// The article's relay, in the design the variant asks for.
+    Locking(Box<Relay>),
+    Watermark(Box<StoredWatermarkRelay>),
+}
+
+impl Variant {
+    /// One pass; how many rows it moved (fetched, or delivered for the watermark relay).
+    async fn pass(&mut self) -> Result<usize> {
+        Ok(match self {
+            Variant::Locking(relay) => relay.deliver_batch().await?.fetched,
+            Variant::Watermark(relay) => relay.deliver_new().await?,
+        })
+    }
+
+    async fn pending(&self) -> Result<i64> {
+        match self {
+            Variant::Locking(relay) => relay.pending().await,
+            Variant::Watermark(relay) => relay.pending().await,
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! The designs explore runs: each a writer, a relay variant (and how many relays), a consumer
+//! kind, the crash points on its path, the invariants it claims, and (for the deliberately broken
+//! ones) the flaw the checker is expected to catch.
+
+use std::fmt;
+
+use crate::consumer::ConsumerKind;
+use crate::crash::CrashPoint;
+use crate::writer::DualWriteOrder;
+
+/// What a design may guarantee, judged by the checker on the database after recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Invariant {
+    /// No shipment for an order that never committed.
+    Ghost,
+    /// Every committed event has its side effect.
+    Lost,
+    /// No event has its side effect twice.
+    Duplicate,
+    /// Per aggregate, first side effects follow outbox order.
+    Order,
+    /// The run drains within its bounds (restarts and time).
+    Liveness,
+}
+
+impl Invariant {
+    pub const ALL: [Invariant; 5] = [
+        Invariant::Ghost,
+        Invariant::Lost,
+        Invariant::Duplicate,
+        Invariant::Order,
+        Invariant::Liveness,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Invariant::Ghost => "ghost",
+            Invariant::Lost => "lost",
+            Invariant::Duplicate => "duplicate",
+            Invariant::Order => "order",
+            Invariant::Liveness => "liveness",
+        }
+    }
+
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Invariant::Ghost => "no shipment for an order that never committed",
+            Invariant::Lost => "every committed event has its side effect",
+            Invariant::Duplicate => "no event has its side effect twice",
+            Invariant::Order => "per aggregate, first side effects follow outbox order",
+            Invariant::Liveness => "the run drains within its bounds",
+        }
+    }
+}
+
+impl fmt::Display for Invariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How the business side writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writer {
+    /// Order and outbox rows in one transaction (two overlapping sessions).
+    Outbox,
+    /// The naive app: the order in the database, the event POSTed by the app itself.
+    DualWrite(DualWriteOrder),
+}
+
+/// Which relay delivers the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RelayVariant {
+    /// The article's relay: lock, send, mark, commit.
+    Lock,
+    /// The article's relay with the head-of-line guard in its fetch.
+    Guarded,
+    /// Broken: marks the batch published and commits before sending.
+    MarkFirst,
+    /// Broken: `id > last_seen`, watermark stored in a table.
+    StoredWatermark,
+}
+
+/// One combination the harness can run.
+#[derive(Debug)]
+pub struct Design {
+    pub name: &'static str,
+    pub summary: &'static str,
+    pub writer: Writer,
+    /// `None` for the dual writes: the app sends itself.
+    pub relay: Option<RelayVariant>,
+    /// Relays running at once (unpartitioned: they compete for rows with SKIP LOCKED).
+    pub relays: u32,
+    /// Rows per fetch.
+    pub batch: i64,
+    pub consumer: ConsumerKind,
+    /// What the design guarantees; a violation of one of these fails the run (exit 1).
+    pub claims: &'static [Invariant],
+    /// The violation a deliberately broken design exists to show; not claimed.
+    pub flaws: &'static [Invariant],
+}
+
+use Invariant::{Duplicate, Ghost, Liveness, Lost, Order};
+
+/// Every design, correct ones first.
+pub const DESIGNS: [Design; 8] = [
+    Design {
+        name: "dual-write-commit-first",
+        summary: "naive app: COMMIT the order, then POST the event",
+        writer: Writer::DualWrite(DualWriteOrder::CommitFirst),
+        relay: None,
+        relays: 0,
+        batch: 1,
+        consumer: ConsumerKind::Naive,
+        claims: &[Ghost, Duplicate, Order, Liveness],
+        flaws: &[Lost],
+    },
+    Design {
+        name: "dual-write-send-first",
+        summary: "naive app: POST the event, then COMMIT the order",
+        writer: Writer::DualWrite(DualWriteOrder::SendFirst),
+        relay: None,
+        relays: 0,
+        batch: 1,
+        consumer: ConsumerKind::Naive,
+        claims: &[Lost, Duplicate, Order, Liveness],
+        flaws: &[Ghost],
+    },
+    Design {
+        name: "outbox-naive",
+        summary: "outbox, the article's relay, naive consumer",
+        writer: Writer::Outbox,
+        relay: Some(RelayVariant::Lock),
+        relays: 1,
+        batch: 100,
+        consumer: ConsumerKind::Naive,
+        claims: &[Ghost, Lost, Liveness],
+        flaws: &[Duplicate],
+    },
+    Design {
+        name: "outbox-idempotent",
+        summary: "outbox, the article's relay, idempotent consumer",
+        writer: Writer::Outbox,
+        relay: Some(RelayVariant::Lock),
+        relays: 1,
+        batch: 100,
+        consumer: ConsumerKind::Idempotent,
+        claims: &[Ghost, Lost, Duplicate, Liveness],
+        flaws: &[],
+    },
+    Design {
+        name: "outbox-idempotent-ordered",
+        summary: "outbox, one relay with the head-of-line guard, idempotent consumer",
+        writer: Writer::Outbox,
+        relay: Some(RelayVariant::Guarded),
+        relays: 1,
+        batch: 100,
+        consumer: ConsumerKind::Idempotent,
+        claims: &[Ghost, Lost, Duplicate, Order, Liveness],
+        flaws: &[],
+    },
+    Design {
+        name: "watermark-relay",
+        summary: "broken: relay fetches id > stored watermark, idempotent consumer",
+        writer: Writer::Outbox,
+        relay: Some(RelayVariant::StoredWatermark),
+        relays: 1,
+        batch: 100,
+        consumer: ConsumerKind::Idempotent,
+        claims: &[Ghost, Duplicate, Order, Liveness],
+        flaws: &[Lost],
+    },
+    Design {
+        name: "mark-before-send",
+        summary: "broken: relay commits published_at, then sends, idempotent consumer",
+        writer: Writer::Outbox,
+        relay: Some(RelayVariant::MarkFirst),
+        relays: 1,
+        batch: 100,
+        consumer: ConsumerKind::Idempotent,
+        claims: &[Ghost, Duplicate, Order, Liveness],
+        flaws: &[Lost],
+    },
+    Design {
+        name: "multi-relay-unpartitioned",
+        summary: "broken: three article relays share the outbox, batch 1, idempotent consumer",
+        writer: Writer::Outbox,
+        relay: Some(RelayVariant::Lock),
+        relays: 3,
+        batch: 1,
+        consumer: ConsumerKind::Idempotent,
+        claims: &[Ghost, Lost, Duplicate, Liveness],
+        flaws: &[Order],
+    },
+];
+
+impl Design {
+    pub fn find(name: &str) -> Result<&'static Design, String> {
+        DESIGNS.iter().find(|d| d.name == name).ok_or_else(|| {
+            let known: Vec<&str> = DESIGNS.iter().map(|d| d.name).collect();
+            format!("unknown design '{name}'; known: {}", known.join(", "))
+        })
+    }
+
+    /// Its position in [`DESIGNS`]: a stable number for seeding its random schedules.
+    pub fn index(&self) -> u64 {
+        DESIGNS
+            .iter()
+            .position(|d| d.name == self.name)
+            .expect("designs come from DESIGNS") as u64
+    }
+
+    pub fn claims(&self, invariant: Invariant) -> bool {
+        self.claims.contains(&invariant)
+    }
+
+    /// The crash points its processes pass: the only ones a schedule may name for it.
+    pub fn crash_points(&self) -> Vec<CrashPoint> {
+        let mut points = match self.writer {
+            Writer::Outbox => vec![CrashPoint::WriterAfterInsertBeforeCommit],
+            Writer::DualWrite(DualWriteOrder::CommitFirst) => {
+                vec![CrashPoint::WriterAfterCommitBeforeSend]
+            }
+            Writer::DualWrite(DualWriteOrder::SendFirst) => {
+                vec![CrashPoint::WriterAfterSendBeforeCommit]
+            }
+        };
+        points.extend_from_slice(match self.relay {
+            None => &[],
+            Some(RelayVariant::Lock | RelayVariant::Guarded) => &[
+                CrashPoint::RelayAfterFetchBeforeSend,
+                CrashPoint::RelayAfterSendBeforeMark,
+                CrashPoint::RelayAfterMarkBeforeCommit,
+            ],
+            Some(RelayVariant::MarkFirst) => &[
+                CrashPoint::RelayAfterMarkBeforeCommit,
+                CrashPoint::RelayAfterMarkBeforeSend,
+            ],
+            Some(RelayVariant::StoredWatermark) => &[
+                CrashPoint::RelayAfterFetchBeforeSend,
+                CrashPoint::RelayAfterSendBeforeMark,
+            ],
+        });
+        points.extend([
+            CrashPoint::ConsumerAfterEffectBeforeCommit,
+            CrashPoint::ConsumerAfterCommitBeforeReply,
+        ]);
+        points
+    }
+}

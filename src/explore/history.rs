@@ -1,0 +1,169 @@
+//! The history of a run, in Jepsen's terms: every process that ran (what it was armed with, how
+//! it ended) and every delivery attempt with its outcome as the sender knew it: `ok`, `fail` (it
+//! did not happen) or `info` (unknown: the sender died, or the connection broke after the
+//! request went out). Read from the senders' log lines, saved as one JSON line per run under
+//! `results/<run-id>/history/`, so that every verdict can be audited.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+/// A sender's log line before each try (relays: `[relay r0] outbox id=3 sending`).
+const SENDING: &str = " sending";
+const SENT: &str = " sent";
+const FAILED: &str = " failed: ";
+
+/// How a delivery attempt ended, for the sender.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Ok,
+    Fail,
+    Info,
+}
+
+impl Outcome {
+    /// A refused connection or an error status means the event was not processed; any other
+    /// error (connection closed, reset, timeout) leaves the sender not knowing.
+    fn of_error(error: &str) -> Outcome {
+        if error.contains("Connection refused") || error.starts_with("HTTP ") {
+            Outcome::Fail
+        } else {
+            Outcome::Info
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Attempt {
+    /// Which incarnation tried (`relay0#2`: relay 0, second process).
+    pub process: String,
+    /// What it tried to deliver (`outbox id=3`, `customer=2`).
+    pub event: String,
+    pub outcome: Outcome,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Process {
+    pub process: String,
+    /// The crash plan it was started with, if any.
+    pub armed: Option<String>,
+    pub end: String,
+}
+
+/// Everything one run did, and the checker's verdict on it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct History {
+    pub design: String,
+    pub schedule: String,
+    /// Set on the second run of a violation's smallest schedule: the invariant it re-checks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<String>,
+    pub elapsed_ms: u64,
+    pub processes: Vec<Process>,
+    pub attempts: Vec<Attempt>,
+    /// Offending ids per violated invariant.
+    pub violations: BTreeMap<String, Vec<String>>,
+}
+
+impl History {
+    /// The attempts in one process's log. A sender announces each event (`sending`) before it
+    /// goes out, a batch at a time, and reports each answer (`sent`, `failed: ...`); an
+    /// announced event never answered is `info`: the process died before it learned the outcome.
+    pub fn record_attempts(&mut self, process: &str, log: &str) {
+        let mut unanswered: Vec<&str> = Vec::new();
+        for line in log.lines() {
+            // Drop the `[relay NAME] ` prefix.
+            let line = line.split_once("] ").map_or(line, |(_, rest)| rest);
+            let (event, outcome, error) = if let Some(event) = line.strip_suffix(SENDING) {
+                unanswered.push(event);
+                continue;
+            } else if let Some(event) = line.strip_suffix(SENT) {
+                (event, Outcome::Ok, None)
+            } else if let Some((event, error)) = line.split_once(FAILED) {
+                (event, Outcome::of_error(error), Some(error))
+            } else {
+                continue;
+            };
+            if let Some(i) = unanswered.iter().position(|e| *e == event) {
+                unanswered.remove(i);
+            }
+            self.push_attempt(process, event, outcome, error);
+        }
+        for event in unanswered {
+            self.push_attempt(process, event, Outcome::Info, None);
+        }
+    }
+
+    fn push_attempt(&mut self, process: &str, event: &str, outcome: Outcome, error: Option<&str>) {
+        self.attempts.push(Attempt {
+            process: process.to_string(),
+            event: event.to_string(),
+            outcome,
+            error: error.map(str::to_string),
+        });
+    }
+
+    pub fn record_process(&mut self, process: &str, armed: Option<String>, end: String) {
+        self.processes.push(Process {
+            process: process.to_string(),
+            armed,
+            end,
+        });
+    }
+}
+
+/// Appends a design's runs to `<dir>/history/<design>.jsonl`, one JSON document per line.
+pub fn save(dir: &Path, design: &str, runs: &[History]) -> Result<()> {
+    let dir = dir.join("history");
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let path = dir.join(format!("{design}.jsonl"));
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    for run in runs {
+        serde_json::to_writer(&mut file, run)?;
+        file.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A try the sender never heard back from is `info`; refused is `fail`; 2xx is `ok`.
+    #[test]
+    fn attempts_are_classified_as_the_sender_knew_them() {
+        let mut history = History::default();
+        history.record_attempts(
+            "relay0#1",
+            "[relay r0] outbox id=1 sending\n[relay r0] outbox id=1 sent\n\
+             [relay r0] outbox id=2 sending\n[relay r0] outbox id=3 sending\n\
+             [relay r0] outbox id=4 sending\n\
+             [relay r0] outbox id=2 failed: POST x: client error (Connect): Connection refused\n\
+             [relay r0] outbox id=3 failed: POST x: connection closed before message completed\n",
+        );
+        let outcomes: Vec<(&str, Outcome)> = history
+            .attempts
+            .iter()
+            .map(|a| (a.event.as_str(), a.outcome))
+            .collect();
+        assert_eq!(
+            outcomes,
+            [
+                ("outbox id=1", Outcome::Ok),
+                ("outbox id=2", Outcome::Fail),
+                ("outbox id=3", Outcome::Info),
+                ("outbox id=4", Outcome::Info),
+            ]
+        );
+    }
+}

@@ -1,0 +1,574 @@
+//! `outbox-lab explore`: every crash point against every design, with an invariant checker.
+//!
+//! The parts, in Jepsen's words: the [`designs`] (what runs, what it claims), the generator of
+//! [`schedule`]s (exhaustive or seeded random), the [`supervisor`] that runs a schedule with real
+//! processes dying at crash points and restarts them (the nemesis and the clients, with the
+//! child side in [`actors`]), the [`checker`] that judges the database left behind, and the
+//! [`history`] of every run, saved for audit. This file owns the command: reading and checking
+//! the arguments, running the designs, and the matrix it reports.
+
+pub mod actors;
+pub mod checker;
+pub mod designs;
+pub mod history;
+pub mod schedule;
+pub mod supervisor;
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Result};
+use clap::Args;
+use serde_json::json;
+
+use crate::checks::CheckResult;
+use crate::cli::{self, exit, Format, RunArgs};
+use crate::db::PgServer;
+use crate::report::{Environment, Metrics, Report, Table};
+use designs::{Design, Invariant, DESIGNS};
+use history::History;
+use schedule::Schedule;
+use supervisor::{Lab, Workload};
+
+pub const EXAMPLES: &str = "\
+Examples:
+  outbox-lab explore                                    # all designs, every single crash
+  outbox-lab explore --design outbox-idempotent --random 500 --seed 7
+  outbox-lab explore --design outbox-idempotent \\
+      --schedule \"relay:after-send@3,consumer:after-commit@2\"
+  outbox-lab explore --design watermark-relay --format json
+
+A schedule lists faults ROLE:STEP@PASS (roles writer, relay, consumer; STEP a crash point
+without its role, or a unique start of it, see `outbox-lab crash-points`; PASS from 1).
+Faults of one role fire in order, one per process: after a crash the restarted process gets
+the next. In designs with several relays, relay faults hit the first.
+
+Designs: dual-write-commit-first, dual-write-send-first, outbox-naive, outbox-idempotent,
+outbox-idempotent-ordered, and the deliberately broken watermark-relay, mark-before-send,
+multi-relay-unpartitioned.
+
+Exit status: 0 every design holds what it claims, 1 a design violated a claim, 2 bad input.";
+
+/// The overlap of the two writer sessions: long enough that a relay polling every 5 ms sees
+/// the later order before the earlier one commits.
+const WRITER_OVERLAP: Duration = Duration::from_millis(40);
+/// The default workload: small enough for a quick run, two events per order for `order`.
+const DEFAULT_ORDERS: u32 = 4;
+const DEFAULT_EVENTS_PER_ORDER: u32 = 2;
+
+#[derive(Debug, Args)]
+pub struct ExploreArgs {
+    /// A design to explore (repeat for several; default: all).
+    #[arg(long = "design", value_name = "NAME")]
+    designs: Vec<String>,
+    /// Draw N random schedules of 1 to 3 faults per design instead of every single fault.
+    #[arg(long, value_name = "N")]
+    random: Option<u32>,
+    /// Seed of --random (the same seed draws the same schedules).
+    #[arg(long, value_name = "S")]
+    seed: Option<u64>,
+    /// Run this one schedule, e.g. "relay:after-send@3,consumer:after-commit@2" (or none).
+    #[arg(long, value_name = "FAULTS")]
+    schedule: Option<String>,
+    /// Faults name passes 1 to this.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    max_pass: u32,
+    /// Orders the writer creates in every run.
+    #[arg(long, default_value_t = DEFAULT_ORDERS, value_name = "N")]
+    orders: u32,
+    /// Events per order (OrderCreated, OrderUpdated2, ...), in the order's transaction.
+    #[arg(long, default_value_t = DEFAULT_EVENTS_PER_ORDER, value_name = "N")]
+    events_per_order: u32,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// How the schedules are generated.
+#[derive(Debug, Clone)]
+enum Mode {
+    Exhaustive,
+    Random { count: u32, seed: u64 },
+    One(Schedule),
+}
+
+/// The checked arguments: what to run.
+struct Plan {
+    designs: Vec<&'static Design>,
+    mode: Mode,
+    max_pass: u32,
+    workload: Workload,
+}
+
+impl Plan {
+    fn from_args(args: &ExploreArgs) -> Result<Plan> {
+        let explicit = !args.designs.is_empty();
+        let mut designs = if explicit {
+            args.designs
+                .iter()
+                .map(|name| Design::find(name).map_err(|e| anyhow!(e)))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            DESIGNS.iter().collect()
+        };
+        if !(1..=10).contains(&args.max_pass) {
+            bail!("--max-pass {} must be between 1 and 10", args.max_pass);
+        }
+        if !(1..=50).contains(&args.orders) {
+            bail!("--orders {} must be between 1 and 50", args.orders);
+        }
+        if !(1..=9).contains(&args.events_per_order) {
+            bail!(
+                "--events-per-order {} must be between 1 and 9",
+                args.events_per_order
+            );
+        }
+        let mode = match (&args.schedule, args.random, args.seed) {
+            (Some(_), Some(_), _) => bail!("--schedule and --random exclude each other"),
+            (_, None, Some(_)) => bail!("--seed only applies to --random"),
+            (Some(text), None, None) => {
+                let schedule: Schedule = text
+                    .parse()
+                    .map_err(|e| anyhow!("invalid --schedule: {e}"))?;
+                let fits = |d: &&Design| {
+                    let points = d.crash_points();
+                    schedule
+                        .faults
+                        .iter()
+                        .all(|f| points.contains(&f.plan.point))
+                };
+                if explicit {
+                    if let Some(d) = designs.iter().find(|d| !fits(d)) {
+                        let points: Vec<&str> = d.crash_points().iter().map(|p| p.name()).collect();
+                        bail!(
+                            "invalid --schedule: design {} never passes a crash point it names \
+                             (its points: {})",
+                            d.name,
+                            points.join(", ")
+                        );
+                    }
+                }
+                designs.retain(fits);
+                if designs.is_empty() {
+                    bail!("invalid --schedule: no design passes all its crash points");
+                }
+                Mode::One(schedule)
+            }
+            (None, Some(0), _) => bail!("--random needs at least 1 schedule"),
+            (None, Some(count), seed) => Mode::Random {
+                count,
+                seed: seed.unwrap_or(1),
+            },
+            (None, None, None) => Mode::Exhaustive,
+        };
+        Ok(Plan {
+            designs,
+            mode,
+            max_pass: args.max_pass,
+            workload: Workload {
+                orders: args.orders,
+                events_per_order: args.events_per_order,
+                overlap: WRITER_OVERLAP,
+            },
+        })
+    }
+
+    fn schedules(&self, design: &Design) -> Vec<Schedule> {
+        let points = design.crash_points();
+        match &self.mode {
+            Mode::Exhaustive => Schedule::exhaustive(&points, self.max_pass),
+            Mode::Random { count, seed } => {
+                Schedule::random(&points, self.max_pass, *count, *seed, design.index())
+            }
+            Mode::One(schedule) => vec![schedule.clone()],
+        }
+    }
+
+    fn params(&self) -> serde_json::Value {
+        let designs: Vec<&str> = self.designs.iter().map(|d| d.name).collect();
+        let mut params = json!({
+            "designs": designs,
+            "max_pass": self.max_pass,
+            "orders": self.workload.orders,
+            "events_per_order": self.workload.events_per_order,
+            "writer_overlap_ms": self.workload.overlap.as_millis() as u64,
+        });
+        match &self.mode {
+            Mode::Exhaustive => params["mode"] = "exhaustive".into(),
+            Mode::Random { count, seed } => {
+                params["mode"] = "random".into();
+                params["random"] = (*count).into();
+                params["seed"] = (*seed).into();
+            }
+            Mode::One(schedule) => {
+                params["mode"] = "schedule".into();
+                params["schedule"] = schedule.to_string().into();
+            }
+        }
+        params
+    }
+
+    /// The command line that runs `schedule` on `design` with this workload.
+    fn command_line(&self, design: &Design, schedule: &str) -> String {
+        let mut line = format!(
+            "outbox-lab explore --design {} --schedule \"{schedule}\"",
+            design.name
+        );
+        if self.workload.orders != DEFAULT_ORDERS {
+            line.push_str(&format!(" --orders {}", self.workload.orders));
+        }
+        if self.workload.events_per_order != DEFAULT_EVENTS_PER_ORDER {
+            line.push_str(&format!(
+                " --events-per-order {}",
+                self.workload.events_per_order
+            ));
+        }
+        line
+    }
+}
+
+/// Violating schedules run a second time, smallest first, until one breaks the invariant again.
+const RERUN_CANDIDATES: usize = 3;
+
+/// One design's runs, summarised per invariant.
+struct DesignResult {
+    design: &'static Design,
+    runs: Vec<History>,
+    /// The schedule to show for each violated invariant.
+    reproducers: BTreeMap<Invariant, Reproducer>,
+}
+
+/// The schedule shown for a violated invariant: the smallest that broke it again when run a
+/// second time, or else the smallest (timing-dependent violations may not come back).
+#[derive(Clone)]
+struct Reproducer {
+    schedule: String,
+    /// The ids that broke it in the schedule's first run.
+    offending: Vec<String>,
+    /// Whether the second run broke it again (`None`: not run twice, as with --schedule).
+    again: Option<bool>,
+}
+
+impl DesignResult {
+    /// The schedules run (not the re-runs of the smallest ones).
+    fn schedules(&self) -> impl Iterator<Item = &History> {
+        self.runs.iter().filter(|r| r.rerun_of.is_none())
+    }
+
+    fn violating(&self, invariant: Invariant) -> Vec<&History> {
+        self.schedules()
+            .filter(|r| r.violations.contains_key(invariant.name()))
+            .collect()
+    }
+
+    /// The runs that broke `invariant`, simplest first: fewest faults, then earliest passes.
+    fn smallest_first(&self, invariant: Invariant) -> Vec<&History> {
+        let mut runs = self.violating(invariant);
+        runs.sort_by_cached_key(|r| {
+            let schedule: Schedule = r.schedule.parse().expect("printed by Schedule");
+            (schedule.size(), r.schedule.clone())
+        });
+        runs.dedup_by(|a, b| a.schedule == b.schedule);
+        runs
+    }
+
+    fn broken_claims(&self) -> Vec<Invariant> {
+        Invariant::ALL
+            .into_iter()
+            .filter(|i| self.design.claims(*i) && !self.violating(*i).is_empty())
+            .collect()
+    }
+
+    fn verdict(&self) -> String {
+        let broken = self.broken_claims();
+        if !broken.is_empty() {
+            return format!("VIOLATES its claims: {}", names(&broken));
+        }
+        if self.design.flaws.is_empty() {
+            return "holds what it claims".into();
+        }
+        let (caught, missed): (Vec<Invariant>, Vec<Invariant>) = self
+            .design
+            .flaws
+            .iter()
+            .partition(|f| !self.violating(**f).is_empty());
+        let mut verdict = "holds what it claims".to_string();
+        if !caught.is_empty() {
+            verdict.push_str(&format!("; flaw caught: {}", names(&caught)));
+        }
+        if !missed.is_empty() {
+            verdict.push_str(&format!("; flaw not shown: {}", names(&missed)));
+        }
+        verdict
+    }
+}
+
+fn names(invariants: &[Invariant]) -> String {
+    invariants
+        .iter()
+        .map(|i| i.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `outbox-lab explore`.
+pub async fn command(args: ExploreArgs) -> Result<ExitCode> {
+    // Everything is checked before a server is started: bad input leaves nothing behind.
+    let plan = Plan::from_args(&args)?;
+    let run_id = cli::new_run_id();
+    let results_dir = args.run.results_dir.join(&run_id);
+    let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let text = args.run.format == Format::Text;
+    let (results, version, kind, elapsed) =
+        cli::on_server(&args.run, &run_id, async |server: &PgServer| {
+            let clock = Instant::now();
+            let mut results = Vec::new();
+            for design in &plan.designs {
+                let result = explore_design(server, &plan, design, text).await?;
+                history::save(&results_dir, design.name, &result.runs)?;
+                results.push(result);
+            }
+            Ok((
+                results,
+                server.version.clone(),
+                server.kind(),
+                clock.elapsed(),
+            ))
+        })
+        .await?;
+    let report = report(
+        &plan,
+        &results,
+        elapsed,
+        Environment {
+            postgres_version: version,
+            outbox_lab_version: env!("CARGO_PKG_VERSION").to_string(),
+            started_at,
+            elapsed_ms: elapsed.as_millis() as u64,
+            server: kind.to_string(),
+        },
+    );
+    report.write_files(&results_dir)?;
+    match args.run.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Format::Text => {
+            println!("{}", render_text(&report));
+            eprintln!("results and histories written to {}", results_dir.display());
+        }
+    }
+    Ok(ExitCode::from(if report.passed() {
+        exit::OK
+    } else {
+        exit::CHECK_FAILED
+    }))
+}
+
+async fn explore_design(
+    server: &PgServer,
+    plan: &Plan,
+    design: &'static Design,
+    progress: bool,
+) -> Result<DesignResult> {
+    let clock = Instant::now();
+    let lab = Lab::prepare(server, design, plan.workload).await?;
+    let schedules = plan.schedules(design);
+    let mut runs = Vec::with_capacity(schedules.len());
+    for schedule in &schedules {
+        runs.push(lab.run(schedule).await?);
+    }
+    let mut result = DesignResult {
+        design,
+        runs,
+        reproducers: BTreeMap::new(),
+    };
+    let run_twice = !matches!(plan.mode, Mode::One(_));
+    let mut reruns = Vec::new();
+    for invariant in Invariant::ALL {
+        let candidates: Vec<Reproducer> = result
+            .smallest_first(invariant)
+            .into_iter()
+            .map(|run| Reproducer {
+                schedule: run.schedule.clone(),
+                offending: run.violations[invariant.name()].clone(),
+                again: None,
+            })
+            .collect();
+        let mut shown = None;
+        if run_twice {
+            for candidate in candidates.iter().take(RERUN_CANDIDATES) {
+                let schedule: Schedule = candidate.schedule.parse().expect("printed by Schedule");
+                let mut rerun = lab.run(&schedule).await?;
+                rerun.rerun_of = Some(invariant.name().to_string());
+                let again = rerun.violations.contains_key(invariant.name());
+                reruns.push(rerun);
+                if again {
+                    shown = Some(Reproducer {
+                        again: Some(true),
+                        ..candidate.clone()
+                    });
+                    break;
+                }
+            }
+        }
+        let shown = shown.or_else(|| {
+            candidates.first().map(|first| Reproducer {
+                again: run_twice.then_some(false),
+                ..first.clone()
+            })
+        });
+        if let Some(shown) = shown {
+            result.reproducers.insert(invariant, shown);
+        }
+    }
+    result.runs.extend(reruns);
+    if progress {
+        eprintln!(
+            "explore: {} ran {} schedules in {:.1} s",
+            design.name,
+            schedules.len(),
+            clock.elapsed().as_secs_f64()
+        );
+    }
+    Ok(result)
+}
+
+fn report(
+    plan: &Plan,
+    results: &[DesignResult],
+    elapsed: Duration,
+    environment: Environment,
+) -> Report {
+    let mut metrics = Metrics::default();
+    let mut checks = Vec::new();
+    let mut matrix = Table::new(
+        "design x invariant: schedules violating / schedules run (* = claimed by the design)",
+        &[
+            "design",
+            "ghost",
+            "lost",
+            "duplicate",
+            "order",
+            "liveness",
+            "verdict",
+        ],
+    );
+    let mut smallest = Table::new(
+        "smallest schedule reproducing each violation",
+        &[
+            "design",
+            "invariant",
+            "violating",
+            "schedule",
+            "offending",
+            "again",
+            "command",
+        ],
+    );
+    let total: usize = results.iter().map(|r| r.schedules().count()).sum();
+    for result in results {
+        let design = result.design;
+        let runs = result.schedules().count();
+        metrics.set(format!("{}.schedules", design.name), runs as i64);
+        let mut row = vec![design.name.to_string()];
+        for invariant in Invariant::ALL {
+            let violating = result.violating(invariant).len();
+            let metric = format!("{}.{}.violating", design.name, invariant.name());
+            metrics.set(metric.clone(), violating as i64);
+            let claimed = design.claims(invariant);
+            row.push(format!(
+                "{violating}/{runs}{}",
+                if claimed { "*" } else { "" }
+            ));
+            if claimed {
+                checks.push(CheckResult {
+                    name: format!("{} claims: {}", design.name, invariant.meaning()),
+                    metric,
+                    expected: "0".into(),
+                    actual: violating.to_string(),
+                    article: None,
+                    pass: violating == 0,
+                });
+            }
+            if let Some(shown) = result.reproducers.get(&invariant) {
+                let again = match shown.again {
+                    Some(true) => "yes",
+                    Some(false) => "no",
+                    None => "-",
+                };
+                smallest.push(vec![
+                    design.name.into(),
+                    invariant.name().into(),
+                    format!("{violating}/{runs}"),
+                    shown.schedule.clone(),
+                    shown.offending.join(", "),
+                    again.into(),
+                    plan.command_line(design, &shown.schedule),
+                ]);
+            }
+        }
+        row.push(result.verdict());
+        matrix.push(row);
+    }
+    metrics.set("schedules", total as i64);
+    // Every run counts for the rate, the second runs of the reproducers too.
+    let runs_total: usize = results.iter().map(|r| r.runs.len()).sum();
+    let per_s = runs_total as f64 / elapsed.as_secs_f64().max(0.001);
+    metrics.set("schedules_per_s", (per_s * 100.0).round() / 100.0);
+    let mut notes = vec![format!(
+        "{total} schedules and {} second runs in {:.1} s ({per_s:.2} schedules/s); workload: {} \
+         orders x {} events, written by two overlapping sessions",
+        runs_total - total,
+        elapsed.as_secs_f64(),
+        plan.workload.orders,
+        plan.workload.events_per_order
+    )];
+    notes.push(
+        "again: the schedule, run a second time, broke the invariant again; of the violating \
+         schedules the smallest that does is shown (up to 3 tried); no: none did, the violation \
+         depends on timing, as races do"
+            .into(),
+    );
+    for result in results {
+        let design = result.design;
+        notes.push(format!("{} claims: {}", design.name, names(design.claims)));
+    }
+    Report {
+        scenario: "explore".into(),
+        section: "beyond the article: every crash point against every design".into(),
+        params: plan.params(),
+        metrics,
+        tables: vec![matrix, smallest],
+        checks,
+        notes,
+        environment,
+    }
+}
+
+/// The terminal form: the matrix, the smallest reproducers, one closing line.
+fn render_text(report: &Report) -> String {
+    let mut out = String::new();
+    for table in &report.tables {
+        if table.rows.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("{}\n{}\n\n", table.title, table.render()));
+    }
+    for note in &report.notes {
+        out.push_str(&format!("{note}\n"));
+    }
+    let failed: Vec<&str> = report
+        .checks
+        .iter()
+        .filter(|c| !c.pass)
+        .map(|c| c.metric.as_str())
+        .collect();
+    if failed.is_empty() {
+        out.push_str("\nexplore: every design holds what it claims");
+    } else {
+        out.push_str(&format!(
+            "\nexplore: claims violated: {}",
+            failed.join(", ")
+        ));
+    }
+    out
+}

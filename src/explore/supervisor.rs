@@ -1,0 +1,332 @@
+//! The supervisor (Jepsen's nemesis and process manager): runs one schedule against a design.
+//! It resets the design's database, starts the consumer, the writer and the relays as child
+//! processes armed with the schedule's faults, restarts every process that dies — as production
+//! would — until the writer is done and the outbox drained, and hands the database to the
+//! checker. Every wait is bounded; a run that does not drain within its bounds is a liveness
+//! failure, not a hang.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use futures_util::future::join_all;
+use tokio::sync::watch;
+use tokio_postgres::Client;
+
+use super::checker;
+use super::designs::{Design, Writer};
+use super::history::History;
+use super::schedule::{Role, Schedule};
+use crate::child::{ChildCommand, ChildEnd, ChildRun, ConsumerProcess};
+use crate::crash::CrashPlan;
+use crate::db::{Database, PgServer};
+use crate::schema;
+
+/// Processes of one role a run may start before it counts as stuck.
+const MAX_PROCESSES_PER_ROLE: u32 = 20;
+/// A run that has not drained in this time is stuck (liveness failure).
+const RUN_TIMEOUT: Duration = Duration::from_secs(30);
+/// No single child may take longer.
+const CHILD_TIMEOUT: Duration = Duration::from_secs(25);
+/// Relays give up draining after this long and end with an error.
+const RELAY_DEADLINE: Duration = Duration::from_secs(20);
+/// A failed delivery is retried after 10 ms, 20 ms, 40 ms, ...: quick enough for a consumer that
+/// is being restarted, slow enough not to spin.
+const RELAY_BACKOFF_MS: u64 = 10;
+/// High enough that no event becomes a dead letter while a crashed consumer restarts.
+const RELAY_MAX_ATTEMPTS: i32 = 20;
+/// How often an idle relay polls.
+const RELAY_IDLE_POLL_MS: u64 = 5;
+/// The reset between runs waits this long at most for a killed child's session (which the
+/// server ends a moment after the process) to release its locks.
+const RESET_LOCK_TIMEOUT: &str = "SET lock_timeout = '5s'";
+
+/// What the writer writes in every run.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload {
+    pub orders: u32,
+    /// Events per order (OrderCreated, OrderUpdated2, ...): more than one gives order a meaning.
+    pub events_per_order: u32,
+    /// How long the first order of each pair commits after the second.
+    pub overlap: Duration,
+}
+
+/// One design's database, consumer port and workload, reused for all its runs.
+pub struct Lab {
+    pub design: &'static Design,
+    db: Database,
+    /// Resets the database and runs the checker.
+    client: Client,
+    /// The consumer's port, the same for every restart so that senders find it again.
+    port: u16,
+    workload: Workload,
+}
+
+/// The faults not fired yet, per role.
+struct UnfiredFaults {
+    plans: Mutex<Vec<(Role, CrashPlan)>>,
+}
+
+impl UnfiredFaults {
+    fn new(schedule: &Schedule) -> UnfiredFaults {
+        UnfiredFaults {
+            plans: Mutex::new(schedule.faults.iter().map(|f| (f.role, f.plan)).collect()),
+        }
+    }
+
+    /// What the next process of `role` is armed with.
+    fn next(&self, role: Role) -> Option<CrashPlan> {
+        let plans = self.plans.lock().expect("not poisoned");
+        plans.iter().find(|(r, _)| *r == role).map(|(_, p)| *p)
+    }
+
+    /// The process of `role` died at its plan: the next one gets the following fault.
+    fn fired(&self, role: Role) {
+        let mut plans = self.plans.lock().expect("not poisoned");
+        if let Some(i) = plans.iter().position(|(r, _)| *r == role) {
+            plans.remove(i);
+        }
+    }
+}
+
+impl Lab {
+    /// Creates the design's database with the article's schema (and the watermark table).
+    pub async fn prepare(
+        server: &PgServer,
+        design: &'static Design,
+        workload: Workload,
+    ) -> Result<Lab> {
+        let db = server.create_database(design.name).await?;
+        let client = db.connect().await?;
+        schema::create(&client).await?;
+        client.batch_execute(schema::ADD_RELAY_WATERMARK).await?;
+        client.batch_execute(RESET_LOCK_TIMEOUT).await?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        Ok(Lab {
+            design,
+            db,
+            client,
+            port,
+            workload,
+        })
+    }
+
+    /// Runs `schedule` from an empty database and judges what it left.
+    pub async fn run(&self, schedule: &Schedule) -> Result<History> {
+        let started = Instant::now();
+        self.client.batch_execute(schema::RESET).await?;
+        self.client
+            .batch_execute(schema::RESET_RELAY_WATERMARK)
+            .await?;
+        let history = Mutex::new(History {
+            design: self.design.name.to_string(),
+            schedule: schedule.to_string(),
+            ..History::default()
+        });
+        let faults = UnfiredFaults::new(schedule);
+        let stuck = match tokio::time::timeout(RUN_TIMEOUT, self.supervise(&faults, &history)).await
+        {
+            Ok(stuck) => stuck?,
+            // Dropping the supervision kills every child it still had (kill_on_drop).
+            Err(_) => Some(format!("not drained within {RUN_TIMEOUT:?}")),
+        };
+        let violations = checker::check(&self.client, stuck.as_deref()).await?;
+        let mut history = history.into_inner().expect("not poisoned");
+        for (invariant, ids) in violations {
+            history.violations.insert(invariant.name().to_string(), ids);
+        }
+        history.elapsed_ms = started.elapsed().as_millis() as u64;
+        Ok(history)
+    }
+
+    /// Starts everything, keeps it running until drained; `Some(why)` when a bound was hit.
+    async fn supervise(
+        &self,
+        faults: &UnfiredFaults,
+        history: &Mutex<History>,
+    ) -> Result<Option<String>> {
+        let (writer_done, _) = watch::channel(false);
+        let (all_done, _) = watch::channel(false);
+        let first_consumer = self
+            .consumer_command(faults.next(Role::Consumer))
+            .spawn_consumer()
+            .await?;
+        let producers = async {
+            let relays =
+                (0..self.design.relays).map(|i| self.keep_relay(i, faults, history, &writer_done));
+            let (writer, relays) = tokio::join!(
+                self.keep_writer(faults, history, &writer_done),
+                join_all(relays)
+            );
+            all_done.send_replace(true);
+            (writer, relays)
+        };
+        let (consumer, (writer, relays)) = tokio::join!(
+            self.keep_consumer(first_consumer, faults, history, &all_done),
+            producers
+        );
+        let mut stuck = vec![consumer?, writer?];
+        for relay in relays {
+            stuck.push(relay?);
+        }
+        Ok(stuck.into_iter().flatten().next())
+    }
+
+    /// Runs the writer, and a new one after each crash, until one finishes its orders.
+    async fn keep_writer(
+        &self,
+        faults: &UnfiredFaults,
+        history: &Mutex<History>,
+        writer_done: &watch::Sender<bool>,
+    ) -> Result<Option<String>> {
+        let mut stuck = Some(format!(
+            "the writer did not finish in {MAX_PROCESSES_PER_ROLE} processes"
+        ));
+        for n in 1..=MAX_PROCESSES_PER_ROLE {
+            let plan = faults.next(Role::Writer);
+            let run = self
+                .writer_command()
+                .crash_at(plan)
+                .run(CHILD_TIMEOUT)
+                .await?;
+            record(history, &format!("writer#{n}"), plan, &run);
+            match run.end {
+                ChildEnd::Ok => {
+                    stuck = None;
+                    break;
+                }
+                ChildEnd::Crashed { .. } => faults.fired(Role::Writer),
+                // A failed request (the naive app could not send): restarted, as a client retries.
+                _ => {}
+            }
+        }
+        writer_done.send_replace(true);
+        Ok(stuck)
+    }
+
+    /// Runs relay `index`, and a new one after each crash; once the writer is done, tells it
+    /// (by closing its stdin) to stop when nothing is left to deliver.
+    async fn keep_relay(
+        &self,
+        index: u32,
+        faults: &UnfiredFaults,
+        history: &Mutex<History>,
+        writer_done: &watch::Sender<bool>,
+    ) -> Result<Option<String>> {
+        for n in 1..=MAX_PROCESSES_PER_ROLE {
+            // Faults aimed at "relay" hit relay 0; the others run unarmed.
+            let plan = faults.next(Role::Relay).filter(|_| index == 0);
+            let mut relay = self.relay_command(index).crash_at(plan).spawn()?;
+            let mut done = writer_done.subscribe();
+            tokio::select! {
+                _ = relay.exited() => {}
+                _ = done.wait_for(|done| *done) => {}
+            }
+            relay.close_stdin();
+            let run = relay.finish(CHILD_TIMEOUT).await?;
+            record(history, &format!("relay{index}#{n}"), plan, &run);
+            match run.end {
+                ChildEnd::Ok => return Ok(None),
+                ChildEnd::Crashed { .. } if index == 0 => faults.fired(Role::Relay),
+                _ => {}
+            }
+        }
+        Ok(Some(format!(
+            "relay {index} did not drain in {MAX_PROCESSES_PER_ROLE} processes"
+        )))
+    }
+
+    /// Keeps a consumer listening on the lab's port until the producers are done.
+    async fn keep_consumer(
+        &self,
+        first: ConsumerProcess,
+        faults: &UnfiredFaults,
+        history: &Mutex<History>,
+        all_done: &watch::Sender<bool>,
+    ) -> Result<Option<String>> {
+        let mut consumer = first;
+        let mut plan = faults.next(Role::Consumer);
+        let mut done = all_done.subscribe();
+        for n in 1..=MAX_PROCESSES_PER_ROLE {
+            let label = format!("consumer#{n}");
+            tokio::select! {
+                end = consumer.ended() => {
+                    let end = end?;
+                    record_end(history, &label, plan, &end);
+                    if matches!(end, ChildEnd::Crashed { .. }) {
+                        faults.fired(Role::Consumer);
+                    }
+                }
+                _ = done.wait_for(|done| *done) => {
+                    consumer.stop().await?;
+                    record_end(history, &label, plan, &ChildEnd::Ok);
+                    return Ok(None);
+                }
+            }
+            plan = faults.next(Role::Consumer);
+            consumer = self.consumer_command(plan).spawn_consumer().await?;
+        }
+        consumer.stop().await?;
+        Ok(Some(format!(
+            "the consumer did not stay up in {MAX_PROCESSES_PER_ROLE} processes"
+        )))
+    }
+
+    fn sink_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn consumer_command(&self, plan: Option<CrashPlan>) -> ChildCommand {
+        ChildCommand::new("consumer", &self.db)
+            .arg_enum("kind", self.design.consumer)
+            .arg("port", self.port)
+            .crash_at(plan)
+    }
+
+    fn writer_command(&self) -> ChildCommand {
+        let command = ChildCommand::new("explore-writer", &self.db)
+            .arg("orders", self.workload.orders)
+            .arg("events-per-order", self.workload.events_per_order)
+            .arg("overlap-ms", self.workload.overlap.as_millis());
+        match self.design.writer {
+            Writer::Outbox => command,
+            Writer::DualWrite(order) => command
+                .arg_enum("dual-write", order)
+                .arg("sink", self.sink_url()),
+        }
+    }
+
+    fn relay_command(&self, index: u32) -> ChildCommand {
+        let variant = self
+            .design
+            .relay
+            .expect("only designs with relays start relays");
+        ChildCommand::new("explore-relay", &self.db)
+            .arg_enum("variant", variant)
+            .arg("sink", self.sink_url())
+            .arg("name", format!("r{index}"))
+            .arg("batch", self.design.batch)
+            .arg("max-attempts", RELAY_MAX_ATTEMPTS)
+            .arg("backoff-ms", RELAY_BACKOFF_MS)
+            .arg("idle-poll-ms", RELAY_IDLE_POLL_MS)
+            .arg("deadline-ms", RELAY_DEADLINE.as_millis())
+    }
+}
+
+/// A finished process and the attempts in its log.
+fn record(history: &Mutex<History>, label: &str, plan: Option<CrashPlan>, run: &ChildRun) {
+    let mut history = history.lock().expect("not poisoned");
+    history.record_process(label, plan.map(|p| p.to_string()), run.end.to_string());
+    history.record_attempts(label, &run.stdout);
+}
+
+fn record_end(history: &Mutex<History>, label: &str, plan: Option<CrashPlan>, end: &ChildEnd) {
+    let mut history = history.lock().expect("not poisoned");
+    let end = match end {
+        ChildEnd::Ok => "stopped at the end of the run".to_string(),
+        end => end.to_string(),
+    };
+    history.record_process(label, plan.map(|p| p.to_string()), end);
+}
