@@ -288,6 +288,14 @@ struct PruneArgs {
     dry_run: bool,
 }
 
+impl Cli {
+    /// Child processes are one actor each: a single-threaded runtime wakes them without a hop
+    /// between threads, which is most of a NOTIFY-woken relay's latency budget.
+    pub fn wants_single_thread(&self) -> bool {
+        matches!(self.command, Command::Child(_))
+    }
+}
+
 /// An error that ends the run with its own exit status.
 #[derive(Debug, thiserror::Error)]
 #[error("interrupted by {0}; cleaned up")]

@@ -199,6 +199,9 @@ impl Cluster {
                 "max_replication_slots=20",
                 "-c",
                 "max_wal_senders=20",
+                // notify-latency splits each delivery's latency at its commit time.
+                "-c",
+                "track_commit_timestamp=on",
             ])
             .current_dir(&self.dir)
             .stdin(Stdio::null())

@@ -175,7 +175,10 @@ async fn handle(
         },
         Err(e) => return Ok(reply(StatusCode::BAD_REQUEST, &format!("bad body: {e}"))),
     };
-    tokio::time::sleep(state.delay).await;
+    if !state.delay.is_zero() {
+        // Not even a zero sleep otherwise: the timer rounds it up to its next tick (~1 ms).
+        tokio::time::sleep(state.delay).await;
+    }
     Ok(match handle_delivery(&state, &event).await {
         Ok(Some(result)) => reply(StatusCode::OK, result),
         Ok(None) => reply(StatusCode::INTERNAL_SERVER_ERROR, "injected fault"),

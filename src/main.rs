@@ -5,7 +5,12 @@ use outbox_lab::cli::{self, Cli};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let mut builder = if cli.wants_single_thread() {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("outbox-lab: error: cannot start the async runtime: {e}");
