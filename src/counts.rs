@@ -257,3 +257,19 @@ pub const PUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS N
 pub async fn count(client: &Client, sql: &str) -> Result<i64> {
     Ok(client.query_one(sql, &[]).await?.get(0))
 }
+
+/// Where a delivery's time goes, as medians: from the INSERT to the writer's COMMIT (the commit
+/// timestamp of the order row, written in the same transaction and never updated), and from
+/// that COMMIT to the consumer's receipt (WAL flush, NOTIFY or poll, the relay's fetch, HTTP,
+/// the consumer's insert). Empty unless the server has track_commit_timestamp on.
+pub const LATENCY_BREAKDOWN_MS: &str = "
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY
+         EXTRACT(EPOCH FROM pg_xact_commit_timestamp(w.xmin) - o.created_at) * 1000)::float8
+         AS insert_to_commit_p50_ms,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY
+         EXTRACT(EPOCH FROM r.received_at - pg_xact_commit_timestamp(w.xmin)) * 1000)::float8
+         AS commit_to_receipt_p50_ms
+  FROM outbox o
+  JOIN orders w ON w.id::text = o.aggregate_id
+  JOIN consumer.receipts r ON r.event_id = o.event_id AND NOT r.injected_fault
+ WHERE current_setting('track_commit_timestamp') = 'on'";

@@ -126,6 +126,9 @@ async fn measure_mode(
 
     let latency = latency::measure(&client).await?;
     let (p50, p99, max) = (latency.p50_ms, latency.p99_ms, latency.max_ms);
+    // The floor under the latency: how much of it is the writer's own COMMIT.
+    let breakdown = counts::one_row(&client, counts::LATENCY_BREAKDOWN_MS).await?;
+    outcome.metrics.set_row(name, &breakdown);
     for (seq, latency_ms) in &latency.each_ms {
         samples.push(vec![
             name.to_string(),
