@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use clap_complete::Shell;
 use tokio::signal::unix::{signal, SignalKind};
@@ -13,8 +13,11 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::child::{self, ChildArgs};
 use crate::compare;
 use crate::consumer::ConsumerKind;
+use crate::counts;
 use crate::crash::CrashPoint;
 use crate::db::{self, PgServer, ServerChoice};
+use crate::explore::checker;
+use crate::explore::designs::Invariant;
 use crate::explore::{self, ExploreArgs};
 use crate::html;
 use crate::logging::{self, LogFormat};
@@ -25,6 +28,7 @@ use crate::relay;
 use crate::relay::{Partition, RelayConfig, Wakeup};
 use crate::report::{self, Report, Table};
 use crate::scenarios::{self, Overrides, Scenario};
+use crate::schema;
 use crate::standalone::{self, RelayOptions};
 use crate::throwaway;
 
@@ -140,6 +144,17 @@ exit status 0 even when one is kept: kept partitions are reported on stderr.")]
   outbox-lab relay --database-url postgres://user@host/shop --sink redis://10.0.0.6:6379 \\
       --mode notify --partition 0/2 --metrics-listen 0.0.0.0:9187 --log-format json")]
     Relay(RelayArgs),
+    /// Judge a database that relays and consumers worked on: ghost, lost, duplicate and
+    /// out-of-order shipments, with the offending ids (exit 1 if any).
+    #[command(
+        after_help = "Example (after `outbox-lab relay` and `outbox-lab consumer` ran on it):
+  outbox-lab check --database-url postgres://user@host/shop"
+    )]
+    Check {
+        /// A database with the outbox and the consumer's tables.
+        #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+        database_url: String,
+    },
     /// Run the HTTP consumer against your own database until SIGTERM or Ctrl-C.
     #[command(after_help = "Example:
   outbox-lab consumer --listen 0.0.0.0:8080 --database-url postgres://user@host/shipping \\
@@ -306,6 +321,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::List => list(),
         Command::Scenario(args) => scenario(args).await,
         Command::Explore(args) => explore::command(args).await,
+        Command::Check { database_url } => check(&database_url).await,
         Command::Report { dir } => report(&dir),
         Command::Compare { a, b } => compare(&a, &b),
         Command::Completions { shell } => completions(shell),
@@ -442,6 +458,48 @@ fn crash_points() -> Result<ExitCode> {
     println!("{}", table.render());
     println!("\nA child dies there with _exit(1) when started with --crash-at NAME@N (N-th pass).");
     Ok(ExitCode::from(exit::OK))
+}
+
+async fn check(database_url: &str) -> Result<ExitCode> {
+    let client = db::connect(&db::parse_url(database_url)?).await?;
+    for table in ["outbox", "consumer.shipments"] {
+        if !schema::has_table(&client, table).await? {
+            bail!("this database has no {table} table: check judges a database with the outbox and the consumer's tables");
+        }
+    }
+    let violations = checker::check(&client, None).await?;
+    let undelivered = counts::count(&client, counts::UNPUBLISHED).await?;
+    let mut table = Table::new(
+        "invariants",
+        &["invariant", "violations", "offending (first 10)"],
+    );
+    for invariant in Invariant::ALL
+        .into_iter()
+        .filter(|i| *i != Invariant::Liveness)
+    {
+        let ids = violations
+            .get(&invariant)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let first: Vec<&str> = ids.iter().take(10).map(String::as_str).collect();
+        table.push(vec![
+            invariant.name().into(),
+            ids.len().to_string(),
+            first.join(", "),
+        ]);
+    }
+    println!("{}", table.render());
+    if undelivered > 0 {
+        println!(
+            "{undelivered} outbox rows are not delivered yet: they count as lost until they are"
+        );
+    }
+    Ok(ExitCode::from(if violations.is_empty() {
+        println!("clean: no ghost, lost, duplicate or out-of-order shipment");
+        exit::OK
+    } else {
+        exit::CHECK_FAILED
+    }))
 }
 
 async fn requeue(database_url: &str) -> Result<ExitCode> {

@@ -253,6 +253,7 @@ pub const OUTBOX_ROWS: &str = "SELECT count(*) FROM outbox";
 
 pub const RECEIVED: &str = "SELECT count(*) FROM consumer.receipts WHERE NOT injected_fault";
 pub const PUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
+pub const UNPUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NULL";
 
 pub async fn count(client: &Client, sql: &str) -> Result<i64> {
     Ok(client.query_one(sql, &[]).await?.get(0))

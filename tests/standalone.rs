@@ -190,6 +190,15 @@ fn standalone_relay_and_consumer_deliver_and_stop_cleanly() {
     assert_eq!(sigterm_and_wait(&mut second), Some(0));
     assert_eq!(sigterm_and_wait(&mut consumer), Some(0));
 
+    // outbox-lab check judges the same database: clean.
+    let check = outbox_lab()
+        .args(["check", "--database-url", &url])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&check.stdout);
+    assert_eq!(check.status.code(), Some(0), "{report}");
+    assert!(report.contains("clean"), "{report}");
+
     assert_eq!(query_i64(&name, "SELECT count(*) FROM outbox"), 400);
     assert_eq!(
         query_i64(&name, "SELECT count(*) FROM consumer.receipts"),
@@ -236,4 +245,39 @@ fn standalone_relay_without_an_outbox_says_so() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--create-schema"));
+    let out = outbox_lab()
+        .args(["check", "--database-url", &url])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no outbox table"));
+}
+
+/// `check` names what a naive consumer did to a redelivered event: a duplicate shipment.
+#[test]
+fn check_reports_a_duplicate_shipment() {
+    let name = format!("standalone_dup_{}", std::process::id());
+    let db = fresh_database(&name);
+    write_orders(&db, 1);
+    block_on(async {
+        let client = db.connect().await.unwrap();
+        client
+            .batch_execute(
+                "UPDATE outbox SET published_at = clock_timestamp();
+                 INSERT INTO consumer.shipments(order_id, event_id)
+                 SELECT aggregate_id, event_id FROM outbox, generate_series(1, 2)",
+            )
+            .await
+            .unwrap();
+    });
+    let out = outbox_lab()
+        .args(["check", "--database-url", &db.url()])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        report.contains("duplicate") && report.contains("outbox 1"),
+        "{report}"
+    );
 }
