@@ -52,6 +52,11 @@ pub fn for_report(report: &Report) -> Result<Vec<Plot>> {
                 .map(ordering_violations)
         }
         "cleanup" => Some(cleanup_table_size(&report.metrics)),
+        "explore" => {
+            let invariants = ["design", "ghost", "lost", "duplicate", "order", "liveness"];
+            let matrix = report.tables.iter().find_map(|t| t.select(&invariants));
+            matrix.map(|m| matrix_grid("explore-matrix", &m))
+        }
         _ => None,
     };
     let plot = plot

@@ -90,6 +90,24 @@ impl Table {
         self.columns.iter().position(|c| c == name)
     }
 
+    /// The same table with only these columns (in this order); None if one is missing.
+    pub fn select(&self, names: &[&str]) -> Option<Table> {
+        let indexes: Vec<usize> = names
+            .iter()
+            .map(|n| self.column(n))
+            .collect::<Option<_>>()?;
+        Some(Table {
+            title: self.title.clone(),
+            columns: names.iter().map(|n| n.to_string()).collect(),
+            rows: self
+                .rows
+                .iter()
+                .map(|r| indexes.iter().map(|&i| r[i].clone()).collect())
+                .collect(),
+            detail: self.detail,
+        })
+    }
+
     pub fn push(&mut self, row: Vec<String>) {
         self.rows.push(row);
     }

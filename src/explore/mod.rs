@@ -25,6 +25,7 @@ use serde_json::json;
 use crate::checks::CheckResult;
 use crate::cli::{self, exit, Format, RunArgs};
 use crate::db::PgServer;
+use crate::html;
 use crate::report::{Environment, Metrics, Report, Table};
 use designs::{Design, Invariant, DESIGNS};
 use history::History;
@@ -349,11 +350,15 @@ pub async fn command(args: ExploreArgs) -> Result<ExitCode> {
         },
     );
     report.write_files(&results_dir)?;
+    html::write(&results_dir, std::slice::from_ref(&report))?;
     match args.run.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         Format::Text => {
             println!("{}", render_text(&report));
-            eprintln!("results and histories written to {}", results_dir.display());
+            eprintln!(
+                "results, histories and report.html written to {}",
+                results_dir.display()
+            );
         }
     }
     Ok(ExitCode::from(if report.passed() {
