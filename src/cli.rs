@@ -252,7 +252,7 @@ pub struct RunArgs {
     /// Directory with initdb and postgres (default: PATH, then /usr/lib/postgresql/*/bin).
     #[arg(long, env = "OUTBOX_LAB_PG_BIN")]
     pub pg_bin: Option<PathBuf>,
-    /// Where each run writes <run-id>/<name>.json, its tables as CSV, and report.html.
+    /// Where each run writes `<run-id>/<name>.json`, its tables as CSV, and report.html.
     #[arg(long, default_value = "results")]
     pub results_dir: PathBuf,
 }

@@ -11,7 +11,11 @@
 //! `outbox_p` with their guarded cleanup (also `outbox-lab prune`). Beyond the article: the
 //! log-tailing [`cdc`] relay (a logical replication slot, [`pgoutput`] decoded), and a TCP
 //! [`proxy`] between relay and consumer that injects network faults. And [`explore`]: every
-//! crash point against every design, judged by an invariant checker.
+//! crash point against every design, judged by an invariant checker. Redis Streams come through
+//! the [`sink`] and [`stream_consumer`], on a [`redis_server`] of the run's own (a [`throwaway`]
+//! directory, like the cluster's). Latency is summarised by [`latency`]; a run's page is drawn
+//! by [`html`] and [`plots`], two runs set side by side by [`compare`], long steps shown by
+//! [`progress`]. The actors also run on their own ([`standalone`]) with [`logging`].
 
 pub mod cdc;
 pub mod checks;
