@@ -61,11 +61,48 @@ impl Target {
         self.database().connect().await
     }
 
+    /// The connection of relay `name`, named so that a scenario can find its session in
+    /// pg_stat_activity.
+    fn relay_config(&self, name: &str) -> Result<tokio_postgres::Config> {
+        let mut db = self.database().config()?;
+        db.application_name(format!("{RELAY_APPLICATION_NAME} {name}"));
+        Ok(db)
+    }
+
     fn database(&self) -> Database {
         Database {
             server_url: self.database_url.clone(),
             name: self.dbname.clone(),
         }
+    }
+}
+
+/// Where a relay child delivers.
+#[derive(Debug, Args)]
+struct SinkArgs {
+    /// http://… (the consumer) or redis://… (a stream per aggregate type).
+    #[arg(long)]
+    sink: String,
+    /// An HTTP delivery unanswered for this long failed.
+    #[arg(long, default_value_t = DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)]
+    request_timeout_ms: u64,
+    #[arg(long, default_value = "")]
+    stream_prefix: String,
+}
+
+impl SinkArgs {
+    fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+
+    async fn connect(&self, in_flight: usize) -> Result<Sink> {
+        Sink::connect(
+            &self.sink,
+            in_flight,
+            self.request_timeout(),
+            &self.stream_prefix,
+        )
+        .await
     }
 }
 
@@ -113,9 +150,8 @@ enum Role {
     Relay {
         #[command(flatten)]
         target: Target,
-        /// http://… (the consumer) or redis://… (a stream per aggregate type).
-        #[arg(long)]
-        sink: String,
+        #[command(flatten)]
+        sink: SinkArgs,
         #[arg(long)]
         name: String,
         #[arg(long)]
@@ -142,19 +178,13 @@ enum Role {
         /// Aggregates delivered to at once over HTTP.
         #[arg(long, default_value_t = 1)]
         in_flight: usize,
-        /// An HTTP delivery unanswered for this long failed.
-        #[arg(long, default_value_t = DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)]
-        request_timeout_ms: u64,
-        #[arg(long, default_value = "")]
-        stream_prefix: String,
     },
     /// The log-tailing relay: streams the outbox's INSERTs from a replication slot until killed.
     CdcRelay {
         #[command(flatten)]
         target: Target,
-        /// http://… (the consumer) or redis://… (a stream per aggregate type).
-        #[arg(long)]
-        sink: String,
+        #[command(flatten)]
+        sink: SinkArgs,
         #[arg(long)]
         name: String,
         #[arg(long)]
@@ -163,10 +193,6 @@ enum Role {
         max_attempts: u32,
         #[arg(long)]
         backoff_ms: u64,
-        #[arg(long, default_value_t = DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)]
-        request_timeout_ms: u64,
-        #[arg(long, default_value = "")]
-        stream_prefix: String,
     },
     /// A consumer-group worker on a Redis Stream: its pending entries, then new ones.
     StreamWorker {
@@ -299,8 +325,6 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             guard,
             follow,
             in_flight,
-            request_timeout_ms,
-            stream_prefix,
         } => {
             let config = RelayConfig {
                 design,
@@ -311,14 +335,11 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
                 deadline: Duration::from_millis(deadline_ms),
                 partition,
                 head_of_line_guard: guard,
-                request_timeout: Duration::from_millis(request_timeout_ms),
+                request_timeout: sink.request_timeout(),
                 ..RelayConfig::default()
             };
-            // Named, so that a scenario can find this relay's session in pg_stat_activity.
-            let mut db = target.database().config()?;
-            db.application_name(format!("{RELAY_APPLICATION_NAME} {name}"));
-            let request_timeout = Duration::from_millis(request_timeout_ms);
-            let sink = Sink::connect(&sink, in_flight, request_timeout, &stream_prefix).await?;
+            let db = target.relay_config(&name)?;
+            let sink = sink.connect(in_flight).await?;
             let listen = matches!(follow, Some(Wakeup::Notify { .. }));
             let mut relay = Relay::connect(&db, sink, config, &name, listen).await?;
             match follow {
@@ -334,18 +355,14 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             slot,
             max_attempts,
             backoff_ms,
-            request_timeout_ms,
-            stream_prefix,
         } => {
             let config = CdcConfig {
                 slot,
                 backoff_base: Duration::from_millis(backoff_ms),
                 max_attempts,
             };
-            let mut db = target.database().config()?;
-            db.application_name(format!("{RELAY_APPLICATION_NAME} {name}"));
-            let request_timeout = Duration::from_millis(request_timeout_ms);
-            let sink = Sink::connect(&sink, 1, request_timeout, &stream_prefix).await?;
+            let db = target.relay_config(&name)?;
+            let sink = sink.connect(1).await?;
             CdcRelay::connect(&db, sink, config, Some(name))
                 .await?
                 .follow()

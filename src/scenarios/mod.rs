@@ -365,17 +365,12 @@ impl Ctx<'_> {
         name: &str,
         config: &RelayConfig,
     ) -> ChildCommand {
-        let mut cmd = ChildCommand::new("relay", db)
-            .arg("sink", sink)
-            .arg("name", name)
+        let mut cmd = self
+            .relay_child("relay", db, sink, name, config)
             .arg_enum("design", config.design)
             .arg("lease-ms", config.lease.as_millis())
             .arg("batch", config.batch)
-            .arg("max-attempts", config.max_attempts)
-            .arg("backoff-ms", config.backoff_base.as_millis())
-            .arg("deadline-ms", config.deadline.as_millis())
-            .arg("request-timeout-ms", config.request_timeout.as_millis())
-            .arg("stream-prefix", self.redis.key_prefix());
+            .arg("deadline-ms", config.deadline.as_millis());
         if let Some(partition) = config.partition {
             cmd = cmd.arg("partition", partition);
         }
@@ -394,10 +389,22 @@ impl Ctx<'_> {
         slot: &str,
         config: &RelayConfig,
     ) -> ChildCommand {
-        ChildCommand::new("cdc-relay", db)
+        self.relay_child("cdc-relay", db, sink, name, config)
+            .arg("slot", slot)
+    }
+
+    /// What every relay child is told: where to deliver, its name, its retries.
+    fn relay_child(
+        &self,
+        role: &str,
+        db: &Database,
+        sink: &str,
+        name: &str,
+        config: &RelayConfig,
+    ) -> ChildCommand {
+        ChildCommand::new(role, db)
             .arg("sink", sink)
             .arg("name", name)
-            .arg("slot", slot)
             .arg("max-attempts", config.max_attempts)
             .arg("backoff-ms", config.backoff_base.as_millis())
             .arg("request-timeout-ms", config.request_timeout.as_millis())
