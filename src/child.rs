@@ -32,6 +32,16 @@ use crate::writer::{self, DualWriteOrder, Ending};
 
 /// Exit status of a child that died at its crash point (`_exit(1)`).
 const CRASH_EXIT_CODE: i32 = 1;
+/// Arguments that may carry a password travel to a child in its environment, never on its
+/// command line (`ps` shows every local user that): flag name, variable.
+const SECRET_ARGS: [(&str, &str); 3] = [
+    ("database-url", DATABASE_URL_ENV),
+    ("sink", SINK_ENV),
+    ("redis-url", REDIS_URL_ENV),
+];
+const DATABASE_URL_ENV: &str = "OUTBOX_LAB_CHILD_DATABASE_URL";
+pub const SINK_ENV: &str = "OUTBOX_LAB_CHILD_SINK";
+const REDIS_URL_ENV: &str = "OUTBOX_LAB_CHILD_REDIS_URL";
 /// How long a consumer may take to say where it listens.
 const CONSUMER_READY_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -47,7 +57,7 @@ pub struct ChildArgs {
 /// The database a child works in.
 #[derive(Debug, Args)]
 struct Target {
-    #[arg(long)]
+    #[arg(long, env = DATABASE_URL_ENV, hide_env_values = true)]
     database_url: String,
     #[arg(long)]
     dbname: String,
@@ -81,7 +91,7 @@ impl Target {
 #[derive(Debug, Args)]
 struct SinkArgs {
     /// http://… (the consumer) or redis://… (a stream per aggregate type).
-    #[arg(long)]
+    #[arg(long, env = SINK_ENV, hide_env_values = true)]
     sink: String,
     /// An HTTP delivery unanswered for this long failed.
     #[arg(long, default_value_t = DEFAULT_REQUEST_TIMEOUT.as_millis() as u64)]
@@ -135,7 +145,7 @@ enum Role {
     NaiveApp {
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
+        #[arg(long, env = SINK_ENV, hide_env_values = true)]
         sink: String,
         #[arg(long)]
         customer_id: i64,
@@ -198,7 +208,7 @@ enum Role {
     StreamWorker {
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
+        #[arg(long, env = REDIS_URL_ENV, hide_env_values = true)]
         redis_url: String,
         #[arg(long)]
         stream: String,
@@ -479,26 +489,28 @@ impl ChildRun {
 /// The command line of a child role.
 pub struct ChildCommand {
     args: Vec<String>,
+    /// The [`SECRET_ARGS`] given, as environment variables.
+    secrets: Vec<(&'static str, String)>,
 }
 
 impl ChildCommand {
     pub fn new(role: &str, db: &Database) -> ChildCommand {
-        let args = [
-            "child",
-            role,
-            "--database-url",
-            &db.server_url,
-            "--dbname",
-            &db.name,
-        ];
         ChildCommand {
-            args: args.iter().map(|s| s.to_string()).collect(),
+            args: vec!["child".into(), role.into()],
+            secrets: Vec::new(),
         }
+        .arg("database-url", &db.server_url)
+        .arg("dbname", &db.name)
     }
 
     pub fn arg(mut self, name: &str, value: impl fmt::Display) -> ChildCommand {
-        self.args.push(format!("--{name}"));
-        self.args.push(value.to_string());
+        match SECRET_ARGS.iter().find(|(secret, _)| *secret == name) {
+            Some((_, var)) => self.secrets.push((var, value.to_string())),
+            None => {
+                self.args.push(format!("--{name}"));
+                self.args.push(value.to_string());
+            }
+        }
         self
     }
 
@@ -523,7 +535,11 @@ impl ChildCommand {
     fn command(&self, stdin: Stdio) -> Result<Command> {
         let exe = std::env::current_exe().context("cannot find the outbox-lab binary")?;
         let mut cmd = Command::new(exe);
+        for (_, var) in SECRET_ARGS {
+            cmd.env_remove(var);
+        }
         cmd.args(&self.args)
+            .envs(self.secrets.iter().map(|(var, value)| (var, value)))
             .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

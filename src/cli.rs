@@ -160,10 +160,23 @@ exit status 0 even when one is kept: kept partitions are reported on stderr.")]
   outbox-lab consumer --listen 0.0.0.0:8080 --database-url postgres://user@host/shipping \\
       --idempotent --create-schema")]
     Consumer(ConsumerArgs),
-    /// Stop and remove throwaway clusters left behind (--keep, or a killed run).
-    #[command(after_help = "Example:
-  outbox-lab clean")]
-    Clean,
+    /// Stop and remove throwaway servers left behind (--keep, or a killed run); with
+    /// --database-url, drop the outboxlab_ databases of runs that are no longer alive.
+    #[command(
+        after_help = "Only what outbox-lab made is touched: throwaway directories that this \
+user owns and whose run has ended (their servers stopped only once proven to be theirs), and \
+databases named outboxlab_* that neither their run nor anyone else is connected to.
+
+Examples:
+  outbox-lab clean
+  OUTBOX_LAB_DATABASE_URL=postgres://user:secret@host/postgres outbox-lab clean --database-url"
+    )]
+    Clean {
+        /// Also drop the outboxlab_ databases (and their replication slots) that killed runs
+        /// left on this server. Prefer the environment variable for a URL with a password.
+        #[arg(long, env = "OUTBOX_LAB_DATABASE_URL", hide_env_values = true)]
+        database_url: Option<String>,
+    },
     /// A component in a child process (used by the scenarios).
     #[command(hide = true)]
     Child(ChildArgs),
@@ -375,17 +388,36 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
             .await?;
             Ok(ExitCode::from(exit::OK))
         }
-        Command::Clean => {
-            for dir in throwaway::clean() {
-                println!("removed {}", dir.display());
-            }
-            Ok(ExitCode::from(exit::OK))
-        }
+        Command::Clean { database_url } => clean(database_url.as_deref()).await,
         Command::Child(args) => {
             child::run_role(args).await?;
             Ok(ExitCode::from(exit::OK))
         }
     }
+}
+
+/// `outbox-lab clean`: what was removed, and what was left and why.
+async fn clean(database_url: Option<&str>) -> Result<ExitCode> {
+    for cleaned in throwaway::clean() {
+        match cleaned {
+            throwaway::Cleaned::Removed(dir) => println!("removed {}", dir.display()),
+            throwaway::Cleaned::InUse(dir) => {
+                println!("left {}: its run is still going", dir.display())
+            }
+            throwaway::Cleaned::Left(dir, why) => println!("left {}: {why}", dir.display()),
+        }
+    }
+    if let Some(url) = database_url {
+        for cleaned in db::clean_databases(url).await? {
+            match cleaned {
+                db::CleanedDatabase::Dropped(name) => println!("dropped database {name}"),
+                db::CleanedDatabase::InUse(name) => {
+                    println!("left database {name}: its run is still going, or it is in use")
+                }
+            }
+        }
+    }
+    Ok(ExitCode::from(exit::OK))
 }
 
 /// The scenarios under the article's section headings, in the article's order.

@@ -1,9 +1,10 @@
 //! The throwaway PostgreSQL cluster: find the server binaries, initdb into a temp dir, start on a
-//! free 127.0.0.1 port, and stop and remove it again, whatever way the run ends.
+//! private socket, and stop and remove it again, whatever way the run ends.
 //!
 //! PostgreSQL refuses to run as root, so when outbox-lab runs as root the cluster belongs to the
 //! unprivileged `postgres` system user. The directory and its owner marker are a [`throwaway`]
-//! directory, so a cluster left by a killed run is removed by the next one.
+//! directory, so a cluster left by a killed run is removed by the next one. The cluster listens
+//! on a Unix socket inside that directory only: no other local user can reach it.
 
 use std::fs;
 use std::os::unix::process::CommandExt;
@@ -13,12 +14,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use nix::sys::signal::Signal;
-use nix::unistd::{chown, Pid, User};
+use nix::unistd::User;
 
-use crate::throwaway;
+use crate::throwaway::{self, ProcessId, RunDir, ServerProcess};
 
-/// The superuser initdb creates; the cluster trusts local connections, so no password.
+/// The superuser initdb creates; it connects through the private socket only, so no password.
 pub const SUPERUSER: &str = "postgres";
+/// The socket's name carries a port number; the socket being private, any number will do.
+const PORT: u16 = 5432;
+/// The server's log, in our part of the run directory.
+const LOG: &str = "postgres.log";
 /// Starting a fresh cluster takes ~1 s here; this bounds a wedged start.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -90,10 +95,12 @@ impl PgBinaries {
 
 /// A running throwaway cluster. Dropping it stops the server and removes its directory, unless
 /// it is kept.
+///
+/// It listens on no TCP port: its one socket lies in its server directory, which only we (and
+/// the server user) can enter, so no other local user can connect to it.
 #[derive(Debug)]
 pub struct Cluster {
-    dir: PathBuf,
-    port: u16,
+    run: RunDir,
     postmaster: Option<Child>,
     keep: bool,
 }
@@ -102,57 +109,66 @@ impl Cluster {
     /// initdb + start. Anything half-made is removed again if this fails.
     pub async fn start(bins: &PgBinaries, keep: bool) -> Result<Cluster> {
         throwaway::remove_orphans();
-        let run_as = unprivileged_user()?;
+        let run_as = throwaway::server_user()?;
         // From here on, Drop cleans up whatever exists.
         let mut cluster = Cluster {
-            dir: throwaway::create_dir("pg")?,
-            port: 0,
+            run: RunDir::create("pg", run_as.as_ref())?,
             postmaster: None,
             keep: false,
         };
-        if let Some(user) = &run_as {
-            chown(&cluster.dir, Some(user.uid), Some(user.gid)).with_context(|| {
-                format!("cannot hand {} to user postgres", cluster.dir.display())
-            })?;
-        }
         cluster.initdb(bins, run_as.as_ref()).await?;
-        // Another process may grab the port between our probe and postgres' bind: retry.
-        let mut last_error = None;
-        for _ in 0..5 {
-            match cluster.launch(bins, run_as.as_ref()).await {
-                Ok(()) => {
-                    cluster.keep = keep;
-                    cluster.write_marker()?;
-                    return Ok(cluster);
-                }
-                Err(e) => last_error = Some(e),
-            }
-        }
-        Err(last_error.expect("at least one attempt"))
+        // No retry: a private socket has no port to lose, and a start that timed out would only
+        // time out again.
+        cluster.launch(bins, run_as.as_ref()).await?;
+        cluster.keep = keep;
+        cluster.write_marker()?;
+        Ok(cluster)
     }
 
-    /// The superuser connection string of the `postgres` maintenance database.
+    /// The superuser connection string of the `postgres` maintenance database (its socket).
     pub fn url(&self) -> String {
-        format!("postgres://{SUPERUSER}@127.0.0.1:{}/postgres", self.port)
+        format!(
+            "host='{}' port={PORT} user={SUPERUSER} dbname=postgres",
+            self.run.server_dir().display()
+        )
     }
 
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.run.path()
+    }
+
+    /// The server is still running (a kept cluster is only kept if so).
+    pub fn is_running(&mut self) -> bool {
+        matches!(
+            self.postmaster.as_mut().map(|c| c.try_wait()),
+            Some(Ok(None))
+        )
+    }
+
+    /// Whether dropping it leaves it in place (`--keep`); a cluster that stopped is not kept.
+    pub fn set_kept(&mut self, kept: bool) {
+        self.keep = kept;
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.run.server_dir().join("data")
     }
 
     async fn initdb(&self, bins: &PgBinaries, run_as: Option<&User>) -> Result<()> {
         let mut cmd = Command::new(&bins.initdb);
         cmd.arg("-D")
-            .arg(self.dir.join("data"))
+            .arg(self.data_dir())
             .args([
                 "-U",
                 SUPERUSER,
-                "--auth=trust",
+                // Only the socket is ever opened, in a directory no one else can enter.
+                "--auth-local=trust",
+                "--auth-host=reject",
                 "--encoding=UTF8",
                 "--locale=C",
                 "--no-sync",
             ])
-            .current_dir(&self.dir)
+            .current_dir(self.run.server_dir())
             .stdin(Stdio::null());
         as_user(&mut cmd, run_as);
         let out = tokio::process::Command::from(cmd)
@@ -171,25 +187,20 @@ impl Cluster {
     }
 
     async fn launch(&mut self, bins: &PgBinaries, run_as: Option<&User>) -> Result<()> {
-        self.port = throwaway::free_port()?;
-        let log = fs::File::create(self.dir.join("postgres.log"))?;
-        if let Some(user) = run_as {
-            chown(
-                &self.dir.join("postgres.log"),
-                Some(user.uid),
-                Some(user.gid),
-            )?;
-        }
+        // Ours, in our directory: the server writes to it through the descriptor it inherits.
+        let log = self.run.create_file(LOG)?;
         let mut cmd = Command::new(&bins.postgres);
         cmd.arg("-D")
-            .arg(self.dir.join("data"))
+            .arg(self.data_dir())
             .arg("-p")
-            .arg(self.port.to_string())
+            .arg(PORT.to_string())
             .arg("-k")
-            .arg(&self.dir)
+            .arg(self.run.server_dir())
             .args([
                 "-c",
-                "listen_addresses=127.0.0.1",
+                "listen_addresses=",
+                "-c",
+                "unix_socket_permissions=0700",
                 "-c",
                 "max_connections=200",
                 // The cdc scenario's relay reads the WAL through a logical replication slot.
@@ -203,18 +214,19 @@ impl Cluster {
                 "-c",
                 "track_commit_timestamp=on",
             ])
-            .current_dir(&self.dir)
+            .current_dir(self.run.server_dir())
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             // Its own process group: a Ctrl-C at the terminal reaches us, and we stop it in order.
             .process_group(0);
         as_user(&mut cmd, run_as);
-        self.postmaster = Some(
-            cmd.spawn()
-                .with_context(|| format!("cannot start {}", bins.postgres.display()))?,
-        );
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", bins.postgres.display()))?;
+        self.postmaster = Some(child);
         self.write_marker()?;
+        let limit = throwaway::start_timeout(START_TIMEOUT);
         let started = Instant::now();
         loop {
             let child = self.postmaster.as_mut().expect("just spawned");
@@ -222,18 +234,23 @@ impl Cluster {
                 self.postmaster = None;
                 bail!(
                     "postgres exited during start ({status}): {}",
-                    throwaway::last_line(
-                        &fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default()
-                    )
+                    throwaway::last_line(&fs::read_to_string(self.dir().join(LOG))?)
                 );
             }
-            let pid_file =
-                fs::read_to_string(self.dir.join("data/postmaster.pid")).unwrap_or_default();
+            // The server user writes this file: read it without following a link.
+            let pid_file = throwaway::read_no_follow(&self.data_dir().join("postmaster.pid"));
             if pid_file.lines().nth(7).map(str::trim) == Some("ready") {
                 return Ok(());
             }
-            if started.elapsed() > START_TIMEOUT {
-                bail!("postgres did not become ready within {START_TIMEOUT:?}");
+            if started.elapsed() > limit {
+                if let Some(mut child) = self.postmaster.take() {
+                    throwaway::kill_group(&mut child);
+                }
+                bail!(
+                    "postgres did not become ready within {limit:?} (set OUTBOX_LAB_START_TIMEOUT_S \
+                     on a slow machine): {}",
+                    throwaway::last_line(&fs::read_to_string(self.dir().join(LOG))?)
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -241,43 +258,24 @@ impl Cluster {
 
     fn write_marker(&self) -> Result<()> {
         let marker = throwaway::Marker {
-            owner_pid: std::process::id() as i32,
+            owner: ProcessId::own(),
             kept: self.keep,
-            server_pid: self.postmaster.as_ref().map(|c| c.id() as i32),
-            port: self.port,
+            server: self
+                .postmaster
+                .as_ref()
+                .map(ServerProcess::spawned)
+                .transpose()?,
         };
-        throwaway::write_marker(&self.dir, &marker)
-    }
-
-    /// Stops the server (fast shutdown, then kill) and removes the directory.
-    fn stop_and_remove(&mut self) {
-        if let Some(mut child) = self.postmaster.take() {
-            throwaway::stop(Pid::from_raw(child.id() as i32), Signal::SIGINT);
-            let _ = child.wait();
-        }
-        let _ = fs::remove_dir_all(&self.dir);
+        self.run.write_marker(&marker)
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
         if !self.keep {
-            self.stop_and_remove();
+            // SIGINT: a fast shutdown.
+            self.run.remove(self.postmaster.take(), Signal::SIGINT);
         }
-    }
-}
-
-/// The user that owns the cluster: none (ourselves) unless we are root.
-fn unprivileged_user() -> Result<Option<User>> {
-    if !nix::unistd::geteuid().is_root() {
-        return Ok(None);
-    }
-    match User::from_name(SUPERUSER)? {
-        Some(user) => Ok(Some(user)),
-        None => bail!(
-            "running as root, and PostgreSQL refuses root: create the system user 'postgres' \
-             (apt-get install postgresql does) or run as an unprivileged user"
-        ),
     }
 }
 

@@ -17,6 +17,9 @@ use crate::cluster::{Cluster, PgBinaries};
 
 /// Every database outbox-lab creates starts with this.
 pub const DATABASE_PREFIX: &str = "outboxlab_";
+/// A run holds a connection named `outbox-lab run <id>` while it lives, and comments its
+/// databases with the same words: how `clean` tells a live run's databases from a dead one's.
+const RUN_TAG_PREFIX: &str = "outbox-lab run ";
 /// A server that has not answered in this time is reported unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// PostgreSQL truncates identifiers to 63 bytes; we stay under it so names stay ours.
@@ -34,6 +37,18 @@ SELECT count(pg_terminate_backend(active_pid))
 const DROP_RELEASED_SLOTS: &str = "
 SELECT count(pg_drop_replication_slot(slot_name))
   FROM pg_replication_slots WHERE database = $1 AND NOT active";
+
+/// Our databases, and whether each is in use: a session connected to it, or its run (named in
+/// the database's comment) still holding its connection.
+const OUR_DATABASES: &str = "
+SELECT d.datname,
+       EXISTS (SELECT 1 FROM pg_stat_activity a
+                WHERE a.datname = d.datname
+                   OR a.application_name = shobj_description(d.oid, 'pg_database')
+                      AND a.application_name LIKE $1 || '%') AS in_use
+  FROM pg_database d
+ WHERE d.datname LIKE 'outboxlab\\_%'
+ ORDER BY d.datname";
 
 const SLOTS_LEFT: &str = "SELECT count(*) FROM pg_replication_slots WHERE database = $1";
 
@@ -133,6 +148,8 @@ pub struct PgServer {
     url: String,
     /// The throwaway cluster, when there is one; dropping it stops and removes it.
     cluster: Option<Cluster>,
+    /// Held open, named after the run, for as long as the run lives.
+    _holder: Client,
     /// Names created in this run; dropped at close unless kept.
     created: Mutex<Vec<String>>,
     keep: bool,
@@ -161,16 +178,20 @@ impl PgServer {
                 (cluster.url(), Some(cluster))
             }
         };
-        let client = connect(&parse_url(&url)?).await?;
-        let version: String = client.query_one("SHOW server_version", &[]).await?.get(0);
+        let run_id = run_id
+            .to_lowercase()
+            .replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+        let mut config = parse_url(&url)?;
+        config.application_name(run_tag(&run_id));
+        let holder = connect(&config).await?;
+        let version: String = holder.query_one("SHOW server_version", &[]).await?.get(0);
         Ok(PgServer {
             url,
             cluster,
+            _holder: holder,
             created: Mutex::new(Vec::new()),
             keep: choice.keep,
-            run_id: run_id
-                .to_lowercase()
-                .replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
+            run_id,
             version,
         })
     }
@@ -184,7 +205,7 @@ impl PgServer {
         }
     }
 
-    /// Creates `outboxlab_<run>_<label>`, empty.
+    /// Creates `outboxlab_<run>_<label>`, empty, labelled with this run.
     pub async fn create_database(&self, label: &str) -> Result<Database> {
         let mut name = format!(
             "{DATABASE_PREFIX}{}_{}",
@@ -206,6 +227,13 @@ impl PgServer {
             .lock()
             .expect("not poisoned")
             .push(name.clone());
+        // Whose it is, for `outbox-lab clean --database-url` (the run id is [a-z0-9_]).
+        admin
+            .batch_execute(&format!(
+                "COMMENT ON DATABASE \"{name}\" IS '{}'",
+                run_tag(&self.run_id)
+            ))
+            .await?;
         Ok(Database {
             server_url: self.url.clone(),
             name,
@@ -215,12 +243,20 @@ impl PgServer {
     /// Drops every database this run created (unless kept) and stops the throwaway cluster.
     pub async fn close(mut self) -> Result<()> {
         if self.keep {
-            if let Some(cluster) = &self.cluster {
-                eprintln!(
-                    "kept the throwaway cluster running in {}: psql {}; remove it with `outbox-lab clean`",
-                    cluster.dir().display(),
-                    cluster.url()
-                );
+            if let Some(mut cluster) = self.cluster.take() {
+                if cluster.is_running() {
+                    eprintln!(
+                        "kept the throwaway cluster running in {}: psql \"{}\"; remove it with \
+                         `outbox-lab clean`",
+                        cluster.dir().display(),
+                        cluster.url()
+                    );
+                } else {
+                    // Dropped unkept: its directory goes.
+                    cluster.set_kept(false);
+                    eprintln!("the throwaway cluster stopped during the run: nothing was kept");
+                    return Ok(());
+                }
             }
             for name in self.created.lock().expect("not poisoned").iter() {
                 eprintln!("kept database {name}");
@@ -246,6 +282,41 @@ impl PgServer {
         }
         Ok(())
     }
+}
+
+/// The application name of a run's held connection, and the comment on its databases.
+fn run_tag(run_id: &str) -> String {
+    format!("{RUN_TAG_PREFIX}{run_id}")
+}
+
+/// What `outbox-lab clean --database-url` did with one `outboxlab_` database.
+pub enum CleanedDatabase {
+    Dropped(String),
+    /// Its run is alive, or something is connected to it: never touched.
+    InUse(String),
+}
+
+/// Drops the `outboxlab_` databases (and their replication slots) of runs that are no longer
+/// alive: neither the run that made one holds its connection, nor is anyone connected to it.
+pub async fn clean_databases(url: &str) -> Result<Vec<CleanedDatabase>> {
+    let admin = connect(&parse_url(url)?).await?;
+    let mut cleaned = Vec::new();
+    for row in admin.query(OUR_DATABASES, &[&RUN_TAG_PREFIX]).await? {
+        let name: String = row.get("datname");
+        if row.get::<_, bool>("in_use") {
+            cleaned.push(CleanedDatabase::InUse(name));
+            continue;
+        }
+        debug_assert!(name.starts_with(DATABASE_PREFIX));
+        drop_slots_of(&admin, &name).await?;
+        // No FORCE: should anyone connect in the meantime, the drop fails instead.
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\""))
+            .await
+            .with_context(|| format!("cannot drop database {name}"))?;
+        cleaned.push(CleanedDatabase::Dropped(name));
+    }
+    Ok(cleaned)
 }
 
 /// Drops every replication slot of database `name`, ending the walsenders that hold them.

@@ -1,30 +1,34 @@
-//! Redis for the stream scenarios: `--redis-url`, or else a private `redis-server` on a free
-//! 127.0.0.1 port in a [`throwaway`] directory, started on first use and stopped at the end.
+//! Redis for the stream scenarios: `--redis-url`, or else a private `redis-server` on a Unix
+//! socket in a [`throwaway`] directory (no TCP port: no other local user can reach it), started
+//! on first use and stopped at the end.
 //!
 //! On a private server the streams carry the article's names (`outbox.event.orders`). On an
 //! external one every key is prefixed with `outboxlab:<run>:` and those keys alone are deleted at
 //! the end, so nothing of the user's is touched.
 
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use nix::sys::signal::Signal;
-use nix::unistd::Pid;
+use nix::unistd::User;
 use tokio::sync::OnceCell;
 
-use crate::throwaway;
+use crate::throwaway::{self, ProcessId, RunDir, ServerProcess};
 
 /// redis-server answers PING within milliseconds of starting; this bounds a wedged start.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
+/// The server's log, in our part of the run directory.
+const LOG: &str = "redis.log";
 
-/// A private redis-server; dropping it stops it and removes its directory, unless kept.
+/// A private redis-server on a Unix socket in its run directory (no TCP port), run as the
+/// unprivileged server user when we are root; dropping it stops it and removes its directory,
+/// unless kept.
 struct RedisServer {
-    dir: PathBuf,
-    port: u16,
+    run: RunDir,
     process: Option<Child>,
     keep: bool,
 }
@@ -33,52 +37,55 @@ impl RedisServer {
     async fn start(keep: bool) -> Result<RedisServer> {
         let binary = find_redis_server()?;
         throwaway::remove_orphans();
+        let run_as = throwaway::server_user()?;
         let mut server = RedisServer {
-            dir: throwaway::create_dir("redis")?,
-            port: 0,
+            run: RunDir::create("redis", run_as.as_ref())?,
             process: None,
             keep: false,
         };
-        let mut last_error = None;
-        // Another process may take the port between our probe and redis' bind: retry.
-        for _ in 0..5 {
-            match server.launch(&binary).await {
-                Ok(()) => {
-                    server.keep = keep;
-                    server.write_marker()?;
-                    return Ok(server);
-                }
-                Err(e) => last_error = Some(e),
-            }
-        }
-        Err(last_error.expect("at least one attempt"))
+        // No retry: a private socket has no port to lose.
+        server.launch(&binary, run_as.as_ref()).await?;
+        server.keep = keep;
+        server.write_marker()?;
+        Ok(server)
     }
 
-    async fn launch(&mut self, binary: &std::path::Path) -> Result<()> {
-        self.port = throwaway::free_port()?;
+    fn socket(&self) -> PathBuf {
+        self.run.server_dir().join("redis.sock")
+    }
+
+    async fn launch(&mut self, binary: &Path, run_as: Option<&User>) -> Result<()> {
+        let log = self.run.create_file(LOG)?;
         let mut cmd = Command::new(binary);
-        cmd.args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+        cmd.args(["--port", "0", "--unixsocketperm", "700"])
+            .arg("--unixsocket")
+            .arg(self.socket())
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            // An empty logfile is standard output: our log file, through the inherited descriptor.
+            .args(["--logfile", ""])
             .arg("--dir")
-            .arg(&self.dir)
-            .arg("--logfile")
-            .arg(self.dir.join("redis.log"))
+            .arg(self.run.server_dir())
+            .current_dir(self.run.server_dir())
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
             // Its own process group: a Ctrl-C at the terminal reaches us, and we stop it in order.
             .process_group(0);
+        if let Some(user) = run_as {
+            cmd.uid(user.uid.as_raw()).gid(user.gid.as_raw());
+        }
         self.process = Some(
             cmd.spawn()
                 .with_context(|| format!("cannot start {}", binary.display()))?,
         );
         self.write_marker()?;
+        let limit = throwaway::start_timeout(START_TIMEOUT);
         let started = Instant::now();
         loop {
             let process = self.process.as_mut().expect("just spawned");
             if let Some(status) = process.try_wait()? {
                 self.process = None;
-                let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+                let log = std::fs::read_to_string(self.run.path().join(LOG)).unwrap_or_default();
                 bail!(
                     "redis-server exited during start ({status}): {}",
                     throwaway::last_line(&log)
@@ -87,38 +94,42 @@ impl RedisServer {
             if ping(&self.url()).await.is_ok() {
                 return Ok(());
             }
-            if started.elapsed() > START_TIMEOUT {
-                bail!("redis-server did not answer PING within {START_TIMEOUT:?}");
+            if started.elapsed() > limit {
+                if let Some(mut process) = self.process.take() {
+                    throwaway::kill_group(&mut process);
+                }
+                bail!(
+                    "redis-server did not answer PING within {limit:?} (set \
+                     OUTBOX_LAB_START_TIMEOUT_S on a slow machine)"
+                );
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
     fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        format!("redis+unix://{}", self.socket().display())
     }
 
     fn write_marker(&self) -> Result<()> {
         let marker = throwaway::Marker {
-            owner_pid: std::process::id() as i32,
+            owner: ProcessId::own(),
             kept: self.keep,
-            server_pid: self.process.as_ref().map(|c| c.id() as i32),
-            port: self.port,
+            server: self
+                .process
+                .as_ref()
+                .map(ServerProcess::spawned)
+                .transpose()?,
         };
-        throwaway::write_marker(&self.dir, &marker)
+        self.run.write_marker(&marker)
     }
 }
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        if self.keep {
-            return;
+        if !self.keep {
+            self.run.remove(self.process.take(), Signal::SIGTERM);
         }
-        if let Some(mut process) = self.process.take() {
-            throwaway::stop(Pid::from_raw(process.id() as i32), Signal::SIGTERM);
-            let _ = process.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -205,6 +216,16 @@ impl Redis {
     /// Deletes this run's keys from an external server (the private one goes away whole).
     pub async fn close(self) -> Result<()> {
         let Some(url) = &self.external else {
+            if let Some(server) = self.private.get() {
+                if server.keep {
+                    eprintln!(
+                        "kept the private Redis server running in {}: redis-cli -s {}; remove it \
+                         with `outbox-lab clean`",
+                        server.run.path().display(),
+                        server.socket().display()
+                    );
+                }
+            }
             return Ok(());
         };
         if !self.used.load(Ordering::Relaxed) {

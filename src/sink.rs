@@ -28,7 +28,7 @@ pub enum Sink {
 }
 
 impl Sink {
-    /// `http://…` for the HTTP consumer, `redis://…` for a Redis Stream. `in_flight` bounds how
+    /// `http://…` for the HTTP consumer, a Redis URL ([`is_redis`]) for a Redis Stream. `in_flight` bounds how
     /// many aggregates an HTTP batch delivers to at once (1: strictly one event after another);
     /// an HTTP delivery unanswered after `request_timeout` failed; `stream_prefix` goes before
     /// every stream name.
@@ -38,7 +38,7 @@ impl Sink {
         request_timeout: Duration,
         stream_prefix: &str,
     ) -> Result<Sink> {
-        if url.starts_with("redis://") {
+        if is_redis(url) {
             let connection = redis_server::connect(url).await?;
             Ok(Sink::Redis(RedisSink {
                 connection,
@@ -65,6 +65,13 @@ impl Sink {
             Sink::Redis(redis) => redis.deliver(events, on_delivered).await,
         }
     }
+}
+
+/// A Redis URL: TCP (`redis://`, `rediss://`) or a Unix socket (`redis+unix://`, `unix://`).
+pub fn is_redis(url: &str) -> bool {
+    ["redis://", "rediss://", "redis+unix://", "unix://"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
 }
 
 /// POSTs events as JSON to `<base>/events`; a 2xx answer is a delivery.

@@ -1,160 +1,386 @@
 //! Directories of throwaway servers (the PostgreSQL cluster, the Redis server): created under the
-//! temp dir with a marker naming the run that owns them, and removed with their server.
+//! temp dir with a marker naming the run that owns them and the server that runs in them, and
+//! removed with their server.
 //!
 //! A run killed with SIGKILL cannot clean up; the marker lets the next run find what it left
 //! (owner gone) and remove it. `--keep` marks a directory kept: only `outbox-lab clean` removes it.
+//!
+//! Anyone can create `/tmp/outbox-lab-*`, so nothing found there is trusted: a directory counts
+//! as ours only when we own it and its marker, and a process is signalled only when its start
+//! time, executable and working directory prove it is the server that directory started.
+//!
+//! Layout: the run directory is ours (0700, or 0710 with the server user's group so that user
+//! can reach its own subdirectory) and holds only files we create — the marker and the server's
+//! log, written through a descriptor the server inherits. The server's files live in `server/`,
+//! owned by the server user; we never write there, so no link that user plants is followed.
 
-use std::fs;
-use std::net::TcpListener;
-use std::os::unix::fs::PermissionsExt;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use anyhow::{bail, Context, Result};
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::{chown, geteuid, Pid, User};
 use serde::{Deserialize, Serialize};
 
 /// Every throwaway directory's name starts with this.
 const DIR_PREFIX: &str = "outbox-lab-";
 /// The marker file that makes a directory ours.
 const MARKER: &str = "outbox-lab-owner.json";
+/// The server's own subdirectory (owned by the server user).
+const SERVER_DIR: &str = "server";
 /// A fast shutdown takes milliseconds; after this the server is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The unprivileged user servers run as when outbox-lab runs as root.
+pub const SERVER_USER: &str = "postgres";
+
+/// A process named by its pid and its start time (clock ticks after boot, from
+/// `/proc/PID/stat`): a pid is reused, the pair is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessId {
+    pub pid: i32,
+    pub start: u64,
+}
+
+impl ProcessId {
+    /// The process running as `pid` now, if any (a zombie counts as gone).
+    pub fn of(pid: i32) -> Option<ProcessId> {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command name (which may hold spaces) start at field 3, the state.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        if fields.first() == Some(&"Z") {
+            return None;
+        }
+        let start = fields.get(19)?.parse().ok()?;
+        Some(ProcessId { pid, start })
+    }
+
+    pub fn own() -> ProcessId {
+        ProcessId::of(std::process::id() as i32).expect("our own /proc entry")
+    }
+
+    /// Still the same process, and not a zombie.
+    pub fn is_running(&self) -> bool {
+        ProcessId::of(self.pid) == Some(*self)
+    }
+}
+
+/// The server a directory started: enough to prove a pid is still that server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ServerProcess {
+    pub process: ProcessId,
+    /// The executable, canonical.
+    pub exe: PathBuf,
+}
+
+impl ServerProcess {
+    /// Records a server we just spawned (its exec has happened when `spawn` returns).
+    pub fn spawned(child: &std::process::Child) -> Result<ServerProcess> {
+        let pid = child.id() as i32;
+        let process = ProcessId::of(pid).context("the server exited as it started")?;
+        let exe = fs::read_link(format!("/proc/{pid}/exe"))
+            .with_context(|| format!("cannot read the executable of pid {pid}"))?;
+        Ok(ServerProcess { process, exe })
+    }
+
+    /// What `pid` is now: gone, provably this directory's server, or something else.
+    fn identify(&self, dir: &Path) -> Identity {
+        if !self.process.is_running() {
+            return Identity::Gone;
+        }
+        let pid = self.process.pid;
+        let exe = fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        let cwd = fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
+        if exe != self.exe {
+            return Identity::Stranger(format!("pid {pid} runs {}", exe.display()));
+        }
+        if !cwd.starts_with(dir) {
+            return Identity::Stranger(format!("pid {pid} works in {}", cwd.display()));
+        }
+        Identity::Proven
+    }
+}
+
+enum Identity {
+    Gone,
+    Proven,
+    Stranger(String),
+}
 
 /// Who owns a throwaway directory and what runs in it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Marker {
     /// The outbox-lab process that created it; when it is gone, so is the directory.
-    pub owner_pid: i32,
+    pub owner: ProcessId,
     /// Left running on purpose (`--keep`).
     pub kept: bool,
-    /// The server's process, once started.
-    pub server_pid: Option<i32>,
-    pub port: u16,
+    /// The server, once started.
+    pub server: Option<ServerProcess>,
 }
 
-/// Creates `<tmp>/outbox-lab-<kind>-<pid>-<nanos>` (mode 0700) with its marker.
-pub fn create_dir(kind: &str) -> Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!(
-        "{DIR_PREFIX}{kind}-{}-{:x}",
-        std::process::id(),
-        chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default()
-    ));
-    fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
-    write_marker(
-        &dir,
-        &Marker {
-            owner_pid: own_pid(),
-            kept: false,
-            server_pid: None,
-            port: 0,
-        },
-    )?;
-    Ok(dir)
+/// A throwaway directory of this run.
+#[derive(Debug)]
+pub struct RunDir {
+    path: PathBuf,
 }
 
-pub fn write_marker(dir: &Path, marker: &Marker) -> Result<()> {
-    fs::write(dir.join(MARKER), serde_json::to_vec(marker)?)
-        .with_context(|| format!("cannot write the marker in {}", dir.display()))
-}
-
-fn own_pid() -> i32 {
-    std::process::id() as i32
-}
-
-/// Stops the server recorded in `dir` (or PostgreSQL's, from its pid file) and removes `dir`.
-pub fn remove(dir: &Path) {
-    let marker = read_marker(dir);
-    let postmaster = fs::read_to_string(dir.join("data/postmaster.pid")).unwrap_or_default();
-    let pids = [
-        marker.and_then(|m| m.server_pid),
-        postmaster
-            .lines()
-            .next()
-            .and_then(|l| l.trim().parse().ok()),
-    ];
-    for pid in pids.into_iter().flatten() {
-        stop(Pid::from_raw(pid), Signal::SIGINT);
+impl RunDir {
+    /// Creates `<tmp>/outbox-lab-<kind>-<pid>-<nanos>` with its marker, and `server/` inside it
+    /// for `server_user` (ourselves when `None`).
+    pub fn create(kind: &str, server_user: Option<&User>) -> Result<RunDir> {
+        let path = std::env::temp_dir().join(format!(
+            "{DIR_PREFIX}{kind}-{}-{:x}",
+            std::process::id(),
+            chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default()
+        ));
+        // create_dir fails on anything already there, a planted link included.
+        fs::create_dir(&path).with_context(|| format!("cannot create {}", path.display()))?;
+        let run = RunDir { path };
+        let result = (|| {
+            fs::set_permissions(&run.path, fs::Permissions::from_mode(0o700))?;
+            let server = run.server_dir();
+            fs::create_dir(&server)?;
+            fs::set_permissions(&server, fs::Permissions::from_mode(0o700))?;
+            if let Some(user) = server_user {
+                // The server user may enter (not list) our directory to reach its own.
+                chown(&run.path, None, Some(user.gid))?;
+                fs::set_permissions(&run.path, fs::Permissions::from_mode(0o710))?;
+                chown(&server, Some(user.uid), Some(user.gid))?;
+            }
+            run.write_marker(&Marker {
+                owner: ProcessId::own(),
+                kept: false,
+                server: None,
+            })
+        })();
+        if let Err(e) = result {
+            let _ = fs::remove_dir_all(&run.path);
+            return Err(e).with_context(|| format!("cannot prepare {}", run.path.display()));
+        }
+        Ok(run)
     }
-    let _ = fs::remove_dir_all(dir);
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The server's own directory (its data, its socket).
+    pub fn server_dir(&self) -> PathBuf {
+        self.path.join(SERVER_DIR)
+    }
+
+    /// Creates a new file of ours (mode 0600), never following a link, never reusing a file.
+    pub fn create_file(&self, name: &str) -> Result<File> {
+        create_new(&self.path.join(name))
+    }
+
+    pub fn write_marker(&self, marker: &Marker) -> Result<()> {
+        // A new file renamed over the old one: the marker is never half written.
+        let temp = self.path.join(format!("{MARKER}.{}", std::process::id()));
+        let _ = fs::remove_file(&temp);
+        let mut file = create_new(&temp)?;
+        file.write_all(&serde_json::to_vec(marker)?)?;
+        fs::rename(&temp, self.path.join(MARKER))
+            .with_context(|| format!("cannot write the marker in {}", self.path.display()))
+    }
+
+    /// Stops `server` (which we started: `signal` to it, then SIGKILL to its process group) and
+    /// removes the directory.
+    pub fn remove(&self, server: Option<std::process::Child>, signal: Signal) {
+        if let Some(mut child) = server {
+            stop(Pid::from_raw(child.id() as i32), signal);
+            let _ = child.wait();
+        }
+        let _ = fs::remove_dir_all(&self.path);
+    }
 }
 
-fn read_marker(dir: &Path) -> Option<Marker> {
-    serde_json::from_slice(&fs::read(dir.join(MARKER)).ok()?).ok()
+/// Creates `path` as a new file, mode 0600: fails on anything already there, links included.
+pub fn create_new(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))
 }
 
-/// Our directories under the temp dir, with their markers.
-fn ours() -> Vec<(PathBuf, Marker)> {
+/// Reads a file the server user may have replaced, without following a link.
+pub fn read_no_follow(path: &Path) -> String {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path);
+    let mut text = String::new();
+    if let Ok(mut file) = file {
+        let _ = std::io::Read::read_to_string(&mut file, &mut text);
+    }
+    text
+}
+
+/// The user servers run as: none (ourselves) unless we are root.
+pub fn server_user() -> Result<Option<User>> {
+    if !geteuid().is_root() {
+        return Ok(None);
+    }
+    match User::from_name(SERVER_USER)? {
+        Some(user) => Ok(Some(user)),
+        None => bail!(
+            "running as root, and PostgreSQL refuses root: create the system user 'postgres' \
+             (apt-get install postgresql does) or run as an unprivileged user"
+        ),
+    }
+}
+
+/// A directory under the temp dir that carries our name, and what we make of it.
+enum Found {
+    /// Ours, with its marker.
+    Ours(PathBuf, Marker),
+    /// Named like ours but not provably ours: left alone.
+    NotOurs(PathBuf, String),
+}
+
+fn found() -> Vec<Found> {
+    let me = geteuid().as_raw();
     fs::read_dir(std::env::temp_dir())
         .into_iter()
         .flatten()
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with(DIR_PREFIX))
-        .filter_map(|e| Some((e.path(), read_marker(&e.path())?)))
+        .map(|e| {
+            let dir = e.path();
+            match read_marker(&dir, me) {
+                Ok(marker) => Found::Ours(dir, marker),
+                Err(why) => Found::NotOurs(dir, why),
+            }
+        })
         .collect()
 }
 
-/// Removes directories whose owning run died without cleaning up.
+/// The marker of `dir`, when the directory and the marker are both ours (owned by `uid`, not
+/// links, not writable by anyone else).
+fn read_marker(dir: &Path, uid: u32) -> std::result::Result<Marker, String> {
+    let meta = fs::symlink_metadata(dir).map_err(|e| e.to_string())?;
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "not a directory of ours (owner uid {}, mode {:o})",
+            meta.uid(),
+            meta.mode() & 0o7777
+        ));
+    }
+    let path = dir.join(MARKER);
+    let meta = fs::symlink_metadata(&path).map_err(|_| "no marker".to_string())?;
+    if !meta.is_file() || meta.uid() != uid {
+        return Err(format!("marker owned by uid {}", meta.uid()));
+    }
+    serde_json::from_str(&read_no_follow(&path)).map_err(|e| format!("unreadable marker: {e}"))
+}
+
+/// Stops the server of a directory we found (only once proven to be its server) and removes the
+/// directory; `Err` says why it was left alone.
+fn remove_found(dir: &Path, marker: &Marker) -> std::result::Result<(), String> {
+    if let Some(server) = &marker.server {
+        match server.identify(dir) {
+            Identity::Gone => {}
+            Identity::Stranger(why) => {
+                return Err(format!("its server is not provably ours ({why})"));
+            }
+            Identity::Proven => {
+                let pid = Pid::from_raw(server.process.pid);
+                let _ = kill(pid, Signal::SIGINT);
+                wait_gone(&server.process);
+                if server.process.is_running() {
+                    let _ = killpg(pid, Signal::SIGKILL);
+                    wait_gone(&server.process);
+                }
+            }
+        }
+    }
+    fs::remove_dir_all(dir).map_err(|e| format!("cannot remove it: {e}"))
+}
+
+fn wait_gone(process: &ProcessId) {
+    let started = Instant::now();
+    while process.is_running() && started.elapsed() < STOP_TIMEOUT {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Removes directories whose owning run died without cleaning up (kept ones stay).
 pub fn remove_orphans() {
-    for (dir, marker) in ours() {
-        if !marker.kept && !is_alive(Pid::from_raw(marker.owner_pid)) {
-            remove(&dir);
-            eprintln!(
+    for found in found() {
+        let Found::Ours(dir, marker) = found else {
+            continue;
+        };
+        if marker.kept || marker.owner.is_running() {
+            continue;
+        }
+        match remove_found(&dir, &marker) {
+            Ok(()) => eprintln!(
                 "removed a throwaway server left by an earlier run: {}",
                 dir.display()
-            );
+            ),
+            Err(why) => eprintln!("left {}: {why}", dir.display()),
         }
     }
 }
 
-/// `outbox-lab clean`: removes every directory no live run is using, kept ones included.
-pub fn clean() -> Vec<PathBuf> {
-    let mut removed = Vec::new();
-    for (dir, marker) in ours() {
-        let in_use = marker.owner_pid != own_pid() && is_alive(Pid::from_raw(marker.owner_pid));
-        if marker.kept || !in_use {
-            remove(&dir);
-            removed.push(dir);
-        }
-    }
-    removed
+/// What `outbox-lab clean` did with one directory.
+pub enum Cleaned {
+    Removed(PathBuf),
+    /// Its run is still going: never touched.
+    InUse(PathBuf),
+    Left(PathBuf, String),
 }
 
-/// Asks a server to stop with `signal`, and kills it if it has not gone after STOP_TIMEOUT.
+/// `outbox-lab clean`: removes every directory of ours whose run has ended, kept ones included.
+pub fn clean() -> Vec<Cleaned> {
+    found()
+        .into_iter()
+        .map(|found| match found {
+            Found::NotOurs(dir, why) => Cleaned::Left(dir, why),
+            Found::Ours(dir, marker) if marker.owner.is_running() => Cleaned::InUse(dir),
+            Found::Ours(dir, marker) => match remove_found(&dir, &marker) {
+                Ok(()) => Cleaned::Removed(dir),
+                Err(why) => Cleaned::Left(dir, why),
+            },
+        })
+        .collect()
+}
+
+/// Asks a server we started to stop with `signal`; after STOP_TIMEOUT kills its whole process
+/// group (it leads one: see `process_group(0)` where servers are spawned).
 pub fn stop(pid: Pid, signal: Signal) {
+    let Some(process) = ProcessId::of(pid.as_raw()) else {
+        return;
+    };
     if kill(pid, signal).is_err() {
         return;
     }
-    let started = Instant::now();
-    while is_alive(pid) && started.elapsed() < STOP_TIMEOUT {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    if is_alive(pid) {
-        let _ = kill(pid, Signal::SIGKILL);
+    wait_gone(&process);
+    if process.is_running() {
+        let _ = killpg(pid, Signal::SIGKILL);
     }
 }
 
-/// True while the process exists and is not a zombie.
-pub fn is_alive(pid: Pid) -> bool {
-    if kill(pid, None).is_err() {
-        return false;
-    }
-    // A zombie still answers kill(0); its state letter in /proc says it has exited.
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    !stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .trim_start()
-        .starts_with('Z')
+/// Kills the process group of a server we started that never got ready.
+pub fn kill_group(child: &mut std::process::Child) {
+    let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+    let _ = child.wait();
 }
 
-/// A port nothing listens on right now (the server may still lose a race for it: callers retry).
-pub fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("cannot find a free port")?;
-    Ok(listener.local_addr()?.port())
+/// How long a throwaway server may take to get ready: `OUTBOX_LAB_START_TIMEOUT_S` seconds
+/// (for slow machines), else `default`.
+pub fn start_timeout(default: Duration) -> Duration {
+    std::env::var("OUTBOX_LAB_START_TIMEOUT_S")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .map(Duration::from_secs_f64)
+        .unwrap_or(default)
 }
 
 /// The last non-empty line of a log or an error output.

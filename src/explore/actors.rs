@@ -13,6 +13,7 @@ use tokio::io::AsyncReadExt;
 use uuid::Uuid;
 
 use super::designs::RelayVariant;
+use crate::child::SINK_ENV;
 use crate::db::Database;
 use crate::relay::{Relay, RelayConfig, RelayDesign, StoredWatermarkRelay};
 use crate::sink::{HttpSink, Sink};
@@ -31,7 +32,7 @@ pub struct WriterArgs {
     /// Be the naive app instead: write the order and POST its event (one per order) itself.
     #[arg(long, value_enum, requires = "sink")]
     pub dual_write: Option<DualWriteOrder>,
-    #[arg(long)]
+    #[arg(long, env = SINK_ENV, hide_env_values = true)]
     pub sink: Option<String>,
 }
 
@@ -87,7 +88,7 @@ fn log_line(line: std::fmt::Arguments<'_>) {
 pub struct RelayArgs {
     #[arg(long, value_enum)]
     pub variant: RelayVariant,
-    #[arg(long)]
+    #[arg(long, env = SINK_ENV, hide_env_values = true)]
     pub sink: String,
     #[arg(long)]
     pub name: String,
