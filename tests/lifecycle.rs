@@ -24,7 +24,7 @@ fn cluster_dirs_of(pid: u32) -> Vec<PathBuf> {
 
 /// The postmaster's pid, once the cluster in `dir` is ready.
 fn ready_postmaster(dir: &Path) -> Option<i32> {
-    let pid_file = std::fs::read_to_string(dir.join("data/postmaster.pid")).ok()?;
+    let pid_file = std::fs::read_to_string(dir.join("server/data/postmaster.pid")).ok()?;
     let mut lines = pid_file.lines();
     let pid = lines.next()?.trim().parse().ok()?;
     (pid_file.lines().nth(7).map(str::trim) == Some("ready")).then_some(pid)
@@ -42,15 +42,16 @@ fn alive(pid: i32) -> bool {
             .starts_with('Z')
 }
 
-/// Processes whose command line mentions `needle` (our children carry the cluster's port).
+/// Processes whose environment mentions `needle` (our children are handed the cluster's
+/// address, its socket directory, in theirs).
 fn processes_mentioning(needle: &str) -> Vec<i32> {
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            String::from_utf8_lossy(&cmdline).contains(needle)
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            String::from_utf8_lossy(&environ).contains(needle)
         })
         .collect()
 }
@@ -88,12 +89,6 @@ fn start_long_run() -> (Child, PathBuf, i32) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn port_of(dir: &Path) -> String {
-    let marker = std::fs::read_to_string(dir.join("outbox-lab-owner.json")).unwrap();
-    let marker: serde_json::Value = serde_json::from_str(&marker).unwrap();
-    format!("127.0.0.1:{}", marker["port"])
 }
 
 fn wait_gone(pid: i32) -> bool {
@@ -160,7 +155,11 @@ fn failing_check_exits_1_and_removes_its_cluster() {
 #[test]
 fn sigint_cleans_up_cluster_and_children() {
     let (mut child, dir, postmaster) = start_long_run();
-    let port = port_of(&dir);
+    let address = dir.join("server").display().to_string();
+    assert!(
+        !processes_mentioning(&address).is_empty(),
+        "no child of the run found: the check below would prove nothing"
+    );
     kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
@@ -171,7 +170,7 @@ fn sigint_cleans_up_cluster_and_children() {
     assert!(!dir.exists(), "{} left behind", dir.display());
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(
-        processes_mentioning(&port),
+        processes_mentioning(&address),
         Vec::<i32>::new(),
         "children of the run still running"
     );

@@ -1,0 +1,623 @@
+//! The harness is a guest on the machine, often run as root: its throwaway servers let no other
+//! local user in, it signals no process it cannot prove its own, writes no file through a link
+//! another user could plant, shows no password to `ps`, and cleans only what its dead runs left.
+//!
+//! The parts that need a second user (`nobody`) run when the tests run as root, as CI does.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{block_on, outbox_lab, scratch_dir, server_url, Run};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::{geteuid, Pid, User};
+use outbox_lab::throwaway::{self, Marker, ProcessId, ServerProcess};
+
+/// `clean` looks at every throwaway directory: these tests take turns.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn is_root() -> bool {
+    geteuid().is_root()
+}
+
+/// Throwaway directories of `kind` created by the outbox-lab process `pid`.
+fn dirs_of(kind: &str, pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("outbox-lab-{kind}-{pid}-");
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
+fn marker_of(dir: &Path) -> Marker {
+    serde_json::from_slice(&std::fs::read(dir.join("outbox-lab-owner.json")).unwrap()).unwrap()
+}
+
+/// The TCP ports process `pid` listens on (its sockets' inodes, looked up in /proc/net/tcp*).
+fn tcp_listen_ports(pid: i32) -> Vec<u16> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| {
+            let link = std::fs::read_link(fd.path()).ok()?;
+            let link = link.to_string_lossy();
+            Some(
+                link.strip_prefix("socket:[")?
+                    .trim_end_matches(']')
+                    .to_string(),
+            )
+        })
+        .collect();
+    let mut ports = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        for line in std::fs::read_to_string(table)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+        {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address is HEXIP:HEXPORT, st 0A is LISTEN, the inode is field 9.
+            if fields.get(3) == Some(&"0A") && inodes.iter().any(|i| fields.get(9) == Some(&&**i)) {
+                let port = fields[1].rsplit(':').next().unwrap();
+                ports.push(u16::from_str_radix(port, 16).unwrap());
+            }
+        }
+    }
+    ports
+}
+
+/// `program args` as user `nobody`: its exit status and what it printed.
+fn as_nobody(program: &str, args: &[&str]) -> (bool, String) {
+    let nobody = User::from_name("nobody").unwrap().expect("user nobody");
+    let out = Command::new(program)
+        .args(args)
+        .uid(nobody.uid.as_raw())
+        .gid(nobody.gid.as_raw())
+        .current_dir("/")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout),
+    )
+}
+
+fn clean(args: &[&str]) -> Run {
+    Run::from(outbox_lab().arg("clean").args(args).output().unwrap())
+}
+
+/// Every file of ours in a run directory lies in a directory only we can write, and the part
+/// the server user owns holds nothing of ours: no link planted there is ever followed.
+fn assert_no_file_of_ours_in_their_directory(dir: &Path) {
+    let me = geteuid().as_raw();
+    let run_dir = std::fs::symlink_metadata(dir).unwrap();
+    assert_eq!(run_dir.uid(), me, "{} is not ours", dir.display());
+    assert_eq!(
+        run_dir.mode() & 0o022,
+        0,
+        "{} writable by others",
+        dir.display()
+    );
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let meta = entry.metadata().unwrap();
+        if meta.uid() != me {
+            // The server user's own directory: nothing in it of ours.
+            for inner in walk(&entry.path()) {
+                let owner = std::fs::symlink_metadata(&inner).unwrap().uid();
+                assert!(
+                    owner != me || me == meta.uid(),
+                    "{} is ours inside a directory of the server user",
+                    inner.display()
+                );
+            }
+        }
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            found.extend(walk(&path));
+        }
+        found.push(path);
+    }
+    found
+}
+
+/// The kept PostgreSQL and Redis of a finished run listen on no TCP port, let us in through
+/// their sockets and keep every other user out; their files are laid out so that no link is
+/// followed; `clean` removes them.
+#[test]
+fn throwaway_servers_let_no_other_user_in() {
+    let _turn = one_at_a_time();
+    let results = scratch_dir("security-kept");
+    let child = outbox_lab()
+        .args(["scenario", "redis-stream", "--keep", "--format", "json"])
+        .arg("--results-dir")
+        .arg(&results)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let run = Run::from(child.wait_with_output().unwrap());
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let (pg, redis) = (dirs_of("pg", pid), dirs_of("redis", pid));
+    assert_eq!((pg.len(), redis.len()), (1, 1), "{}", run.stderr);
+    assert!(run.stderr.contains("kept the throwaway cluster running"));
+
+    let pg_socket_dir = pg[0].join("server");
+    let redis_socket = redis[0].join("server/redis.sock");
+    for dir in [&pg[0], &redis[0]] {
+        let server = marker_of(dir).server.expect("a server in the marker");
+        assert!(server.process.is_running(), "{} not running", dir.display());
+        assert_eq!(
+            tcp_listen_ports(server.process.pid),
+            Vec::<u16>::new(),
+            "{} listens on TCP",
+            dir.display()
+        );
+        assert_no_file_of_ours_in_their_directory(dir);
+    }
+
+    let psql_target = format!("host={} port=5432 user=postgres", pg_socket_dir.display());
+    let psql_args = [psql_target.as_str(), "-tAc", "select 1"];
+    let sock = redis_socket.to_str().unwrap();
+    // We get in: the denials below are about who asks, not a dead server.
+    let ours = Command::new("psql").args(psql_args).output().unwrap();
+    assert!(
+        ours.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ours.stderr)
+    );
+    let ours = Command::new("redis-cli")
+        .args(["-s", sock, "ping"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&ours.stdout).trim(), "PONG");
+    if is_root() {
+        let (ok, said) = as_nobody("psql", &psql_args);
+        assert!(
+            !ok && said.contains("Permission denied"),
+            "nobody got in: {said}"
+        );
+        let (_, said) = as_nobody("redis-cli", &["-s", sock, "ping"]);
+        assert!(!said.contains("PONG"), "nobody got in: {said}");
+    }
+
+    let cleaned = clean(&[]);
+    assert_eq!(cleaned.code, 0, "{}", cleaned.stderr);
+    for dir in [&pg[0], &redis[0]] {
+        assert!(!dir.exists(), "clean left {}", dir.display());
+    }
+}
+
+/// A process that exited and was reaped: its pid names nobody now.
+fn dead_process() -> ProcessId {
+    let mut child = Command::new("true").spawn().unwrap();
+    let pid = child.id() as i32;
+    child.wait().unwrap();
+    ProcessId { pid, start: 1 }
+}
+
+/// A `sleep` standing in for a server, working in `cwd`.
+fn victim(cwd: &Path) -> Child {
+    Command::new("sleep")
+        .arg("300")
+        .current_dir(cwd)
+        .spawn()
+        .unwrap()
+}
+
+/// A directory named like ours with `marker` in it (as raw JSON), owned by `owner`.
+fn plant(name: &str, marker: &str, owner: Option<&User>) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "outbox-lab-pg-planted-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    std::fs::write(dir.join("outbox-lab-owner.json"), marker).unwrap();
+    if let Some(user) = owner {
+        for path in [
+            dir.join("outbox-lab-owner.json"),
+            dir.join("data"),
+            dir.clone(),
+        ] {
+            nix::unistd::chown(&path, Some(user.uid), Some(user.gid)).unwrap();
+        }
+    }
+    dir
+}
+
+fn server_marker(server: ServerProcess) -> String {
+    serde_json::to_string(&Marker {
+        owner: dead_process(),
+        kept: false,
+        server: Some(server),
+    })
+    .unwrap()
+}
+
+/// Markers anyone could plant in the temp dir make `clean` (and every run's orphan sweep) kill
+/// nothing; a directory of ours whose server is proven ours is cleaned (the check bites).
+#[test]
+fn planted_markers_get_no_process_killed() {
+    let _turn = one_at_a_time();
+    let mut victims = Vec::new();
+    let mut planted = Vec::new();
+
+    // Ours by owner, but the pid is not a server it started: the old format named any pid...
+    let scratch = scratch_dir("security-victims");
+    let old = victim(&scratch);
+    let old_marker = format!(
+        r#"{{"owner_pid":{},"kept":false,"server_pid":{},"port":1}}"#,
+        dead_process().pid,
+        old.id()
+    );
+    let old_dir = plant("old-format", &old_marker, None);
+    std::fs::write(
+        old_dir.join("data/postmaster.pid"),
+        format!("{}\n", old.id()),
+    )
+    .unwrap();
+    planted.push(old_dir);
+
+    // ...and the new one names a live process that is not PostgreSQL.
+    let stranger = victim(&scratch);
+    let mut wrong_exe = ServerProcess::spawned(&stranger).unwrap();
+    wrong_exe.exe = PathBuf::from("/usr/lib/postgresql/15/bin/postgres");
+    planted.push(plant("wrong-exe", &server_marker(wrong_exe), None));
+
+    // Owned by another user, with a marker that would otherwise prove its server.
+    if is_root() {
+        let nobody = User::from_name("nobody").unwrap().unwrap();
+        let dir = plant("nobody", "{}", None);
+        let perfect = victim(&dir);
+        let marker = server_marker(ServerProcess::spawned(&perfect).unwrap());
+        std::fs::write(dir.join("outbox-lab-owner.json"), marker).unwrap();
+        for path in [
+            dir.join("outbox-lab-owner.json"),
+            dir.join("data"),
+            dir.clone(),
+        ] {
+            nix::unistd::chown(&path, Some(nobody.uid), Some(nobody.gid)).unwrap();
+        }
+        planted.push(dir);
+        victims.push(perfect);
+    }
+    victims.push(old);
+    victims.push(stranger);
+
+    // The control: ours, and its server provably the process that works in it.
+    let control_dir = plant("control", "{}", None);
+    std::fs::set_permissions(&control_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mut control = victim(&control_dir);
+    std::fs::write(
+        control_dir.join("outbox-lab-owner.json"),
+        server_marker(ServerProcess::spawned(&control).unwrap()),
+    )
+    .unwrap();
+
+    let started = Instant::now();
+    let cleaned = clean(&[]);
+    assert_eq!(cleaned.code, 0, "{}", cleaned.stderr);
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "clean stalled for {:?}",
+        started.elapsed()
+    );
+    for victim in &mut victims {
+        assert!(
+            victim.try_wait().unwrap().is_none(),
+            "a planted marker got pid {} killed:\n{}",
+            victim.id(),
+            cleaned.stdout
+        );
+    }
+    for dir in &planted {
+        assert!(dir.exists(), "{} removed", dir.display());
+        assert!(
+            cleaned.stdout.contains(&format!("left {}", dir.display())),
+            "clean did not say it left {}:\n{}",
+            dir.display(),
+            cleaned.stdout
+        );
+    }
+    // The control was ours: its server stopped (SIGINT), its directory gone.
+    let ended = control.wait().unwrap();
+    assert!(!ended.success(), "the control server was not signalled");
+    assert!(!control_dir.exists(), "{}", cleaned.stdout);
+
+    for mut victim in victims {
+        let _ = victim.kill();
+        let _ = victim.wait();
+    }
+    for dir in planted {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// A file of ours is never created through a link, nor over a file already there.
+#[test]
+fn files_are_never_created_through_a_link() {
+    let dir = scratch_dir("security-links");
+    let target = dir.join("precious");
+    std::fs::write(&target, "keep me").unwrap();
+    std::os::unix::fs::symlink(&target, dir.join("postgres.log")).unwrap();
+    assert!(throwaway::create_new(&dir.join("postgres.log")).is_err());
+    std::fs::write(dir.join("existing"), "keep me too").unwrap();
+    assert!(throwaway::create_new(&dir.join("existing")).is_err());
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("existing")).unwrap(),
+        "keep me too"
+    );
+    // Reading what the server user writes follows no link either.
+    assert_eq!(throwaway::read_no_follow(&dir.join("postgres.log")), "");
+    assert_eq!(throwaway::read_no_follow(&target), "keep me");
+}
+
+/// `clean` while a `--keep` run is still going leaves it alone: the run finishes and keeps its
+/// cluster; once its owner has ended, `clean` removes it.
+#[test]
+fn clean_leaves_a_live_run_alone() {
+    let _turn = one_at_a_time();
+    let results = scratch_dir("security-live");
+    let mut child = outbox_lab()
+        .args(["scenario", "retry-backoff", "--keep", "--format", "json"])
+        .arg("--results-dir")
+        .arg(&results)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = Pid::from_raw(child.id() as i32);
+    let started = Instant::now();
+    let dir = loop {
+        assert!(started.elapsed() < Duration::from_secs(60), "no cluster");
+        let dirs = dirs_of("pg", child.id());
+        if let Some(dir) = dirs.first() {
+            if std::fs::read(dir.join("outbox-lab-owner.json"))
+                .ok()
+                .and_then(|m| serde_json::from_slice::<Marker>(&m).ok())
+                .is_some_and(|m| m.server.is_some())
+            {
+                break dir.clone();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // Frozen mid-run, so it cannot finish while clean looks.
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let cleaned = clean(&[]);
+    kill(pid, Signal::SIGCONT).unwrap();
+    assert!(
+        cleaned
+            .stdout
+            .contains(&format!("left {}: its run is still going", dir.display())),
+        "{}",
+        cleaned.stdout
+    );
+    assert!(dir.exists());
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("kept the throwaway cluster running"),
+        "{stderr}"
+    );
+    let server = marker_of(&dir).server.unwrap();
+    assert!(server.process.is_running(), "kept, but not running");
+
+    let cleaned = clean(&[]);
+    assert!(
+        cleaned
+            .stdout
+            .contains(&format!("removed {}", dir.display())),
+        "{}",
+        cleaned.stdout
+    );
+    assert!(!server.process.is_running());
+}
+
+/// Processes whose command line contains `needle`.
+fn command_lines_with(needle: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(needle))
+        .collect()
+}
+
+/// A password given in OUTBOX_LAB_DATABASE_URL never shows on a command line, although the
+/// scenario's children connect with it; the scan finds an argument that does (the check bites).
+#[test]
+fn children_never_show_a_password() {
+    let _turn = one_at_a_time();
+    let secret = "4719386250";
+    let mut control = Command::new("sleep").arg(secret).spawn().unwrap();
+    assert_eq!(
+        command_lines_with(secret).len(),
+        1,
+        "the scan misses a plain argument"
+    );
+    let _ = control.kill();
+    let _ = control.wait();
+
+    let url = format!("{} password={secret}", server_url());
+    let results = scratch_dir("security-argv");
+    let mut child = outbox_lab()
+        .args([
+            "scenario",
+            "retry-backoff",
+            "--format",
+            "json",
+            "--results-dir",
+        ])
+        .arg(&results)
+        .env("OUTBOX_LAB_DATABASE_URL", &url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut children_seen = 0;
+    while child.try_wait().unwrap().is_none() {
+        let shown = command_lines_with(secret);
+        assert_eq!(shown, Vec::<String>::new(), "a password on a command line");
+        children_seen = children_seen.max(command_lines_with(" child ").len());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{stderr}");
+    assert!(children_seen > 0, "no child seen: the scan proved nothing");
+}
+
+/// A postgres that never gets ready: killed with everything it started, not tried again, and
+/// its directory removed; the run says what happened and exits 2.
+#[test]
+fn a_server_that_never_gets_ready_leaves_nothing() {
+    let _turn = one_at_a_time();
+    let bin = scratch_dir("security-wedged");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = |name: &str, body: &str| {
+        let path = bin.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    script("initdb", "exit 0");
+    // A wedged server with helpers of its own, as a postmaster has.
+    script(
+        "postgres",
+        "sleep 6001.25 & sleep 6001.25 & exec sleep 6001.25",
+    );
+    let started = Instant::now();
+    let child = outbox_lab()
+        .args(["scenario", "dual-write", "--pg-bin"])
+        .arg(&bin)
+        .arg("--results-dir")
+        .arg(scratch_dir("security-wedged-results"))
+        .env("OUTBOX_LAB_START_TIMEOUT_S", "2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let run = Run::from(child.wait_with_output().unwrap());
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("did not become ready"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "retried: {:?}",
+        started.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(command_lines_with("sleep 6001.25"), Vec::<String>::new());
+    assert_eq!(dirs_of("pg", pid), Vec::<PathBuf>::new());
+}
+
+/// `clean --database-url` drops what dead runs left (and their slots) and nothing else: not a
+/// live run's databases, not one someone is connected to, not the user's.
+#[test]
+fn clean_drops_only_dead_runs_databases() {
+    let _turn = one_at_a_time();
+    let tag = std::process::id();
+    let (dead, live, busy, users) = (
+        format!("outboxlab_dead_{tag}"),
+        format!("outboxlab_live_{tag}"),
+        format!("outboxlab_busy_{tag}"),
+        format!("usersdb_{tag}"),
+    );
+    let admin_url = server_url().to_string();
+    block_on(async {
+        let config = outbox_lab::db::parse_url(&admin_url).unwrap();
+        let admin = outbox_lab::db::connect(&config).await.unwrap();
+        for name in [&dead, &live, &busy, &users] {
+            admin
+                .batch_execute(&format!("CREATE DATABASE {name}"))
+                .await
+                .unwrap();
+        }
+        admin
+            .batch_execute(&format!(
+                "COMMENT ON DATABASE {dead} IS 'outbox-lab run deadrun{tag}';
+                 COMMENT ON DATABASE {live} IS 'outbox-lab run liverun{tag}'"
+            ))
+            .await
+            .unwrap();
+        let mut in_dead = config.clone();
+        in_dead.dbname(&dead);
+        let slot = format!("outboxlab_left_{tag}");
+        outbox_lab::db::connect(&in_dead)
+            .await
+            .unwrap()
+            .batch_execute(&format!(
+                "SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"
+            ))
+            .await
+            .unwrap();
+        // The live run holds its named connection; someone works in the busy one.
+        let mut holder = config.clone();
+        holder.application_name(format!("outbox-lab run liverun{tag}"));
+        let _holder = outbox_lab::db::connect(&holder).await.unwrap();
+        let mut in_busy = config.clone();
+        in_busy.dbname(&busy);
+        let _busy = outbox_lab::db::connect(&in_busy).await.unwrap();
+        // Give the slot's connection time to be gone from pg_stat_activity.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+
+        let cleaned = clean(&["--database-url", &admin_url]);
+        assert_eq!(cleaned.code, 0, "{}", cleaned.stderr);
+        assert!(
+            cleaned.stdout.contains(&format!("dropped database {dead}")),
+            "{}",
+            cleaned.stdout
+        );
+        let count = |sql: String| {
+            let admin = &admin;
+            async move { admin.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0) }
+        };
+        let exists = |name: &str| {
+            count(format!(
+                "SELECT count(*) FROM pg_database WHERE datname = '{name}'"
+            ))
+        };
+        assert_eq!(exists(&dead).await, 0);
+        let slots = format!("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}'");
+        assert_eq!(count(slots).await, 0);
+        for name in [&live, &busy, &users] {
+            assert_eq!(exists(name).await, 1, "{name} dropped:\n{}", cleaned.stdout);
+        }
+        drop((_holder, _busy));
+        for name in [&live, &busy, &users] {
+            admin
+                .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+                .await
+                .unwrap();
+        }
+    });
+}
