@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use outbox_lab::cli::{self, Cli};
+use outbox_lab::cmd::{self, Cli};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -14,14 +14,14 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("outbox-lab: error: cannot start the async runtime: {e}");
-            return ExitCode::from(cli::exit::USAGE);
+            return ExitCode::from(cmd::exit::USAGE);
         }
     };
-    match runtime.block_on(cli::run(cli)) {
+    match runtime.block_on(cmd::run(cli)) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("outbox-lab: error: {}", cli::one_line(&error));
-            ExitCode::from(cli::exit_status(&error))
+            eprintln!("outbox-lab: error: {}", cmd::one_line(&error));
+            ExitCode::from(cmd::exit_status(&error))
         }
     }
 }

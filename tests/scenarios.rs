@@ -205,7 +205,7 @@ fn requeue_command_resets_attempts() {
         .find_map(|l| l.strip_prefix("kept database "))
         .unwrap()
         .to_string();
-    let database = outbox_lab::db::Database {
+    let database = outbox_lab::harness::db::Database {
         server_url: common::server_url().to_string(),
         name: db.clone(),
     };

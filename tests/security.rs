@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use common::{block_on, outbox_lab, scratch_dir, server_url, Run};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{geteuid, Pid, User};
-use outbox_lab::throwaway::{self, Marker, ProcessId, ServerProcess};
+use outbox_lab::harness::throwaway::{self, Marker, ProcessId, ServerProcess};
 
 /// `clean` looks at every throwaway directory: these tests take turns.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -464,7 +464,8 @@ fn children_never_show_a_password() {
     let _ = control.kill();
     let _ = control.wait();
 
-    let url = format!("{} password={secret}", server_url());
+    let url = server_url().replacen("postgres@", &format!("postgres:{secret}@"), 1);
+    assert!(url.contains(secret));
     let results = scratch_dir("security-argv");
     let mut child = outbox_lab()
         .args([
@@ -554,8 +555,8 @@ fn clean_drops_only_dead_runs_databases() {
     );
     let admin_url = server_url().to_string();
     block_on(async {
-        let config = outbox_lab::db::parse_url(&admin_url).unwrap();
-        let admin = outbox_lab::db::connect(&config).await.unwrap();
+        let config = outbox_lab::harness::db::parse_url(&admin_url).unwrap();
+        let admin = outbox_lab::harness::db::connect(&config).await.unwrap();
         for name in [&dead, &live, &busy, &users] {
             admin
                 .batch_execute(&format!("CREATE DATABASE {name}"))
@@ -572,7 +573,7 @@ fn clean_drops_only_dead_runs_databases() {
         let mut in_dead = config.clone();
         in_dead.dbname(&dead);
         let slot = format!("outboxlab_left_{tag}");
-        outbox_lab::db::connect(&in_dead)
+        outbox_lab::harness::db::connect(&in_dead)
             .await
             .unwrap()
             .batch_execute(&format!(
@@ -583,10 +584,10 @@ fn clean_drops_only_dead_runs_databases() {
         // The live run holds its named connection; someone works in the busy one.
         let mut holder = config.clone();
         holder.application_name(format!("outbox-lab run liverun{tag}"));
-        let _holder = outbox_lab::db::connect(&holder).await.unwrap();
+        let _holder = outbox_lab::harness::db::connect(&holder).await.unwrap();
         let mut in_busy = config.clone();
         in_busy.dbname(&busy);
-        let _busy = outbox_lab::db::connect(&in_busy).await.unwrap();
+        let _busy = outbox_lab::harness::db::connect(&in_busy).await.unwrap();
         // Give the slot's connection time to be gone from pg_stat_activity.
         tokio::time::sleep(Duration::from_millis(200)).await;
 

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use common::{block_on, create_database, outbox_lab, query_i64};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use outbox_lab::db::Database;
-use outbox_lab::schema;
-use outbox_lab::writer::{self, Ending};
+use outbox_lab::harness::db::Database;
+use outbox_lab::outbox::schema;
+use outbox_lab::outbox::writer::{self, Ending};
 
 /// A fresh database of this test with the article's schema and the NOTIFY trigger.
 fn fresh_database(name: &str) -> Database {

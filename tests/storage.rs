@@ -6,7 +6,7 @@ mod common;
 
 use chrono::{TimeDelta, Utc};
 use common::{assert_passed, outbox_lab, query_i64, scenario, Run};
-use outbox_lab::partitions;
+use outbox_lab::ops::partitions;
 
 fn kept_database(run: &Run, suffix: &str) -> String {
     run.stderr

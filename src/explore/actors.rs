@@ -13,11 +13,11 @@ use tokio::io::AsyncReadExt;
 use uuid::Uuid;
 
 use super::designs::RelayVariant;
-use crate::child::SINK_ENV;
-use crate::db::Database;
-use crate::relay::{Relay, RelayConfig, RelayDesign, StoredWatermarkRelay};
-use crate::sink::{HttpSink, Sink};
-use crate::writer::{self, DualWriteOrder, Ending};
+use crate::harness::child::SINK_ENV;
+use crate::harness::db::Database;
+use crate::outbox::relay::{Relay, RelayConfig, RelayDesign, StoredWatermarkRelay};
+use crate::outbox::sink::{HttpSink, Sink};
+use crate::outbox::writer::{self, DualWriteOrder, Ending};
 
 /// The workload: customers 1..=orders, each order with its events.
 #[derive(Debug, Clone, Args)]

@@ -4,9 +4,9 @@
 
 use std::fmt;
 
-use crate::consumer::ConsumerKind;
-use crate::crash::CrashPoint;
-use crate::writer::DualWriteOrder;
+use crate::outbox::consumer::ConsumerKind;
+use crate::outbox::crash::CrashPoint;
+use crate::outbox::writer::DualWriteOrder;
 
 /// What a design may guarantee, judged by the checker on the database after recovery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

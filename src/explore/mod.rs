@@ -22,10 +22,10 @@ use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use serde_json::json;
 
-use crate::checks::CheckResult;
-use crate::cli::{self, exit, Format, RunArgs};
-use crate::db::PgServer;
-use crate::html;
+use crate::cmd::{self, exit, Format, RunArgs};
+use crate::harness::db::PgServer;
+use crate::judge::expectations::CheckResult;
+use crate::report::html;
 use crate::report::{Environment, Metrics, Report, Table};
 use designs::{Design, Invariant, DESIGNS};
 use history::History;
@@ -316,12 +316,12 @@ fn names(invariants: &[Invariant]) -> String {
 pub async fn command(args: ExploreArgs) -> Result<ExitCode> {
     // Everything is checked before a server is started: bad input leaves nothing behind.
     let plan = Plan::from_args(&args)?;
-    let run_id = cli::new_run_id();
+    let run_id = cmd::new_run_id();
     let results_dir = args.run.results_dir.join(&run_id);
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let text = args.run.format == Format::Text;
     let (results, version, kind, elapsed) =
-        cli::on_server(&args.run, &run_id, async |server: &PgServer| {
+        cmd::on_server(&args.run, &run_id, async |server: &PgServer| {
             let clock = Instant::now();
             let mut results = Vec::new();
             for design in &plan.designs {

@@ -12,7 +12,7 @@ use std::str::FromStr;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::crash::{CrashPlan, CrashPoint};
+use crate::outbox::crash::{CrashPlan, CrashPoint};
 
 /// The actors a fault can hit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -17,10 +17,10 @@ use super::checker;
 use super::designs::{Design, Writer};
 use super::history::History;
 use super::schedule::{Role, Schedule};
-use crate::child::{ChildCommand, ChildEnd, ChildRun, ConsumerProcess};
-use crate::crash::CrashPlan;
-use crate::db::{Database, PgServer};
-use crate::schema;
+use crate::harness::child::{ChildCommand, ChildEnd, ChildRun, ConsumerProcess};
+use crate::harness::db::{Database, PgServer};
+use crate::outbox::crash::CrashPlan;
+use crate::outbox::schema;
 
 /// Processes of one role a run may start before it counts as stuck.
 const MAX_PROCESSES_PER_ROLE: u32 = 20;

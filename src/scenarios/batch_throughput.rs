@@ -11,15 +11,15 @@ use redis::AsyncCommands;
 use serde::Deserialize;
 
 use super::{Ctx, Outcome, CHILD_TIMEOUT};
-use crate::child::ChildEnd;
-use crate::consumer::{ConsumerKind, Faults};
-use crate::counts;
-use crate::redis_server;
-use crate::relay::RelayConfig;
+use crate::harness::child::ChildEnd;
+use crate::harness::redis_server;
+use crate::judge::counts;
+use crate::outbox::consumer::{ConsumerKind, Faults};
+use crate::outbox::relay::RelayConfig;
+use crate::outbox::schema;
+use crate::outbox::sink::RedisSink;
+use crate::outbox::writer;
 use crate::report::Table;
-use crate::schema;
-use crate::sink::RedisSink;
-use crate::writer;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

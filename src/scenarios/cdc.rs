@@ -20,17 +20,17 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Client;
 
 use super::{Ctx, Outcome, CHILD_TIMEOUT};
-use crate::cdc;
-use crate::child::{ChildCommand, ChildEnd, ConsumerProcess, RunningChild};
-use crate::consumer::{ConsumerKind, Faults};
-use crate::counts;
-use crate::crash::{CrashPlan, CrashPoint};
-use crate::db::Database;
-use crate::latency;
-use crate::relay::{RelayConfig, Wakeup, RELAY_APPLICATION_NAME};
+use crate::harness::child::{ChildCommand, ChildEnd, ConsumerProcess, RunningChild};
+use crate::harness::db::Database;
+use crate::judge::counts;
+use crate::judge::latency;
+use crate::outbox::consumer::{ConsumerKind, Faults};
+use crate::outbox::crash::{CrashPlan, CrashPoint};
+use crate::outbox::relay::cdc;
+use crate::outbox::relay::{RelayConfig, Wakeup, RELAY_APPLICATION_NAME};
+use crate::outbox::schema;
+use crate::outbox::writer::{event_type, Ending, INSERT_OUTBOX, LOAD_EVENTS};
 use crate::report::Table;
-use crate::schema;
-use crate::writer::{event_type, Ending, INSERT_OUTBOX, LOAD_EVENTS};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

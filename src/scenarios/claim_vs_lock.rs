@@ -12,15 +12,15 @@ use serde::Deserialize;
 use tokio_postgres::Client;
 
 use super::{Ctx, Outcome};
-use crate::child::ChildEnd;
-use crate::consumer::{ConsumerKind, Faults};
-use crate::counts;
-use crate::crash::{CrashPlan, CrashPoint};
-use crate::db::Database;
-use crate::relay::{RelayConfig, RelayDesign, RELAY_APPLICATION_NAME};
+use crate::harness::child::ChildEnd;
+use crate::harness::db::Database;
+use crate::judge::counts;
+use crate::outbox::consumer::{ConsumerKind, Faults};
+use crate::outbox::crash::{CrashPlan, CrashPoint};
+use crate::outbox::relay::{RelayConfig, RelayDesign, RELAY_APPLICATION_NAME};
+use crate::outbox::schema;
+use crate::outbox::writer::Ending;
 use crate::report::{Metrics, Table};
-use crate::schema;
-use crate::writer::Ending;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -12,11 +12,11 @@ use chrono::{NaiveTime, TimeDelta, Utc};
 use serde::Deserialize;
 
 use super::{Ctx, Outcome};
-use crate::counts;
-use crate::load::{self, OutboxRows};
-use crate::partitions::{self, Action, Age};
+use crate::harness::load::{self, OutboxRows};
+use crate::judge::counts;
+use crate::ops::partitions::{self, Action, Age};
+use crate::outbox::schema;
 use crate::report::Table;
-use crate::schema;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -6,12 +6,12 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::{Ctx, Outcome, CHILD_TIMEOUT};
-use crate::child::ChildCommand;
-use crate::consumer::{ConsumerKind, Faults};
-use crate::counts;
-use crate::crash::{CrashPlan, CrashPoint};
+use crate::harness::child::ChildCommand;
+use crate::judge::counts;
+use crate::outbox::consumer::{ConsumerKind, Faults};
+use crate::outbox::crash::{CrashPlan, CrashPoint};
+use crate::outbox::writer::{DualWriteOrder, Ending};
 use crate::report::Table;
-use crate::writer::{DualWriteOrder, Ending};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -9,12 +9,12 @@ use anyhow::{bail, Result};
 use serde::Deserialize;
 
 use super::{Ctx, Outcome, CHILD_TIMEOUT};
-use crate::child::ChildEnd;
-use crate::consumer::{ConsumerKind, Faults};
-use crate::counts;
-use crate::relay::{Partition, RelayConfig};
+use crate::harness::child::ChildEnd;
+use crate::judge::counts;
+use crate::outbox::consumer::{ConsumerKind, Faults};
+use crate::outbox::relay::{Partition, RelayConfig};
+use crate::outbox::writer::Ending;
 use crate::report::Table;
-use crate::writer::Ending;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

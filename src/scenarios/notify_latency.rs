@@ -10,14 +10,14 @@ use anyhow::{bail, Result};
 use serde::Deserialize;
 
 use super::{Ctx, Outcome, CHILD_TIMEOUT};
-use crate::child::ChildEnd;
-use crate::consumer::{ConsumerKind, Faults};
-use crate::counts;
-use crate::latency;
-use crate::relay::{RelayConfig, Wakeup};
+use crate::harness::child::ChildEnd;
+use crate::judge::counts;
+use crate::judge::latency;
+use crate::outbox::consumer::{ConsumerKind, Faults};
+use crate::outbox::relay::{RelayConfig, Wakeup};
+use crate::outbox::schema;
+use crate::outbox::writer::Ending;
 use crate::report::Table;
-use crate::schema;
-use crate::writer::Ending;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -5,10 +5,10 @@ use anyhow::Result;
 use serde::Deserialize;
 
 use super::{Ctx, Outcome};
-use crate::counts;
-use crate::crash::{CrashPlan, CrashPoint};
+use crate::judge::counts;
+use crate::outbox::crash::{CrashPlan, CrashPoint};
+use crate::outbox::writer::Ending;
 use crate::report::Table;
-use crate::writer::Ending;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

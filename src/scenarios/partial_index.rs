@@ -10,12 +10,12 @@ use serde::Deserialize;
 use tokio_postgres::Client;
 
 use super::{Ctx, Outcome};
-use crate::counts;
-use crate::explain::{self, Plan};
-use crate::load::{self, OutboxRows};
-use crate::relay::{RelayConfig, FETCH_BATCH, MARK_PUBLISHED};
+use crate::harness::load::{self, OutboxRows};
+use crate::judge::counts;
+use crate::judge::explain::{self, Plan};
+use crate::outbox::relay::{RelayConfig, FETCH_BATCH, MARK_PUBLISHED};
+use crate::outbox::schema;
 use crate::report::{Metrics, Table};
-use crate::schema;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

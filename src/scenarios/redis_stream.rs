@@ -11,16 +11,16 @@ use redis::AsyncCommands;
 use serde::Deserialize;
 
 use super::{Ctx, Outcome, CHILD_TIMEOUT};
-use crate::child::{ChildCommand, ChildEnd};
-use crate::consumer::ConsumerKind;
-use crate::counts;
-use crate::crash::{CrashPlan, CrashPoint};
-use crate::redis_server;
-use crate::relay::RelayConfig;
+use crate::harness::child::{ChildCommand, ChildEnd};
+use crate::harness::redis_server;
+use crate::judge::counts;
+use crate::outbox::consumer::ConsumerKind;
+use crate::outbox::crash::{CrashPlan, CrashPoint};
+use crate::outbox::relay::RelayConfig;
+use crate::outbox::sink::RedisSink;
+use crate::outbox::stream_consumer::GROUP;
+use crate::outbox::writer::Ending;
 use crate::report::Table;
-use crate::sink::RedisSink;
-use crate::stream_consumer::GROUP;
-use crate::writer::Ending;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

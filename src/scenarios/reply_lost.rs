@@ -10,13 +10,13 @@ use anyhow::{bail, Result};
 use serde::Deserialize;
 
 use super::{Ctx, Outcome};
-use crate::child::ChildEnd;
-use crate::consumer::{ConsumerKind, Faults};
-use crate::counts;
-use crate::proxy::{FaultPlan, Proxy, ProxyFaults};
-use crate::relay::RelayConfig;
+use crate::harness::child::ChildEnd;
+use crate::harness::proxy::{FaultPlan, Proxy, ProxyFaults};
+use crate::judge::counts;
+use crate::outbox::consumer::{ConsumerKind, Faults};
+use crate::outbox::relay::RelayConfig;
+use crate::outbox::writer::Ending;
 use crate::report::Table;
-use crate::writer::Ending;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

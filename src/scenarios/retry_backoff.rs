@@ -8,12 +8,12 @@ use anyhow::Result;
 use serde::Deserialize;
 
 use super::{Ctx, Outcome};
-use crate::child::ChildEnd;
-use crate::consumer::{ConsumerKind, Faults};
-use crate::counts;
-use crate::relay::{self, RelayConfig};
+use crate::harness::child::ChildEnd;
+use crate::judge::counts;
+use crate::outbox::consumer::{ConsumerKind, Faults};
+use crate::outbox::relay::{self, RelayConfig};
+use crate::outbox::writer::Ending;
 use crate::report::Table;
-use crate::writer::Ending;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -11,13 +11,13 @@ use serde_json::json;
 use tokio_postgres::Client;
 
 use super::{Ctx, Outcome};
-use crate::consumer::{ConsumerKind, Faults};
-use crate::counts;
-use crate::relay::{Relay, RelayConfig, WatermarkRelay, XidWatermarkRelay};
+use crate::judge::counts;
+use crate::outbox::consumer::{ConsumerKind, Faults};
+use crate::outbox::relay::{Relay, RelayConfig, WatermarkRelay, XidWatermarkRelay};
+use crate::outbox::schema;
+use crate::outbox::sink::{HttpSink, Sink};
+use crate::outbox::writer::{event_type, INSERT_OUTBOX};
 use crate::report::Table;
-use crate::schema;
-use crate::sink::{HttpSink, Sink};
-use crate::writer::{event_type, INSERT_OUTBOX};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};
 
-use outbox_lab::cluster::{Cluster, PgBinaries};
-use outbox_lab::db::Database;
+use outbox_lab::harness::cluster::{Cluster, PgBinaries};
+use outbox_lab::harness::db::Database;
 use serde_json::Value;
 
 static CLUSTER: OnceLock<Mutex<Option<Cluster>>> = OnceLock::new();
@@ -177,9 +177,10 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
 pub fn create_database(name: &str, sql: &str) -> Database {
     let server = server_url();
     block_on(async {
-        let admin = outbox_lab::db::connect(&outbox_lab::db::parse_url(server).unwrap())
-            .await
-            .unwrap();
+        let admin =
+            outbox_lab::harness::db::connect(&outbox_lab::harness::db::parse_url(server).unwrap())
+                .await
+                .unwrap();
         admin
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await

@@ -11,6 +11,9 @@
 //! checker must catch: [`RelayDesign::MarkBeforeSend`] and a stored watermark
 //! ([`StoredWatermarkRelay`]).
 
+pub mod cdc;
+pub mod pgoutput;
+
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,11 +27,11 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Notification;
 
-use crate::crash::{self, CrashPoint};
-use crate::db;
-use crate::event::Event;
-use crate::schema;
-use crate::sink::{HttpSink, Sink, DEFAULT_REQUEST_TIMEOUT};
+use crate::harness::db;
+use crate::outbox::crash::{self, CrashPoint};
+use crate::outbox::event::Event;
+use crate::outbox::schema;
+use crate::outbox::sink::{HttpSink, Sink, DEFAULT_REQUEST_TIMEOUT};
 
 /// The article's fetch: due, undelivered rows under the attempt limit, oldest first, locked so
 /// that concurrent relays take different rows.

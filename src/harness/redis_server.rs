@@ -17,7 +17,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::User;
 use tokio::sync::OnceCell;
 
-use crate::throwaway::{self, ProcessId, RunDir, ServerProcess};
+use crate::harness::throwaway::{self, ProcessId, RunDir, ServerProcess};
 
 /// redis-server answers PING within milliseconds of starting; this bounds a wedged start.
 const START_TIMEOUT: Duration = Duration::from_secs(15);

@@ -5,7 +5,7 @@ use evalexpr::{ContextWithMutableVariables, DefaultNumericTypes, HashMapContext,
 use serde::{Deserialize, Serialize};
 
 use crate::report::Metrics;
-use crate::spec::{CheckSpec, Spec};
+use crate::scenarios::spec::{CheckSpec, Spec};
 
 /// One judged expectation, as it appears in the output and in JSON.
 #[derive(Debug, Clone, Serialize, Deserialize)]

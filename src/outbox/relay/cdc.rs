@@ -7,7 +7,7 @@
 //! messages over raw; [`pgoutput`] decodes the two the relay needs (Relation, Insert).
 //!
 //! What this module owns: the publication and the slot (created per database, dropped by the
-//! scenario, and by [`crate::db`] for any database it drops), the relay itself, and the SQL that
+//! scenario, and by [`crate::harness::db`] for any database it drops), the relay itself, and the SQL that
 //! reads the slot's state. The relay
 //! - delivers in commit order, one transaction at a time, each event retried with backoff until
 //!   delivered (no dead letter: an undeliverable event stops the stream, as in Debezium);
@@ -28,11 +28,11 @@ use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationE
 use tokio_postgres::config::Host;
 use tokio_postgres::Client;
 
-use crate::crash::{self, CrashPoint};
-use crate::db::{self, Database};
-use crate::event::Event;
-use crate::pgoutput::{self, Change, Relation};
-use crate::sink::Sink;
+use crate::harness::db::{self, Database};
+use crate::outbox::crash::{self, CrashPoint};
+use crate::outbox::event::Event;
+use crate::outbox::relay::pgoutput::{self, Change, Relation};
+use crate::outbox::sink::Sink;
 
 /// The publication the slot streams: only the outbox, only its INSERTs.
 pub const PUBLICATION: &str = "outboxlab_outbox";

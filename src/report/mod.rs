@@ -3,6 +3,11 @@
 //! (`results/<run-id>/<scenario>.json` and one CSV per table) and read back from a run's
 //! directory (`outbox-lab report`, `outbox-lab compare`).
 
+pub mod compare;
+pub mod html;
+pub mod plots;
+pub mod progress;
+
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -12,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::types::Type;
 use tokio_postgres::Row;
 
-use crate::checks::CheckResult;
+use crate::judge::expectations::CheckResult;
 
 /// psql's look: `|` between columns, `-+-` under the header, no outer border.
 const PSQL_STYLE: &str = "     -+ |          ";

@@ -17,18 +17,20 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use uuid::Uuid;
 
-use crate::cdc::{CdcConfig, CdcRelay};
-use crate::consumer::{self, ConsumerKind, Faults};
-use crate::crash::{self, CrashPlan};
-use crate::db::Database;
 use crate::explore::actors;
-use crate::logging::{self, LogFormat};
-use crate::redis_server;
-use crate::relay::{Partition, Relay, RelayConfig, RelayDesign, Wakeup, RELAY_APPLICATION_NAME};
-use crate::sink::{HttpSink, Sink, DEFAULT_REQUEST_TIMEOUT};
-use crate::stream_consumer::StreamWorker;
-use crate::throwaway;
-use crate::writer::{self, DualWriteOrder, Ending};
+use crate::harness::db::Database;
+use crate::harness::redis_server;
+use crate::harness::throwaway;
+use crate::ops::logging::{self, LogFormat};
+use crate::outbox::consumer::{self, ConsumerKind, Faults};
+use crate::outbox::crash::{self, CrashPlan};
+use crate::outbox::relay::cdc::{CdcConfig, CdcRelay};
+use crate::outbox::relay::{
+    Partition, Relay, RelayConfig, RelayDesign, Wakeup, RELAY_APPLICATION_NAME,
+};
+use crate::outbox::sink::{HttpSink, Sink, DEFAULT_REQUEST_TIMEOUT};
+use crate::outbox::stream_consumer::StreamWorker;
+use crate::outbox::writer::{self, DualWriteOrder, Ending};
 
 /// Exit status of a child that died at its crash point (`_exit(1)`).
 const CRASH_EXIT_CODE: i32 = 1;

@@ -10,27 +10,27 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use clap_complete::Shell;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::child::{self, ChildArgs};
-use crate::compare;
-use crate::consumer::ConsumerKind;
-use crate::counts;
-use crate::crash::CrashPoint;
-use crate::db::{self, PgServer, ServerChoice};
 use crate::explore::checker;
 use crate::explore::designs::Invariant;
 use crate::explore::{self, ExploreArgs};
-use crate::html;
-use crate::logging::{self, LogFormat};
-use crate::partitions::{self, Action, Age};
-use crate::progress::Progress;
-use crate::redis_server::Redis;
-use crate::relay;
-use crate::relay::{Partition, RelayConfig, Wakeup};
+use crate::harness::child::{self, ChildArgs};
+use crate::harness::db::{self, PgServer, ServerChoice};
+use crate::harness::redis_server::Redis;
+use crate::harness::throwaway;
+use crate::judge::counts;
+use crate::ops::logging::{self, LogFormat};
+use crate::ops::partitions::{self, Action, Age};
+use crate::ops::standalone::{self, RelayOptions};
+use crate::outbox::consumer::ConsumerKind;
+use crate::outbox::crash::CrashPoint;
+use crate::outbox::relay;
+use crate::outbox::relay::{Partition, RelayConfig, Wakeup};
+use crate::outbox::schema;
+use crate::report::compare;
+use crate::report::html;
+use crate::report::progress::Progress;
 use crate::report::{self, Report, Table};
 use crate::scenarios::{self, Overrides, Scenario};
-use crate::schema;
-use crate::standalone::{self, RelayOptions};
-use crate::throwaway;
 
 /// Exit statuses, in one place.
 pub mod exit {

@@ -8,9 +8,9 @@ use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamId, StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands;
 
-use crate::consumer::{self, ConsumerKind};
-use crate::crash::{self, CrashPoint};
-use crate::event::Event;
+use crate::outbox::consumer::{self, ConsumerKind};
+use crate::outbox::crash::{self, CrashPoint};
+use crate::outbox::event::Event;
 
 /// The article's consumer group.
 pub const GROUP: &str = "shipping";

@@ -16,7 +16,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::User;
 
-use crate::throwaway::{self, ProcessId, RunDir, ServerProcess};
+use crate::harness::throwaway::{self, ProcessId, RunDir, ServerProcess};
 
 /// The superuser initdb creates; it connects through the private socket only, so no password.
 pub const SUPERUSER: &str = "postgres";
@@ -125,12 +125,22 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// The superuser connection string of the `postgres` maintenance database (its socket).
+    /// The superuser URL of the `postgres` maintenance database, through the socket (its
+    /// directory percent-encoded as the host, as libpq and psql read it).
     pub fn url(&self) -> String {
-        format!(
-            "host='{}' port={PORT} user={SUPERUSER} dbname=postgres",
-            self.run.server_dir().display()
-        )
+        let socket_dir = self.run.server_dir();
+        let host: String = socket_dir
+            .as_os_str()
+            .as_encoded_bytes()
+            .iter()
+            .map(|&b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    char::from(b).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        format!("postgresql://{SUPERUSER}@{host}:{PORT}/postgres")
     }
 
     pub fn dir(&self) -> &Path {

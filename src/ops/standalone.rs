@@ -20,11 +20,11 @@ use tokio::net::TcpListener;
 use tokio_postgres::Client;
 use tracing::info;
 
-use crate::consumer::{self, ConsumerKind, Faults};
-use crate::db;
-use crate::relay::{self, Relay, RelayConfig, RelayStats, Wakeup, RELAY_APPLICATION_NAME};
-use crate::schema;
-use crate::sink::Sink;
+use crate::harness::db;
+use crate::outbox::consumer::{self, ConsumerKind, Faults};
+use crate::outbox::relay::{self, Relay, RelayConfig, RelayStats, Wakeup, RELAY_APPLICATION_NAME};
+use crate::outbox::schema;
+use crate::outbox::sink::Sink;
 
 /// What `outbox-lab relay` was asked to do.
 pub struct RelayOptions {

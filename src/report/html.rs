@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::plots;
+use crate::report::plots;
 use crate::report::{self, Report, Table};
 
 /// The page's file name inside a run's directory.

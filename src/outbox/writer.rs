@@ -8,9 +8,9 @@ use serde_json::json;
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
-use crate::crash::{self, CrashPoint};
-use crate::event::Event;
-use crate::sink::HttpSink;
+use crate::outbox::crash::{self, CrashPoint};
+use crate::outbox::event::Event;
+use crate::outbox::sink::HttpSink;
 
 pub const INSERT_ORDER: &str =
     "INSERT INTO orders(customer_id, amount) VALUES ($1, 1200) RETURNING id";

@@ -8,8 +8,8 @@ use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
-use crate::progress::Progress;
-use crate::writer::order_payload;
+use crate::outbox::writer::order_payload;
+use crate::report::progress::Progress;
 
 /// The columns COPY fills, in both `outbox` and `outbox_p`; ids and event ids take their defaults.
 const COPY_OUTBOX_ROWS: &str = "

@@ -28,8 +28,8 @@ use tokio::task::JoinSet;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::NoTls;
 
-use crate::crash::{self, CrashPoint};
-use crate::event::Event;
+use crate::outbox::crash::{self, CrashPoint};
+use crate::outbox::event::Event;
 
 pub const RECORD_RECEIPT: &str = "
 INSERT INTO consumer.receipts(event_id, outbox_id, order_id, event_type, injected_fault)

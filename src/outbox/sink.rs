@@ -13,8 +13,8 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::Semaphore;
 
-use crate::event::Event;
-use crate::redis_server;
+use crate::harness::redis_server;
+use crate::outbox::event::Event;
 
 /// A delivery that has not been answered in this time counts as failed (and is retried): a
 /// reply lost on the way back is a failure, although the consumer may have acted on it.

@@ -13,7 +13,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Notification, Socket};
 
-use crate::cluster::{Cluster, PgBinaries};
+use crate::harness::cluster::{Cluster, PgBinaries};
 
 /// Every database outbox-lab creates starts with this.
 pub const DATABASE_PREFIX: &str = "outboxlab_";
@@ -246,7 +246,7 @@ impl PgServer {
             if let Some(mut cluster) = self.cluster.take() {
                 if cluster.is_running() {
                     eprintln!(
-                        "kept the throwaway cluster running in {}: psql \"{}\"; remove it with \
+                        "kept the throwaway cluster running in {}: psql {}; remove it with \
                          `outbox-lab clean`",
                         cluster.dir().display(),
                         cluster.url()

@@ -1,0 +1,12 @@
+//! The harness: everything that sets the stage for the system under test and watches it — the
+//! throwaway PostgreSQL [`cluster`] and [`redis_server`] (in [`throwaway`] directories), the
+//! [`db`] server and databases of a run, [`child`] processes that die for real, the network
+//! [`proxy`] between relay and consumer, and bulk [`load`]ing with COPY.
+
+pub mod child;
+pub mod cluster;
+pub mod db;
+pub mod load;
+pub mod proxy;
+pub mod redis_server;
+pub mod throwaway;
