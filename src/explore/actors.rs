@@ -8,42 +8,36 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use clap::Args;
+use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 use uuid::Uuid;
 
 use super::designs::RelayVariant;
-use crate::harness::child::SINK_ENV;
 use crate::harness::db::Database;
 use crate::outbox::relay::{Relay, RelayConfig, RelayDesign, StoredWatermarkRelay};
 use crate::outbox::sink::{HttpSink, Sink};
 use crate::outbox::writer::{self, DualWriteOrder, Ending};
 
 /// The workload: customers 1..=orders, each order with its events.
-#[derive(Debug, Clone, Args)]
-pub struct WriterArgs {
-    #[arg(long)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExploreWriterRole {
     pub orders: u32,
-    #[arg(long)]
     pub events_per_order: u32,
     /// How long the first order of each pair stays uncommitted after the second commits.
-    #[arg(long)]
-    pub overlap_ms: u64,
-    /// Be the naive app instead: write the order and POST its event (one per order) itself.
-    #[arg(long, value_enum, requires = "sink")]
-    pub dual_write: Option<DualWriteOrder>,
-    #[arg(long, env = SINK_ENV, hide_env_values = true)]
-    pub sink: Option<String>,
+    pub overlap: Duration,
+    /// Be the naive app instead: write the order and POST its event (one per order) itself,
+    /// in this order, to this sink.
+    pub dual_write: Option<(DualWriteOrder, String)>,
 }
 
 /// Writes the orders not committed yet (a restarted writer retries only those).
-pub async fn run_writer(db: &Database, args: WriterArgs) -> Result<()> {
+pub async fn run_writer(db: &Database, args: ExploreWriterRole) -> Result<()> {
     let customers: Vec<i64> = (1..=i64::from(args.orders)).collect();
     let mut client = db.connect().await?;
     let todo = writer::uncommitted_customers(&client, &customers).await?;
-    let Some(order) = args.dual_write else {
+    let Some((order, sink)) = args.dual_write else {
         let mut second_session = db.connect().await?;
-        let overlap = Duration::from_millis(args.overlap_ms);
+        let overlap = args.overlap;
         return writer::write_overlapping_pairs(
             &mut client,
             &mut second_session,
@@ -53,7 +47,7 @@ pub async fn run_writer(db: &Database, args: WriterArgs) -> Result<()> {
         )
         .await;
     };
-    let sink = HttpSink::new(args.sink.as_deref().expect("clap requires --sink"))?;
+    let sink = HttpSink::new(&sink)?;
     for customer in todo {
         // The same attempt lines as a relay's, for the history.
         log_line(format_args!("customer={customer} sending"));
@@ -84,28 +78,21 @@ fn log_line(line: std::fmt::Arguments<'_>) {
     let _ = out.flush();
 }
 
-#[derive(Debug, Clone, Args)]
-pub struct RelayArgs {
-    #[arg(long, value_enum)]
+/// One relay variant, until its outbox is drained and stdin is closed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExploreRelayRole {
     pub variant: RelayVariant,
-    #[arg(long, env = SINK_ENV, hide_env_values = true)]
     pub sink: String,
-    #[arg(long)]
     pub name: String,
-    #[arg(long)]
     pub batch: i64,
-    #[arg(long)]
     pub max_attempts: i32,
-    #[arg(long)]
-    pub backoff_ms: u64,
-    #[arg(long)]
-    pub idle_poll_ms: u64,
-    #[arg(long)]
-    pub deadline_ms: u64,
+    pub backoff: Duration,
+    pub idle_poll: Duration,
+    pub deadline: Duration,
 }
 
 /// Polls until stdin is closed and nothing is pending, or gives up at the deadline.
-pub async fn run_relay(db: &Database, args: RelayArgs) -> Result<()> {
+pub async fn run_relay(db: &Database, args: ExploreRelayRole) -> Result<()> {
     let stop_when_drained = Arc::new(AtomicBool::new(false));
     let flag = stop_when_drained.clone();
     tokio::spawn(async move {
@@ -131,7 +118,7 @@ pub async fn run_relay(db: &Database, args: RelayArgs) -> Result<()> {
                 },
                 batch: args.batch,
                 max_attempts: args.max_attempts,
-                backoff_base: Duration::from_millis(args.backoff_ms),
+                backoff_base: args.backoff,
                 head_of_line_guard: variant == RelayVariant::Guarded,
                 log_attempts: true,
                 ..RelayConfig::default()
@@ -141,7 +128,7 @@ pub async fn run_relay(db: &Database, args: RelayArgs) -> Result<()> {
             Variant::Locking(Box::new(relay))
         }
     };
-    let deadline = Duration::from_millis(args.deadline_ms);
+    let deadline = args.deadline;
     let started = Instant::now();
     while started.elapsed() < deadline {
         if relay.pass().await? > 0 {
@@ -153,7 +140,7 @@ pub async fn run_relay(db: &Database, args: RelayArgs) -> Result<()> {
         if stopping && relay.pending().await? == 0 {
             return Ok(());
         }
-        tokio::time::sleep(Duration::from_millis(args.idle_poll_ms)).await;
+        tokio::time::sleep(args.idle_poll).await;
     }
     let pending = relay.pending().await?;
     bail!(

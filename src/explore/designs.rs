@@ -69,7 +69,9 @@ pub enum Writer {
 }
 
 /// Which relay delivers the outbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 pub enum RelayVariant {
     /// The article's relay: lock, send, mark, commit.
     Lock,

@@ -13,12 +13,15 @@ use futures_util::future::join_all;
 use tokio::sync::watch;
 use tokio_postgres::Client;
 
+use super::actors::{ExploreRelayRole, ExploreWriterRole};
 use super::checker;
 use super::designs::{Design, Writer};
 use super::history::History;
 use super::schedule::{Role, Schedule};
+use crate::harness::child::role::ConsumerRole;
 use crate::harness::child::{ChildCommand, ChildEnd, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
+use crate::outbox::consumer::Faults;
 use crate::outbox::crash::CrashPlan;
 use crate::outbox::schema;
 
@@ -32,11 +35,11 @@ const CHILD_TIMEOUT: Duration = Duration::from_secs(25);
 const RELAY_DEADLINE: Duration = Duration::from_secs(20);
 /// A failed delivery is retried after 10 ms, 20 ms, 40 ms, ...: quick enough for a consumer that
 /// is being restarted, slow enough not to spin.
-const RELAY_BACKOFF_MS: u64 = 10;
+const RELAY_BACKOFF: Duration = Duration::from_millis(10);
 /// High enough that no event becomes a dead letter while a crashed consumer restarts.
 const RELAY_MAX_ATTEMPTS: i32 = 20;
 /// How often an idle relay polls.
-const RELAY_IDLE_POLL_MS: u64 = 5;
+const RELAY_IDLE_POLL: Duration = Duration::from_millis(5);
 /// The reset between runs waits this long at most for a killed child's session (which the
 /// server ends a moment after the process) to release its locks.
 const RESET_LOCK_TIMEOUT: &str = "SET lock_timeout = '5s'";
@@ -278,40 +281,43 @@ impl Lab {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    fn consumer_command(&self, plan: Option<CrashPlan>) -> ChildCommand {
-        ChildCommand::new("consumer", &self.db)
-            .arg_enum("kind", self.design.consumer)
-            .arg("port", self.port)
-            .crash_at(plan)
+    fn consumer_command(&self, plan: Option<CrashPlan>) -> ChildCommand<ConsumerRole> {
+        let role = ConsumerRole {
+            kind: self.design.consumer,
+            port: self.port,
+            faults: Faults::default(),
+        };
+        ChildCommand::new(&self.db, role).crash_at(plan)
     }
 
-    fn writer_command(&self) -> ChildCommand {
-        let command = ChildCommand::new("explore-writer", &self.db)
-            .arg("orders", self.workload.orders)
-            .arg("events-per-order", self.workload.events_per_order)
-            .arg("overlap-ms", self.workload.overlap.as_millis());
-        match self.design.writer {
-            Writer::Outbox => command,
-            Writer::DualWrite(order) => command
-                .arg_enum("dual-write", order)
-                .arg("sink", self.sink_url()),
-        }
+    fn writer_command(&self) -> ChildCommand<ExploreWriterRole> {
+        let role = ExploreWriterRole {
+            orders: self.workload.orders,
+            events_per_order: self.workload.events_per_order,
+            overlap: self.workload.overlap,
+            dual_write: match self.design.writer {
+                Writer::Outbox => None,
+                Writer::DualWrite(order) => Some((order, self.sink_url())),
+            },
+        };
+        ChildCommand::new(&self.db, role)
     }
 
-    fn relay_command(&self, index: u32) -> ChildCommand {
-        let variant = self
-            .design
-            .relay
-            .expect("only designs with relays start relays");
-        ChildCommand::new("explore-relay", &self.db)
-            .arg_enum("variant", variant)
-            .arg("sink", self.sink_url())
-            .arg("name", format!("r{index}"))
-            .arg("batch", self.design.batch)
-            .arg("max-attempts", RELAY_MAX_ATTEMPTS)
-            .arg("backoff-ms", RELAY_BACKOFF_MS)
-            .arg("idle-poll-ms", RELAY_IDLE_POLL_MS)
-            .arg("deadline-ms", RELAY_DEADLINE.as_millis())
+    fn relay_command(&self, index: u32) -> ChildCommand<ExploreRelayRole> {
+        let role = ExploreRelayRole {
+            variant: self
+                .design
+                .relay
+                .expect("only designs with relays start relays"),
+            sink: self.sink_url(),
+            name: format!("r{index}"),
+            batch: self.design.batch,
+            max_attempts: RELAY_MAX_ATTEMPTS,
+            backoff: RELAY_BACKOFF,
+            idle_poll: RELAY_IDLE_POLL,
+            deadline: RELAY_DEADLINE,
+        };
+        ChildCommand::new(&self.db, role)
     }
 }
 

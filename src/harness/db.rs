@@ -53,7 +53,7 @@ SELECT d.datname,
 const SLOTS_LEFT: &str = "SELECT count(*) FROM pg_replication_slots WHERE database = $1";
 
 /// A database of ours: how to reach it, from this process and from a child.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Database {
     /// The server URL as given (or the cluster's); children get it with `--dbname`.
     pub server_url: String,

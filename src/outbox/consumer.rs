@@ -56,7 +56,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// Connections the consumer keeps open: as many as a relay sends requests at once.
 const POOL_SIZE: usize = 16;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 pub enum ConsumerKind {
     /// One shipment per delivery: duplicates ship twice.
     Naive,
@@ -74,7 +76,7 @@ impl ConsumerKind {
 }
 
 /// Faults the consumer injects on purpose.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Faults {
     /// Answer 500 to this many requests, then behave.
     pub fail_next: u32,

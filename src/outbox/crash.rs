@@ -1,8 +1,8 @@
 //! Named crash points: where a child process dies abruptly, and how the parent asks for it.
 //!
 //! A crash point is one line in the code path it interrupts (`crash::point(CrashPoint::X)`).
-//! The parent chooses one with `--crash-at NAME@N` on the child's command line; the child dies
-//! with `_exit(1)` the N-th time it passes that point: no destructors, no flush, no COMMIT, like
+//! The parent chooses one (`NAME@N`) in the child's spec; the child dies
+//! with `_exit` ([`CRASH_EXIT_CODE`]) the N-th time it passes that point: no destructors, no flush, no COMMIT, like
 //! the article's `os._exit(1)`. Counting passes (not probabilities) makes every run reproducible.
 
 use std::fmt;
@@ -138,7 +138,9 @@ impl FromStr for CrashPoint {
 }
 
 /// `NAME@N`: die the N-th time the point is passed (`NAME` alone means the first time).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Travels to a child as its `NAME@N` text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub struct CrashPlan {
     pub point: CrashPoint,
     pub on_pass: u32,
@@ -153,6 +155,20 @@ impl CrashPlan {
 impl fmt::Display for CrashPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}@{}", self.point, self.on_pass)
+    }
+}
+
+impl From<CrashPlan> for String {
+    fn from(plan: CrashPlan) -> String {
+        plan.to_string()
+    }
+}
+
+impl TryFrom<String> for CrashPlan {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        text.parse()
     }
 }
 
@@ -174,6 +190,10 @@ impl FromStr for CrashPlan {
     }
 }
 
+/// The exit status of a child that died at its crash point: its own number, so that no other
+/// ending (an error exits 2, a failed check 1) is taken for a crash.
+pub const CRASH_EXIT_CODE: i32 = 86;
+
 static PLAN: OnceLock<CrashPlan> = OnceLock::new();
 static PASSES: AtomicU32 = AtomicU32::new(0);
 
@@ -190,10 +210,10 @@ pub fn point(here: CrashPoint) {
     }
     let pass = PASSES.fetch_add(1, Ordering::SeqCst) + 1;
     if pass == plan.on_pass {
-        // stderr is unbuffered: the parent reads this line to learn where the child died.
-        eprintln!("crash point {here} reached (pass {pass}): _exit(1)");
+        // For a person reading the child's output; the parent knows by the exit status.
+        eprintln!("crash point {here} reached (pass {pass}): _exit({CRASH_EXIT_CODE})");
         // SAFETY: _exit ends the process at once; nothing after it runs, which is the point.
-        unsafe { libc::_exit(1) };
+        unsafe { libc::_exit(CRASH_EXIT_CODE) };
     }
 }
 

@@ -39,14 +39,18 @@ pub fn event_type(n: u32) -> String {
 }
 
 /// How the business transaction ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 pub enum Ending {
     Commit,
     Rollback,
 }
 
 /// The order of the two writes in the naive app.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 pub enum DualWriteOrder {
     /// COMMIT the order, then POST the event.
     CommitFirst,

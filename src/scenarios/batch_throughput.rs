@@ -88,7 +88,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
                 };
                 let relay = ctx
                     .relay(&db, &url, &run.to_string(), &config)
-                    .arg("in-flight", params.http_in_flight);
+                    .with(|relay| relay.sink.in_flight = params.http_in_flight as usize);
                 let started = Instant::now();
                 relay
                     .run(CHILD_TIMEOUT)

@@ -20,7 +20,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Client;
 
 use super::{Ctx, Outcome, CHILD_TIMEOUT};
-use crate::harness::child::{ChildCommand, ChildEnd, ConsumerProcess, RunningChild};
+use crate::harness::child::{ChildCommand, ChildEnd, ConsumerProcess, Role, RunningChild};
 use crate::harness::db::Database;
 use crate::judge::counts;
 use crate::judge::latency;
@@ -143,7 +143,7 @@ impl<'a> Bench<'a> {
         })
     }
 
-    fn relay_command(&mut self) -> ChildCommand {
+    fn relay_command(&mut self) -> ChildCommand<Role> {
         let name = self.started.to_string();
         self.started += 1;
         let (ctx, db, sink) = (self.ctx, &self.db, &self.consumer.url);
@@ -151,14 +151,19 @@ impl<'a> Bench<'a> {
         match self.design {
             Design::Poll100 => ctx
                 .relay(db, sink, &name, &config)
-                .arg("follow", Wakeup::Poll(POLL_EVERY)),
-            Design::Notify => ctx.relay(db, sink, &name, &config).arg(
-                "follow",
-                Wakeup::Notify {
-                    fallback: NOTIFY_FALLBACK,
-                },
-            ),
-            Design::Cdc => ctx.cdc_relay(db, sink, &name, &self.slot, &config),
+                .with(|relay| relay.follow = Some(Wakeup::Poll(POLL_EVERY)))
+                .any_role(),
+            Design::Notify => ctx
+                .relay(db, sink, &name, &config)
+                .with(|relay| {
+                    relay.follow = Some(Wakeup::Notify {
+                        fallback: NOTIFY_FALLBACK,
+                    })
+                })
+                .any_role(),
+            Design::Cdc => ctx
+                .cdc_relay(db, sink, &name, &self.slot, &config)
+                .any_role(),
         }
     }
 
@@ -283,7 +288,7 @@ async fn latency(bench: &Bench<'_>, params: &Params) -> Result<(f64, f64)> {
     bench
         .ctx
         .writer(&bench.db, params.latency_events, 1, Ending::Commit)
-        .arg("interval-ms", params.interval_ms)
+        .with(|writer| writer.interval = Some(Duration::from_millis(params.interval_ms)))
         .run(CHILD_TIMEOUT)
         .await?
         .expect(|e| *e == ChildEnd::Ok, "the paced writer")?;
@@ -374,7 +379,7 @@ async fn deleted_rows(bench: &Bench<'_>, params: &Params, outcome: &mut Outcome)
     bench
         .ctx
         .writer(&bench.db, params.deleted_events, 1, Ending::Commit)
-        .flag("delete-outbox")
+        .with(|writer| writer.delete_outbox = true)
         .run(CHILD_TIMEOUT)
         .await?
         .expect(|e| *e == ChildEnd::Ok, "the Debezium-style writer")?;

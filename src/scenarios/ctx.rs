@@ -4,6 +4,7 @@
 use anyhow::Result;
 
 use super::{Scenario, CHILD_TIMEOUT};
+use crate::harness::child::role::{CdcRelayRole, ConsumerRole, RelayRole, SinkSpec, WriterRole};
 use crate::harness::child::{ChildCommand, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
 use crate::harness::redis_server::Redis;
@@ -64,14 +65,12 @@ impl Ctx<'_> {
         kind: ConsumerKind,
         faults: &Faults,
     ) -> Result<ConsumerProcess> {
-        let mut cmd = ChildCommand::new("consumer", db)
-            .arg("kind", kind.name())
-            .arg("fail-next", faults.fail_next)
-            .arg("delay-ms", faults.delay.as_millis());
-        if let Some(id) = faults.fail_first_delivery_of {
-            cmd = cmd.arg("fail-first-delivery-of", id);
-        }
-        cmd.spawn_consumer().await
+        let role = ConsumerRole {
+            kind,
+            port: 0,
+            faults: faults.clone(),
+        };
+        ChildCommand::new(db, role).spawn_consumer().await
     }
 
     /// A writer child creating `orders` orders with one outbox row each.
@@ -88,18 +87,15 @@ impl Ctx<'_> {
             .await
     }
 
-    /// The command line of a writer child; add pacing options as needed.
+    /// A writer child; change its role (pacing...) as needed.
     pub fn writer(
         &self,
         db: &Database,
         orders: u32,
         events_per_order: u32,
         ending: Ending,
-    ) -> ChildCommand {
-        ChildCommand::new("writer", db)
-            .arg("orders", orders)
-            .arg("events-per-order", events_per_order)
-            .arg_enum("ending", ending)
+    ) -> ChildCommand<WriterRole> {
+        ChildCommand::new(db, WriterRole::new(orders, events_per_order, ending))
     }
 
     /// A relay child draining the outbox into `sink` (the consumer's URL or Redis').
@@ -133,30 +129,24 @@ impl Ctx<'_> {
         )
     }
 
-    /// The command line of a relay child; add `--follow`, `--in-flight` as needed.
+    /// A relay child; change its role (`follow`, `sink.in_flight`) as needed.
     pub fn relay(
         &self,
         db: &Database,
         sink: &str,
         name: &str,
         config: &RelayConfig,
-    ) -> ChildCommand {
-        let mut cmd = self
-            .relay_child("relay", db, sink, name, config)
-            .arg_enum("design", config.design)
-            .arg("lease-ms", config.lease.as_millis())
-            .arg("batch", config.batch)
-            .arg("deadline-ms", config.deadline.as_millis());
-        if let Some(partition) = config.partition {
-            cmd = cmd.arg("partition", partition);
-        }
-        if config.head_of_line_guard {
-            cmd = cmd.flag("guard");
-        }
-        cmd
+    ) -> ChildCommand<RelayRole> {
+        let role = RelayRole {
+            name: name.to_string(),
+            sink: self.sink(sink),
+            config: config.clone(),
+            follow: None,
+        };
+        ChildCommand::new(db, role)
     }
 
-    /// The command line of a log-tailing relay child following `slot` until stopped.
+    /// A log-tailing relay child following `slot` until stopped.
     pub fn cdc_relay(
         &self,
         db: &Database,
@@ -164,27 +154,23 @@ impl Ctx<'_> {
         name: &str,
         slot: &str,
         config: &RelayConfig,
-    ) -> ChildCommand {
-        self.relay_child("cdc-relay", db, sink, name, config)
-            .arg("slot", slot)
+    ) -> ChildCommand<CdcRelayRole> {
+        let role = CdcRelayRole {
+            name: name.to_string(),
+            sink: self.sink(sink),
+            config: config.clone(),
+            slot: slot.to_string(),
+        };
+        ChildCommand::new(db, role)
     }
 
-    /// What every relay child is told: where to deliver, its name, its retries.
-    fn relay_child(
-        &self,
-        role: &str,
-        db: &Database,
-        sink: &str,
-        name: &str,
-        config: &RelayConfig,
-    ) -> ChildCommand {
-        ChildCommand::new(role, db)
-            .arg("sink", sink)
-            .arg("name", name)
-            .arg("max-attempts", config.max_attempts)
-            .arg("backoff-ms", config.backoff_base.as_millis())
-            .arg("request-timeout-ms", config.request_timeout.as_millis())
-            .arg("stream-prefix", self.redis.key_prefix())
+    /// Where a relay child delivers: one event after another, streams named for this run.
+    fn sink(&self, url: &str) -> SinkSpec {
+        SinkSpec {
+            url: url.to_string(),
+            in_flight: 1,
+            stream_prefix: self.redis.key_prefix().to_string(),
+        }
     }
 
     /// The run's Redis URL (a private server is started on first use).

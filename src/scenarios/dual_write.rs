@@ -6,6 +6,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::{Ctx, Outcome, CHILD_TIMEOUT};
+use crate::harness::child::role::NaiveAppRole;
 use crate::harness::child::ChildCommand;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -86,12 +87,14 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
         } else {
             &nobody_listens
         };
-        let run = ChildCommand::new("naive-app", &db)
-            .arg("sink", sink)
-            .arg("customer-id", customer_id)
-            .arg("event-id", event_id)
-            .arg_enum("order", path.order)
-            .arg_enum("ending", path.ending)
+        let role = NaiveAppRole {
+            sink: sink.to_string(),
+            customer_id,
+            event_id,
+            order: path.order,
+            ending: path.ending,
+        };
+        let run = ChildCommand::new(&db, role)
             .crash_at(path.crash.map(|p| CrashPlan::new(p, 1)))
             .run(CHILD_TIMEOUT)
             .await?;

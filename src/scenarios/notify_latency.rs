@@ -101,13 +101,15 @@ async fn measure_mode(
         .await?;
     let relay = ctx
         .relay(&db, &consumer.url, "0", &RelayConfig::default())
-        .arg("follow", wakeup);
+        .with(|relay| relay.follow = Some(wakeup));
     let relay = tokio::spawn(relay.run(RELAY_LIFETIME));
     tokio::time::sleep(RELAY_STARTUP).await;
 
     ctx.writer(&db, params.orders, 1, Ending::Commit)
-        .arg("interval-ms", params.interval_ms)
-        .arg("seed", params.seed)
+        .with(|writer| {
+            writer.interval = Some(Duration::from_millis(params.interval_ms));
+            writer.seed = params.seed;
+        })
         .run(CHILD_TIMEOUT)
         .await?
         .expect(|e| *e == ChildEnd::Ok, "the writer")?;
@@ -185,9 +187,9 @@ async fn writer_throughput(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome
         }
         let mut writers = tokio::task::JoinSet::new();
         for _ in 0..params.tps_writers {
-            let writer = ctx
-                .writer(&db, 0, 1, Ending::Commit)
-                .arg("duration-ms", params.tps_duration_ms);
+            let writer = ctx.writer(&db, 0, 1, Ending::Commit).with(|writer| {
+                writer.duration = Some(Duration::from_millis(params.tps_duration_ms))
+            });
             writers.spawn(writer.run(CHILD_TIMEOUT));
         }
         while let Some(ended) = writers.join_next().await {

@@ -11,6 +11,7 @@ use redis::AsyncCommands;
 use serde::Deserialize;
 
 use super::{Ctx, Outcome, CHILD_TIMEOUT};
+use crate::harness::child::role::StreamWorkerRole;
 use crate::harness::child::{ChildCommand, ChildEnd};
 use crate::harness::redis_server;
 use crate::judge::counts;
@@ -64,12 +65,14 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         let _: () = redis.xgroup_create(&stream, GROUP, "0").await?;
 
         let worker = |name: &str, count: usize| {
-            ChildCommand::new("stream-worker", &db)
-                .arg("redis-url", &redis_url)
-                .arg("stream", &stream)
-                .arg("worker", name)
-                .arg("kind", kind.name())
-                .arg("count", count)
+            let role = StreamWorkerRole {
+                redis_url: redis_url.clone(),
+                stream: stream.clone(),
+                worker: name.to_string(),
+                kind,
+                count,
+            };
+            ChildCommand::new(&db, role)
         };
         let crash = CrashPlan::new(CrashPoint::StreamWorkerAfterApplyBeforeAck, 1);
         worker("worker-1", params.first_read)

@@ -155,7 +155,17 @@ SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload, xid::tex
  ORDER BY xid, id";
 
 /// How a relay keeps other relays off the rows it is delivering.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub enum RelayDesign {
     /// The article's: row locks held by the delivering transaction (`FOR UPDATE SKIP LOCKED`).
     #[default]
@@ -177,7 +187,7 @@ impl RelayDesign {
 }
 
 /// Relay `index` of `count` relays that split the aggregates between them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Partition {
     pub index: u32,
     pub count: u32,
@@ -205,7 +215,7 @@ impl std::fmt::Display for Partition {
 }
 
 /// How a following relay learns that there is something to deliver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Wakeup {
     /// Poll again after this long.
     Poll(Duration),
@@ -242,7 +252,7 @@ impl std::fmt::Display for Wakeup {
 }
 
 /// How the article's relay behaves.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RelayConfig {
     /// Lock (the article) or claim (lease).
     pub design: RelayDesign,

@@ -1,0 +1,280 @@
+//! Child processes: the same binary re-executed in a role (`outbox-lab child ROLE`), so that a
+//! writer, relay or consumer can die for real at a crash point while the parent watches.
+//!
+//! The parent fills the role's type ([`role`]: one type per role, shared with the child) and
+//! starts it with [`ChildCommand`], waits with a bound, and classifies how the child ended
+//! ([`ChildEnd`], in Jepsen's terms: a crash is an `info`, the parent does not know what the
+//! child got done). A crash is recognised by its exit status alone
+//! ([`crash::CRASH_EXIT_CODE`]), and its point is the one the parent planned.
+
+pub mod role;
+
+use std::fmt;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+
+use crate::harness::db::Database;
+use crate::harness::throwaway;
+use crate::outbox::crash::{self, CrashPlan};
+pub use role::{run_role, ChildArgs, Role};
+
+/// How long a consumer may take to say where it listens.
+const CONSUMER_READY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How a child ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChildEnd {
+    /// Exit 0: it did all it was asked.
+    Ok,
+    /// It died at its crash point.
+    Crashed { point: String },
+    /// It stopped with an error (exit 2 and a message).
+    Failed { error: String },
+    /// Killed by a signal it did not choose.
+    Killed { signal: i32 },
+    /// It did not finish in time and was killed.
+    TimedOut,
+}
+
+impl fmt::Display for ChildEnd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChildEnd::Ok => f.write_str("ok"),
+            ChildEnd::Crashed { point } => write!(f, "crashed at {point}"),
+            ChildEnd::Failed { error } => write!(f, "failed: {error}"),
+            ChildEnd::Killed { signal } => write!(f, "killed by signal {signal}"),
+            ChildEnd::TimedOut => f.write_str("timed out"),
+        }
+    }
+}
+
+/// A finished child: how it ended and what it printed.
+#[derive(Debug)]
+pub struct ChildRun {
+    pub end: ChildEnd,
+    pub stdout: String,
+}
+
+impl ChildRun {
+    /// The child's own log lines (relays print the article's `[relay 0] ...` lines).
+    pub fn log_lines(&self) -> impl Iterator<Item = &str> {
+        self.stdout.lines()
+    }
+
+    /// Errors unless the child ended as expected: a scenario whose setup went wrong must not
+    /// report figures as if it had worked.
+    pub fn expect(self, expected: impl Fn(&ChildEnd) -> bool, what: &str) -> Result<ChildRun> {
+        if !expected(&self.end) {
+            bail!("{what} {}", self.end);
+        }
+        Ok(self)
+    }
+}
+
+/// A child to start: its role (of type `R`, changeable until it starts), its database, its
+/// crash plan.
+pub struct ChildCommand<R> {
+    database: Database,
+    crash_at: Option<CrashPlan>,
+    pub role: R,
+}
+
+impl<R: Into<Role> + Clone> ChildCommand<R> {
+    pub fn new(database: &Database, role: R) -> ChildCommand<R> {
+        ChildCommand {
+            database: database.clone(),
+            crash_at: None,
+            role,
+        }
+    }
+
+    /// The same child, its role's type forgotten (for a choice among roles).
+    pub fn any_role(self) -> ChildCommand<Role> {
+        ChildCommand {
+            database: self.database,
+            crash_at: self.crash_at,
+            role: self.role.into(),
+        }
+    }
+
+    /// Changes the role before it starts.
+    pub fn with(mut self, change: impl FnOnce(&mut R)) -> ChildCommand<R> {
+        change(&mut self.role);
+        self
+    }
+
+    pub fn crash_at(mut self, plan: Option<CrashPlan>) -> ChildCommand<R> {
+        self.crash_at = plan;
+        self
+    }
+
+    fn command(&self, stdin: Stdio) -> Result<Command> {
+        let spec = role::ChildSpec {
+            database: self.database.clone(),
+            crash_at: self.crash_at,
+            role: self.role.clone().into(),
+        };
+        let exe = std::env::current_exe().context("cannot find the outbox-lab binary")?;
+        let mut cmd = Command::new(exe);
+        cmd.args(["child", spec.role.name()])
+            .env(role::SPEC_ENV, serde_json::to_string(&spec)?)
+            .stdin(stdin)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        Ok(cmd)
+    }
+
+    /// Runs to the end (or kills it after `timeout`) and classifies how it ended.
+    pub async fn run(self, timeout: Duration) -> Result<ChildRun> {
+        self.spawn()?.finish(timeout).await
+    }
+
+    /// Starts it in the background: for children that run until stopped (following relays), or
+    /// until they are done and their stdin is closed ([`RunningChild::close_stdin`]).
+    pub fn spawn(self) -> Result<RunningChild> {
+        let mut child = self
+            .command(Stdio::piped())?
+            .spawn()
+            .context("cannot start a child process")?;
+        // Held apart: tokio's `Child::wait` would close it.
+        let stdin = child.stdin.take();
+        Ok(RunningChild {
+            child,
+            stdin,
+            crash_at: self.crash_at,
+        })
+    }
+
+    /// Starts a consumer and waits until it says where it listens.
+    pub async fn spawn_consumer(self) -> Result<ConsumerProcess> {
+        let mut child = self
+            .command(Stdio::null())?
+            .spawn()
+            .context("cannot start the consumer")?;
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let ready = tokio::time::timeout(CONSUMER_READY_TIMEOUT, lines.next_line()).await;
+        match ready {
+            Ok(Ok(Some(line))) if line.starts_with("listening ") => {
+                let url = line["listening ".len()..].trim().to_string();
+                Ok(ConsumerProcess {
+                    process: RunningChild {
+                        child,
+                        stdin: None,
+                        crash_at: self.crash_at,
+                    },
+                    url,
+                })
+            }
+            _ => {
+                let _ = child.start_kill();
+                let mut stderr = String::new();
+                if let Some(mut err) = child.stderr.take() {
+                    let _ = err.read_to_string(&mut stderr).await;
+                }
+                Err(anyhow!(
+                    "the consumer did not start: {}",
+                    throwaway::last_line(&stderr)
+                ))
+            }
+        }
+    }
+}
+
+/// A child running in the background.
+pub struct RunningChild {
+    child: Child,
+    /// The write end of the child's stdin; dropping it is the "stop when done" signal.
+    stdin: Option<ChildStdin>,
+    /// Where it was told to die: the point of a crash it ends with.
+    crash_at: Option<CrashPlan>,
+}
+
+impl RunningChild {
+    /// Resolves when the process has ended (cancel-safe: a `select!` may drop it).
+    pub async fn exited(&mut self) {
+        let _ = self.child.wait().await;
+    }
+
+    /// Closes the child's stdin: end of input, read by the child as "stop when done".
+    pub fn close_stdin(&mut self) {
+        drop(self.stdin.take());
+    }
+
+    /// Waits for its end (or kills it after `timeout`) and classifies how it ended.
+    pub async fn finish(self, timeout: Duration) -> Result<ChildRun> {
+        match tokio::time::timeout(timeout, self.child.wait_with_output()).await {
+            Err(_) => Ok(ChildRun {
+                end: ChildEnd::TimedOut,
+                stdout: String::new(),
+            }),
+            Ok(output) => {
+                let output = output?;
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                Ok(ChildRun {
+                    end: classify(output.status, &stderr, self.crash_at),
+                    stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+                })
+            }
+        }
+    }
+
+    /// Kills it and waits until it is gone.
+    pub async fn stop(mut self) -> Result<()> {
+        let _ = self.child.start_kill();
+        self.child.wait().await?;
+        Ok(())
+    }
+}
+
+/// A running consumer child.
+pub struct ConsumerProcess {
+    process: RunningChild,
+    /// Its base URL, e.g. `http://127.0.0.1:41234`.
+    pub url: String,
+}
+
+impl ConsumerProcess {
+    /// Waits until it ends by itself (a crash) and classifies how (cancel-safe).
+    pub async fn ended(&mut self) -> Result<ChildEnd> {
+        let child = &mut self.process.child;
+        let status = child.wait().await?;
+        let mut stderr = String::new();
+        if let Some(mut err) = child.stderr.take() {
+            err.read_to_string(&mut stderr).await?;
+        }
+        Ok(classify(status, &stderr, self.process.crash_at))
+    }
+
+    /// Kills it and waits until it is gone.
+    pub async fn stop(self) -> Result<()> {
+        self.process.stop().await
+    }
+}
+
+fn classify(status: std::process::ExitStatus, stderr: &str, plan: Option<CrashPlan>) -> ChildEnd {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(0), _) => ChildEnd::Ok,
+        (Some(crash::CRASH_EXIT_CODE), _) => ChildEnd::Crashed {
+            point: plan.map_or_else(
+                || "an unplanned crash point".into(),
+                |p| p.point.to_string(),
+            ),
+        },
+        (Some(_), _) => ChildEnd::Failed {
+            error: throwaway::last_line(stderr)
+                .trim_start_matches("outbox-lab: error: ")
+                .to_string(),
+        },
+        (None, Some(signal)) => ChildEnd::Killed { signal },
+        (None, None) => ChildEnd::Failed {
+            error: "ended without status".into(),
+        },
+    }
+}
