@@ -148,20 +148,17 @@ fn malformed_expectation_in_scenario_file() {
 
 #[test]
 fn unknown_crash_point_in_a_child_is_rejected() {
+    let spec = r#"{"database": {"server_url": "postgres://x@127.0.0.1/x", "name": "x"},
+                   "crash_at": "writer-after-lunch", "role": {"writer": {}}}"#;
     let out = outbox_lab()
-        .args([
-            "child",
-            "writer",
-            "--database-url",
-            "postgres://x@127.0.0.1/x",
-            "--dbname",
-            "x",
-        ])
-        .args(["--crash-at", "writer-after-lunch"])
+        .args(["child", "writer"])
+        .env("OUTBOX_LAB_CHILD_SPEC", spec)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("unknown crash point 'writer-after-lunch'")
+        String::from_utf8_lossy(&out.stderr).contains("unknown crash point 'writer-after-lunch'"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

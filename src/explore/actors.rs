@@ -5,16 +5,17 @@
 use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 use uuid::Uuid;
 
 use super::designs::RelayVariant;
 use crate::harness::db::Database;
-use crate::outbox::relay::{Relay, RelayConfig, RelayDesign, StoredWatermarkRelay};
+use crate::outbox::relay::watermark::StoredWatermarkRelay;
+use crate::outbox::relay::{drive, Relay, RelayConfig, RelayDesign, Until};
 use crate::outbox::sink::{HttpSink, Sink};
 use crate::outbox::writer::{self, DualWriteOrder, Ending};
 
@@ -93,22 +94,24 @@ pub struct ExploreRelayRole {
 
 /// Polls until stdin is closed and nothing is pending, or gives up at the deadline.
 pub async fn run_relay(db: &Database, args: ExploreRelayRole) -> Result<()> {
-    let stop_when_drained = Arc::new(AtomicBool::new(false));
-    let flag = stop_when_drained.clone();
+    let writer_done = Arc::new(AtomicBool::new(false));
+    let flag = writer_done.clone();
     tokio::spawn(async move {
         let mut input = Vec::new();
         let _ = tokio::io::stdin().read_to_end(&mut input).await;
         flag.store(true, Ordering::SeqCst);
     });
+    let until = Until::Drained {
+        idle: args.idle_poll,
+        deadline: args.deadline,
+        once: Some(&writer_done),
+    };
     let sink = HttpSink::new(&args.sink)?;
-    let mut relay = match args.variant {
+    let ended = match args.variant {
         RelayVariant::StoredWatermark => {
             let client = db.connect().await?;
-            Variant::Watermark(Box::new(StoredWatermarkRelay::new(
-                client,
-                sink,
-                args.name.clone(),
-            )))
+            let mut relay = StoredWatermarkRelay::new(client, sink, args.name.clone());
+            drive(&mut relay, until, std::future::pending()).await?
         }
         variant => {
             let config = RelayConfig {
@@ -123,52 +126,10 @@ pub async fn run_relay(db: &Database, args: ExploreRelayRole) -> Result<()> {
                 log_attempts: true,
                 ..RelayConfig::default()
             };
-            let relay =
+            let mut relay =
                 Relay::connect(&db.config()?, Sink::Http(sink), config, &args.name, false).await?;
-            Variant::Locking(Box::new(relay))
+            drive(&mut relay, until, std::future::pending()).await?
         }
     };
-    let deadline = args.deadline;
-    let started = Instant::now();
-    while started.elapsed() < deadline {
-        if relay.pass().await? > 0 {
-            continue;
-        }
-        // Read the stop flag before counting: once the writer is done (and only then is stdin
-        // closed), a count taken after seeing the flag includes all it wrote.
-        let stopping = stop_when_drained.load(Ordering::SeqCst);
-        if stopping && relay.pending().await? == 0 {
-            return Ok(());
-        }
-        tokio::time::sleep(args.idle_poll).await;
-    }
-    let pending = relay.pending().await?;
-    bail!(
-        "relay {} gave up after {deadline:?} with {pending} rows pending",
-        args.name
-    )
-}
-
-/// The relay variants, behind one loop.
-enum Variant {
-    /// The article's relay, in the design the variant asks for.
-    Locking(Box<Relay>),
-    Watermark(Box<StoredWatermarkRelay>),
-}
-
-impl Variant {
-    /// One pass; how many rows it moved (fetched, or delivered for the watermark relay).
-    async fn pass(&mut self) -> Result<usize> {
-        Ok(match self {
-            Variant::Locking(relay) => relay.deliver_batch().await?.fetched,
-            Variant::Watermark(relay) => relay.deliver_new().await?,
-        })
-    }
-
-    async fn pending(&self) -> Result<i64> {
-        match self {
-            Variant::Locking(relay) => relay.pending().await,
-            Variant::Watermark(relay) => relay.pending().await,
-        }
-    }
+    ended.or_gave_up(&args.name).map(drop)
 }

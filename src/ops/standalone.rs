@@ -22,7 +22,9 @@ use tracing::info;
 
 use crate::harness::db;
 use crate::outbox::consumer::{self, ConsumerKind, Faults};
-use crate::outbox::relay::{self, Relay, RelayConfig, RelayStats, Wakeup, RELAY_APPLICATION_NAME};
+use crate::outbox::relay::{
+    drive, sql, Relay, RelayConfig, RelayStats, Until, Wakeup, RELAY_APPLICATION_NAME,
+};
 use crate::outbox::schema;
 use crate::outbox::sink::Sink;
 
@@ -75,7 +77,9 @@ pub async fn run_relay(options: RelayOptions, shutdown: impl Future<Output = ()>
         info!(relay = %options.name, "metrics on http://{bound}/metrics");
     }
     info!(relay = %options.name, "delivering to {} ({})", options.sink, options.wakeup);
-    relay.follow(options.wakeup, shutdown).await
+    drive(&mut relay, Until::Shutdown(options.wakeup), shutdown)
+        .await
+        .map(drop)
 }
 
 /// Serves `POST /events` until `shutdown` resolves; with `create_schema`, creates the
@@ -122,7 +126,7 @@ impl Exporter {
     async fn render(&self) -> Result<String> {
         let backlog = self
             .client
-            .query_one(relay::BACKLOG, &[&self.max_attempts])
+            .query_one(sql::BACKLOG, &[&self.max_attempts])
             .await?;
         let (dead_letters, lag_s): (i64, f64) = (backlog.get(0), backlog.get(1));
         let relay = &self.name;

@@ -1,5 +1,5 @@
 //! partial-index (部分インデックスの効き目): 200,000 published rows and 50 unpublished ones;
-//! EXPLAIN ANALYZE of the relay's own fetch (`relay::FETCH_BATCH`) with the partial index, then
+//! EXPLAIN ANALYZE of the relay's own fetch (`relay::sql::FETCH_BATCH`) with the partial index, then
 //! with it dropped. Beyond the article, the "churned" case: right after 200,000 rows were
 //! published by UPDATE the partial index still holds their dead entries, and only VACUUM makes
 //! the fetch cheap again.
@@ -13,7 +13,8 @@ use super::{Ctx, Outcome};
 use crate::harness::load::{self, OutboxRows};
 use crate::judge::counts;
 use crate::judge::explain::{self, Plan};
-use crate::outbox::relay::{RelayConfig, FETCH_BATCH, MARK_PUBLISHED};
+use crate::outbox::relay::sql::{FETCH_BATCH, MARK_PUBLISHED};
+use crate::outbox::relay::RelayConfig;
 use crate::outbox::schema;
 use crate::report::{Metrics, Table};
 

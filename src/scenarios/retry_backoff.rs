@@ -128,7 +128,7 @@ async fn dead_letter(ctx: &Ctx<'_>, config: &RelayConfig, outcome: &mut Outcome)
         .await?
         .expect(|e| *e == ChildEnd::Ok, "the relay")?;
     let dead = client
-        .query(relay::DEAD_LETTERS, &[&config.max_attempts])
+        .query(relay::sql::DEAD_LETTERS, &[&config.max_attempts])
         .await?;
     outcome.metrics.set("dead_letter", dead.len() as i64);
     if let Some(row) = dead.first() {

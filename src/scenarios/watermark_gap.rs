@@ -3,7 +3,7 @@
 //! never delivers it; the `published_at IS NULL` relay delivers both; so does a watermark over
 //! the writing transaction's id (xid8) that only advances past finished transactions.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Result;
 use serde::Deserialize;
@@ -11,9 +11,11 @@ use serde_json::json;
 use tokio_postgres::Client;
 
 use super::{Ctx, Outcome};
+use crate::harness::db::Database;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
-use crate::outbox::relay::{Relay, RelayConfig, WatermarkRelay, XidWatermarkRelay};
+use crate::outbox::relay::watermark::{WatermarkRelay, XidWatermarkRelay};
+use crate::outbox::relay::{drive, OutboxRelay, Relay, RelayConfig, Until};
 use crate::outbox::schema;
 use crate::outbox::sink::{HttpSink, Sink};
 use crate::outbox::writer::{event_type, INSERT_OUTBOX};
@@ -26,33 +28,6 @@ pub struct Params {}
 /// How long each relay keeps polling after A commits before what it missed counts as lost.
 const CATCH_UP: Duration = Duration::from_secs(1);
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
-
-/// The three relays, each run against its own copy of the same interleaving.
-enum GapRelay {
-    Watermark(WatermarkRelay),
-    PublishedAt(Box<Relay>),
-    Xid8(XidWatermarkRelay),
-}
-
-impl GapRelay {
-    fn name(&self) -> &'static str {
-        match self {
-            GapRelay::Watermark(_) => "watermark",
-            GapRelay::PublishedAt(_) => "published_at",
-            GapRelay::Xid8(_) => "xid8",
-        }
-    }
-
-    /// One pass over the outbox.
-    async fn pass(&mut self, client: &Client, sink: &HttpSink) -> Result<()> {
-        match self {
-            GapRelay::Watermark(relay) => drop(relay.deliver_new(client, sink).await?),
-            GapRelay::PublishedAt(relay) => drop(relay.deliver_batch().await?),
-            GapRelay::Xid8(relay) => drop(relay.deliver_new(client, sink).await?),
-        }
-        Ok(())
-    }
-}
 
 pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
     let mut outcome = Outcome::default();
@@ -74,76 +49,90 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
             .start_consumer(&db, ConsumerKind::Naive, &Faults::default())
             .await?;
         let sink = HttpSink::new(&consumer.url)?;
-        let mut relay = match design {
-            "watermark" => GapRelay::Watermark(WatermarkRelay::default()),
-            "published_at" => GapRelay::PublishedAt(Box::new(
-                Relay::connect(
+        let (delivered, lost) = match design {
+            "watermark" => {
+                let relay = WatermarkRelay::new(db.connect().await?, sink);
+                interleave(&db, &client, relay, &mut outcome, &mut table).await?
+            }
+            "published_at" => {
+                let relay = Relay::connect(
                     &db.config()?,
-                    Sink::Http(sink.clone()),
+                    Sink::Http(sink),
                     RelayConfig::default(),
                     "published_at",
                     false,
                 )
-                .await?,
-            )),
-            _ => GapRelay::Xid8(XidWatermarkRelay::default()),
-        };
-
-        let session_a = db.connect().await?;
-        let session_b = db.connect().await?;
-        session_a.batch_execute("BEGIN").await?;
-        let id_a: i64 = session_a
-            .query_one(
-                INSERT_OUTBOX,
-                &[&"A", &event_type(1), &json!({"session": "A"})],
-            )
-            .await?
-            .get(0);
-        let id_b: i64 = session_b
-            .query_one(
-                INSERT_OUTBOX,
-                &[&"B", &event_type(1), &json!({"session": "B"})],
-            )
-            .await?
-            .get(0);
-        outcome.notes.push(format!(
-            "[{design}] A inserted id={id_a} (uncommitted), B inserted id={id_b} (committed)"
-        ));
-
-        relay.pass(&client, &sink).await?;
-        let first = counts::ids(&client, counts::RECEIVED_AFTER, &[&0i64]).await?;
-        session_a.batch_execute("COMMIT").await?;
-        let seen: i64 = client.query_one(counts::LAST_RECEIPT, &[]).await?.get(0);
-        // A relay polls on: give each one the same time to catch up. (The xid8 watermark also
-        // waits for every older transaction of the cluster, in any database, to finish.)
-        let catch_up_until = Instant::now() + CATCH_UP;
-        loop {
-            relay.pass(&client, &sink).await?;
-            let missing = counts::ids(&client, counts::LOST_IDS, &[]).await?;
-            if missing.is_empty() || Instant::now() > catch_up_until {
-                break;
+                .await?;
+                interleave(&db, &client, relay, &mut outcome, &mut table).await?
             }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
-        let second = counts::ids(&client, counts::RECEIVED_AFTER, &[&seen]).await?;
+            _ => {
+                let relay = XidWatermarkRelay::new(db.connect().await?, sink);
+                interleave(&db, &client, relay, &mut outcome, &mut table).await?
+            }
+        };
         consumer.stop().await?;
-
-        let lost = counts::ids(&client, counts::LOST_IDS, &[]).await?;
-        let delivered = first.len() + second.len();
         outcome
             .metrics
-            .set(format!("{}.delivered", relay.name()), delivered as i64);
-        outcome
-            .metrics
-            .set(format!("{}.lost", relay.name()), lost.len() as i64);
-        table.push(vec![
-            relay.name().into(),
-            format!("{first:?}"),
-            format!("{second:?}"),
-            delivered.to_string(),
-            format!("{lost:?}"),
-        ]);
+            .set(format!("{design}.delivered"), delivered);
+        outcome.metrics.set(format!("{design}.lost"), lost);
     }
     outcome.tables.push(table);
     Ok(outcome)
+}
+
+/// A inserts and stays open while B commits; one pass of `relay`; A commits; the relay polls on
+/// until it has nothing left or CATCH_UP is over. Returns (delivered, lost).
+async fn interleave<R: OutboxRelay>(
+    db: &Database,
+    client: &Client,
+    mut relay: R,
+    outcome: &mut Outcome,
+    table: &mut Table,
+) -> Result<(i64, i64)> {
+    let design = relay.name().to_string();
+    let session_a = db.connect().await?;
+    let session_b = db.connect().await?;
+    session_a.batch_execute("BEGIN").await?;
+    let id_a: i64 = session_a
+        .query_one(
+            INSERT_OUTBOX,
+            &[&"A", &event_type(1), &json!({"session": "A"})],
+        )
+        .await?
+        .get(0);
+    let id_b: i64 = session_b
+        .query_one(
+            INSERT_OUTBOX,
+            &[&"B", &event_type(1), &json!({"session": "B"})],
+        )
+        .await?
+        .get(0);
+    outcome.notes.push(format!(
+        "[{design}] A inserted id={id_a} (uncommitted), B inserted id={id_b} (committed)"
+    ));
+
+    relay.pass().await?;
+    let first = counts::ids(client, counts::RECEIVED_AFTER, &[&0i64]).await?;
+    session_a.batch_execute("COMMIT").await?;
+    let seen: i64 = client.query_one(counts::LAST_RECEIPT, &[]).await?.get(0);
+    // A relay polls on: give each one the same time to catch up. (The xid8 watermark also
+    // waits for every older transaction of the cluster, in any database, to finish: it may
+    // run out of time, which is its result, not an error.)
+    let until = Until::Drained {
+        idle: POLL_INTERVAL,
+        deadline: CATCH_UP,
+        once: None,
+    };
+    drive(&mut relay, until, std::future::pending()).await?;
+    let second = counts::ids(client, counts::RECEIVED_AFTER, &[&seen]).await?;
+    let lost = counts::ids(client, counts::LOST_IDS, &[]).await?;
+    let delivered = first.len() + second.len();
+    table.push(vec![
+        design,
+        format!("{first:?}"),
+        format!("{second:?}"),
+        delivered.to_string(),
+        format!("{lost:?}"),
+    ]);
+    Ok((delivered as i64, lost.len() as i64))
 }

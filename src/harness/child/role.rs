@@ -19,7 +19,7 @@ use crate::ops::logging::{self, LogFormat};
 use crate::outbox::consumer::{self, ConsumerKind, Faults};
 use crate::outbox::crash::{self, CrashPlan};
 use crate::outbox::relay::cdc::{CdcConfig, CdcRelay};
-use crate::outbox::relay::{Relay, RelayConfig, Wakeup, RELAY_APPLICATION_NAME};
+use crate::outbox::relay::{drive, Relay, RelayConfig, Until, Wakeup, RELAY_APPLICATION_NAME};
 use crate::outbox::sink::{HttpSink, Sink};
 use crate::outbox::stream_consumer::StreamWorker;
 use crate::outbox::writer::{self, DualWriteOrder, Ending};
@@ -234,13 +234,21 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             let connection = relay_connection(&db, &role.name)?;
             let sink = role.sink.connect(&role.config).await?;
             let listen = matches!(role.follow, Some(Wakeup::Notify { .. }));
+            let until = match role.follow {
+                // Runs until the parent kills it.
+                Some(wakeup) => Until::Shutdown(wakeup),
+                None => Until::Drained {
+                    idle: role.config.idle_poll,
+                    deadline: role.config.deadline,
+                    once: None,
+                },
+            };
             let mut relay =
                 Relay::connect(&connection, sink, role.config, &role.name, listen).await?;
-            match role.follow {
-                // Runs until the parent kills it.
-                Some(wakeup) => relay.follow(wakeup, std::future::pending()).await,
-                None => relay.run_until_drained().await.map(drop),
-            }
+            drive(&mut relay, until, std::future::pending())
+                .await?
+                .or_gave_up(&role.name)
+                .map(drop)
         }
         Role::CdcRelay(role) => {
             let config = CdcConfig {

@@ -1,0 +1,238 @@
+//! The article's relay over the outbox table: fetch a batch, deliver it through a sink, mark it
+//! published. Its designs keep other relays off the rows it delivers: row locks held by the
+//! delivering transaction ([`lock`](super::lock), with the broken mark-before-send beside it)
+//! or a committed lease ([`claim`](super::claim)). It wakes up by polling or LISTEN/NOTIFY.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_postgres::{Client, GenericClient, Notification, Row, Statement};
+use tracing::info;
+
+use super::sql::{
+    fetch_statement, CLAIM_BATCH, MARK_CLAIMED_PUBLISHED, MARK_FAILED, MARK_PUBLISHED, PENDING,
+};
+use super::{OutboxRelay, Pass, Pending, RelayConfig, RelayDesign, RelayStats, Wakeup};
+use crate::harness::db;
+use crate::outbox::crash::{self, CrashPoint};
+use crate::outbox::event::Event;
+use crate::outbox::schema;
+use crate::outbox::sink::Sink;
+
+/// The article's polling relay, with its row locks held while it delivers (or, in the claim
+/// design, a committed lease).
+pub struct Relay {
+    pub(super) db: tokio_postgres::Config,
+    pub(super) client: Client,
+    /// Notifications of the listening connection, when the relay waits for NOTIFY.
+    pub(super) notifications: Option<UnboundedReceiver<Notification>>,
+    pub(super) sink: Sink,
+    pub(super) config: RelayConfig,
+    /// The fetch and the mark of this relay's design, prepared once per connection: a
+    /// statement prepared per query would cost a round trip on every batch.
+    pub(super) fetch: Statement,
+    pub(super) mark: Statement,
+    /// Names the relay in its log lines (`[relay 0] ...`) and its leases.
+    pub(super) name: String,
+    /// What it delivered, for `/metrics`.
+    pub(super) stats: Arc<RelayStats>,
+    /// Claim design: the `claimed_by` of this relay's leases, unique to its process.
+    pub(super) claimant: String,
+}
+
+impl Relay {
+    /// Connects; with `listen`, the connection also LISTENs for the NOTIFY trigger.
+    pub async fn connect(
+        db: &tokio_postgres::Config,
+        sink: Sink,
+        config: RelayConfig,
+        name: &str,
+        listen: bool,
+    ) -> Result<Relay> {
+        if config.design == RelayDesign::Claim
+            && (config.partition.is_some() || config.head_of_line_guard)
+        {
+            bail!("the claim design takes no partition and no head-of-line guard");
+        }
+        if config.design == RelayDesign::MarkBeforeSend && config.partition.is_some() {
+            bail!("the mark-before-send design takes no partition");
+        }
+        let (client, notifications) = open_connection(db, listen).await?;
+        let (fetch, mark) = prepare(&client, &config).await?;
+        let claimant = format!("relay {name}/pid {}", std::process::id());
+        Ok(Relay {
+            db: db.clone(),
+            client,
+            notifications,
+            sink,
+            config,
+            fetch,
+            mark,
+            name: name.to_string(),
+            stats: Arc::default(),
+            claimant,
+        })
+    }
+
+    /// Its counters, shared with a `/metrics` endpoint.
+    pub fn stats(&self) -> Arc<RelayStats> {
+        self.stats.clone()
+    }
+
+    /// Fetch, deliver and mark one batch, as the design says.
+    async fn deliver_batch(&mut self) -> Result<Pass> {
+        let mut outcome = match self.config.design {
+            RelayDesign::Lock => self.deliver_locked_batch().await?,
+            RelayDesign::Claim => self.deliver_claimed_batch().await?,
+            RelayDesign::MarkBeforeSend => self.deliver_marked_first_batch().await?,
+        };
+        outcome.full = outcome.fetched as i64 >= self.config.batch;
+        self.stats
+            .delivered
+            .fetch_add(outcome.sent as u64, Ordering::Relaxed);
+        self.stats
+            .failed
+            .fetch_add(outcome.failed as u64, Ordering::Relaxed);
+        Ok(outcome)
+    }
+}
+
+impl OutboxRelay for Relay {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn pass(&mut self) -> Result<Pass> {
+        self.deliver_batch().await
+    }
+
+    /// Undelivered rows under the attempt limit, due or not.
+    async fn pending(&self) -> Result<Pending> {
+        let row = self
+            .client
+            .query_one(PENDING, &[&self.config.max_attempts])
+            .await?;
+        let (rows, due_in_ms): (i64, f64) = (row.get(0), row.get(1));
+        Ok(Pending {
+            rows,
+            // Rows still locked (by a relay that just died and whose session the server has not
+            // ended yet) are due now, and polled again shortly.
+            next_due: (due_in_ms > 0.0).then(|| Duration::from_secs_f64(due_in_ms / 1000.0)),
+        })
+    }
+
+    async fn wait_for_work(&mut self, wakeup: Wakeup) -> Result<()> {
+        match wakeup {
+            Wakeup::Poll(every) => {
+                tokio::time::sleep(every).await;
+                Ok(())
+            }
+            Wakeup::Notify { fallback } => self.wait_for_notify(fallback).await,
+        }
+    }
+}
+
+impl Relay {
+    /// Waits for a notification or the fallback; re-LISTENs if the connection was lost.
+    async fn wait_for_notify(&mut self, fallback: Duration) -> Result<()> {
+        let notifications = self.notifications.as_mut().expect("connected with listen");
+        match tokio::time::timeout(fallback, notifications.recv()).await {
+            Ok(Some(_)) => {
+                // One fetch serves every notification that arrived meanwhile.
+                while notifications.try_recv().is_ok() {}
+            }
+            Ok(None) => {
+                info!(relay = %self.name, "connection lost, listening again");
+                let (client, notifications) = open_connection(&self.db, true).await?;
+                (self.fetch, self.mark) = prepare(&client, &self.config).await?;
+                self.client = client;
+                self.notifications = notifications;
+            }
+            Err(_) => {} // fallback poll
+        }
+        Ok(())
+    }
+}
+
+/// The design's fetch and mark, prepared on `client`.
+async fn prepare(client: &Client, config: &RelayConfig) -> Result<(Statement, Statement)> {
+    let (fetch, mark) = match config.design {
+        RelayDesign::Lock | RelayDesign::MarkBeforeSend => (
+            fetch_statement(config.partition.is_some(), config.head_of_line_guard),
+            MARK_PUBLISHED,
+        ),
+        RelayDesign::Claim => (CLAIM_BATCH.to_string(), MARK_CLAIMED_PUBLISHED),
+    };
+    Ok((client.prepare(&fetch).await?, client.prepare(mark).await?))
+}
+
+/// A connection, LISTENing when asked.
+async fn open_connection(
+    db: &tokio_postgres::Config,
+    listen: bool,
+) -> Result<(Client, Option<UnboundedReceiver<Notification>>)> {
+    if !listen {
+        return Ok((db::connect(db).await?, None));
+    }
+    let (client, notifications) = db::connect_listening(db).await?;
+    client
+        .batch_execute(&format!("LISTEN {}", schema::NOTIFY_CHANNEL))
+        .await?;
+    Ok((client, Some(notifications)))
+}
+
+/// Sends the fetched rows through the sink; a failure is recorded (with its backoff) through
+/// `db`. Returns the ids delivered, for the mark. With `log_attempts`, every event is logged
+/// `sending` before the batch goes out and `sent` as soon as it is known delivered: an event
+/// left without an answer when the relay dies is one whose outcome it never learned.
+pub(super) async fn deliver_rows(
+    sink: &Sink,
+    config: &RelayConfig,
+    name: &str,
+    db: &impl GenericClient,
+    rows: &[Row],
+) -> Result<(Pass, Vec<i64>)> {
+    let mut outcome = Pass {
+        fetched: rows.len(),
+        ..Default::default()
+    };
+    if rows.is_empty() {
+        return Ok((outcome, Vec::new()));
+    }
+    crash::point(CrashPoint::RelayAfterFetchBeforeSend);
+    let events: Vec<Event> = rows.iter().map(Event::from_outbox_row).collect();
+    if config.log_attempts {
+        for event in &events {
+            let id = event.outbox_id.expect("outbox rows have ids");
+            info!(relay = %name, "outbox id={id} sending");
+        }
+    }
+    let results = sink
+        .deliver(&events, |event| {
+            if config.log_attempts {
+                let id = event.outbox_id.expect("outbox rows have ids");
+                info!(relay = %name, "outbox id={id} sent");
+            }
+            crash::point(CrashPoint::RelayAfterSendBeforeMark)
+        })
+        .await;
+    let mut delivered: Vec<i64> = Vec::with_capacity(rows.len());
+    for (event, result) in events.iter().zip(results) {
+        let id = event.outbox_id.expect("outbox rows have ids");
+        match result {
+            Ok(()) => delivered.push(id),
+            Err(e) => {
+                let error = format!("{e:#}");
+                info!(relay = %name, "outbox id={id} failed: {error}");
+                let base_ms = config.backoff_base.as_secs_f64() * 1000.0;
+                db.execute(MARK_FAILED, &[&id, &error, &base_ms]).await?;
+                outcome.failed += 1;
+            }
+        }
+    }
+    outcome.sent = delivered.len();
+    Ok((outcome, delivered))
+}
