@@ -45,55 +45,43 @@ pub struct ChildSpec {
     pub role: Role,
 }
 
-/// What a child process is.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Role {
-    Writer(WriterRole),
-    NaiveApp(NaiveAppRole),
-    Relay(RelayRole),
-    CdcRelay(CdcRelayRole),
-    StreamWorker(StreamWorkerRole),
-    Consumer(ConsumerRole),
-    ExploreWriter(ExploreWriterRole),
-    ExploreRelay(ExploreRelayRole),
-}
-
-impl Role {
-    /// The name `ps` shows.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Role::Writer(_) => "writer",
-            Role::NaiveApp(_) => "naive-app",
-            Role::Relay(_) => "relay",
-            Role::CdcRelay(_) => "cdc-relay",
-            Role::StreamWorker(_) => "stream-worker",
-            Role::Consumer(_) => "consumer",
-            Role::ExploreWriter(_) => "explore-writer",
-            Role::ExploreRelay(_) => "explore-relay",
-        }
-    }
-}
-
+/// Declares [`Role`] (what a child process is), the name `ps` shows for each, and the
+/// conversion from each role's type.
 macro_rules! roles {
-    ($($variant:ident($role:ty)),* $(,)?) => {$(
-        impl From<$role> for Role {
+    ($($variant:ident($role:ty) = $name:literal),* $(,)?) => {
+        /// What a child process is.
+        #[derive(Debug, Clone, Serialize, Deserialize)]
+        #[serde(rename_all = "kebab-case")]
+        pub enum Role {
+            $($variant($role),)*
+        }
+
+        impl Role {
+            /// The name `ps` shows.
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(Role::$variant(_) => $name,)*
+                }
+            }
+        }
+
+        $(impl From<$role> for Role {
             fn from(role: $role) -> Role {
                 Role::$variant(role)
             }
-        }
-    )*};
+        })*
+    };
 }
 
 roles!(
-    Writer(WriterRole),
-    NaiveApp(NaiveAppRole),
-    Relay(RelayRole),
-    CdcRelay(CdcRelayRole),
-    StreamWorker(StreamWorkerRole),
-    Consumer(ConsumerRole),
-    ExploreWriter(ExploreWriterRole),
-    ExploreRelay(ExploreRelayRole),
+    Writer(WriterRole) = "writer",
+    NaiveApp(NaiveAppRole) = "naive-app",
+    Relay(RelayRole) = "relay",
+    CdcRelay(CdcRelayRole) = "cdc-relay",
+    StreamWorker(StreamWorkerRole) = "stream-worker",
+    Consumer(ConsumerRole) = "consumer",
+    ExploreWriter(ExploreWriterRole) = "explore-writer",
+    ExploreRelay(ExploreRelayRole) = "explore-relay",
 );
 
 /// Creates orders, each with its outbox rows in the same transaction.

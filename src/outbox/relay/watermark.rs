@@ -4,6 +4,7 @@
 //! delivery, crash-safe but not gap-safe), broken on purpose for explore's checker to catch.
 
 use anyhow::Result;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Client;
 use tracing::info;
 
@@ -58,15 +59,7 @@ impl OutboxRelay for WatermarkRelay {
 
     /// Rows above the watermark; one that committed below it is never counted again.
     async fn pending(&self) -> Result<Pending> {
-        let rows = self
-            .client
-            .query_one(AFTER_WATERMARK, &[&self.last_seen])
-            .await?
-            .get(0);
-        Ok(Pending {
-            rows,
-            next_due: None,
-        })
+        rows_left(&self.client, AFTER_WATERMARK, &[&self.last_seen]).await
     }
 }
 
@@ -113,15 +106,12 @@ impl OutboxRelay for XidWatermarkRelay {
 
     /// Rows after the watermark, whether their transactions are behind the horizon yet or not.
     async fn pending(&self) -> Result<Pending> {
-        let rows = self
-            .client
-            .query_one(AFTER_XID_WATERMARK, &[&self.last_xid, &self.last_id])
-            .await?
-            .get(0);
-        Ok(Pending {
-            rows,
-            next_due: None,
-        })
+        rows_left(
+            &self.client,
+            AFTER_XID_WATERMARK,
+            &[&self.last_xid, &self.last_id],
+        )
+        .await
     }
 }
 
@@ -183,14 +173,18 @@ impl OutboxRelay for StoredWatermarkRelay {
 
     /// Rows above the watermark.
     async fn pending(&self) -> Result<Pending> {
-        let rows = self
-            .client
-            .query_one(WATERMARK_PENDING, &[&self.name])
-            .await?
-            .get(0);
-        Ok(Pending {
-            rows,
-            next_due: None,
-        })
+        rows_left(&self.client, WATERMARK_PENDING, &[&self.name]).await
     }
+}
+
+/// A watermark relay's pending rows: a count, every one of them due now.
+async fn rows_left(
+    client: &Client,
+    count: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Pending> {
+    Ok(Pending {
+        rows: client.query_one(count, params).await?.get(0),
+        next_due: None,
+    })
 }
