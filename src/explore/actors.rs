@@ -15,8 +15,8 @@ use uuid::Uuid;
 use super::designs::RelayVariant;
 use crate::harness::db::Database;
 use crate::outbox::relay::watermark::StoredWatermarkRelay;
-use crate::outbox::relay::{drive, Relay, RelayConfig, RelayDesign, Until};
-use crate::outbox::sink::{HttpSink, Sink};
+use crate::outbox::relay::{drive, RelayOptions, Until};
+use crate::outbox::sink::HttpSink;
 use crate::outbox::writer::{self, DualWriteOrder, Ending};
 
 /// The workload: customers 1..=orders, each order with its events.
@@ -82,18 +82,13 @@ fn log_line(line: std::fmt::Arguments<'_>) {
 /// One relay variant, until its outbox is drained and stdin is closed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExploreRelayRole {
+    /// The stored watermark relay, or the table relay in the design `relay.config` says.
     pub variant: RelayVariant,
-    pub sink: String,
-    pub name: String,
-    pub batch: i64,
-    pub max_attempts: i32,
-    pub backoff: Duration,
-    pub idle_poll: Duration,
-    pub deadline: Duration,
+    pub relay: RelayOptions,
 }
 
 /// Polls until stdin is closed and nothing is pending, or gives up at the deadline.
-pub async fn run_relay(db: &Database, args: ExploreRelayRole) -> Result<()> {
+pub async fn run_relay(db: &Database, role: ExploreRelayRole) -> Result<()> {
     let writer_done = Arc::new(AtomicBool::new(false));
     let flag = writer_done.clone();
     tokio::spawn(async move {
@@ -101,35 +96,23 @@ pub async fn run_relay(db: &Database, args: ExploreRelayRole) -> Result<()> {
         let _ = tokio::io::stdin().read_to_end(&mut input).await;
         flag.store(true, Ordering::SeqCst);
     });
+    let options = role.relay;
     let until = Until::Drained {
-        idle: args.idle_poll,
-        deadline: args.deadline,
+        idle: options.config.idle_poll,
+        deadline: options.config.deadline,
         once: Some(&writer_done),
     };
-    let sink = HttpSink::new(&args.sink)?;
-    let ended = match args.variant {
+    let ended = match role.variant {
         RelayVariant::StoredWatermark => {
             let client = db.connect().await?;
-            let mut relay = StoredWatermarkRelay::new(client, sink, args.name.clone());
+            let sink = HttpSink::new(&options.sink.url)?;
+            let mut relay = StoredWatermarkRelay::new(client, sink, options.name.clone());
             drive(&mut relay, until, std::future::pending()).await?
         }
-        variant => {
-            let config = RelayConfig {
-                design: match variant {
-                    RelayVariant::MarkFirst => RelayDesign::MarkBeforeSend,
-                    _ => RelayDesign::Lock,
-                },
-                batch: args.batch,
-                max_attempts: args.max_attempts,
-                backoff_base: args.backoff,
-                head_of_line_guard: variant == RelayVariant::Guarded,
-                log_attempts: true,
-                ..RelayConfig::default()
-            };
-            let mut relay =
-                Relay::connect(&db.config()?, Sink::Http(sink), config, &args.name, false).await?;
+        _ => {
+            let mut relay = options.connect(&db.config()?).await?;
             drive(&mut relay, until, std::future::pending()).await?
         }
     };
-    ended.or_gave_up(&args.name).map(drop)
+    ended.or_gave_up(&options.name).map(drop)
 }

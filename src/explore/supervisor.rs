@@ -15,7 +15,7 @@ use tokio_postgres::Client;
 
 use super::actors::{ExploreRelayRole, ExploreWriterRole};
 use super::checker;
-use super::designs::{Design, Writer};
+use super::designs::{Design, RelayVariant, Writer};
 use super::history::History;
 use super::schedule::{Role, Schedule};
 use crate::harness::child::role::ConsumerRole;
@@ -23,7 +23,9 @@ use crate::harness::child::{ChildCommand, ChildEnd, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
 use crate::outbox::consumer::Faults;
 use crate::outbox::crash::CrashPlan;
+use crate::outbox::relay::{RelayConfig, RelayDesign, RelayOptions};
 use crate::outbox::schema;
+use crate::outbox::sink::SinkOptions;
 
 /// Processes of one role a run may start before it counts as stuck.
 const MAX_PROCESSES_PER_ROLE: u32 = 20;
@@ -304,20 +306,32 @@ impl Lab {
     }
 
     fn relay_command(&self, index: u32) -> ChildCommand<ExploreRelayRole> {
-        let role = ExploreRelayRole {
-            variant: self
-                .design
-                .relay
-                .expect("only designs with relays start relays"),
-            sink: self.sink_url(),
-            name: format!("r{index}"),
+        let variant = self
+            .design
+            .relay
+            .expect("only designs with relays start relays");
+        let config = RelayConfig {
+            design: match variant {
+                RelayVariant::MarkFirst => RelayDesign::MarkBeforeSend,
+                _ => RelayDesign::Lock,
+            },
             batch: self.design.batch,
             max_attempts: RELAY_MAX_ATTEMPTS,
-            backoff: RELAY_BACKOFF,
+            backoff_base: RELAY_BACKOFF,
             idle_poll: RELAY_IDLE_POLL,
             deadline: RELAY_DEADLINE,
+            head_of_line_guard: variant == RelayVariant::Guarded,
+            // Every attempt in the log: the history the checker audits.
+            log_attempts: true,
+            ..RelayConfig::default()
         };
-        ChildCommand::new(&self.db, role)
+        let relay = RelayOptions {
+            name: format!("r{index}"),
+            sink: SinkOptions::new(&self.sink_url()),
+            config,
+            follow: None,
+        };
+        ChildCommand::new(&self.db, ExploreRelayRole { variant, relay })
     }
 }
 

@@ -67,6 +67,39 @@ impl Sink {
     }
 }
 
+/// Where a relay delivers, as it is told (the request timeout is the relay's:
+/// [`RelayConfig::request_timeout`](crate::outbox::relay::RelayConfig)).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SinkOptions {
+    /// `http://…` (the consumer) or a Redis URL (a stream per aggregate type).
+    pub url: String,
+    /// Aggregates delivered to at once over HTTP (per-aggregate order holds).
+    pub in_flight: usize,
+    /// Before every stream name (the run's key prefix on an external Redis).
+    pub stream_prefix: String,
+}
+
+impl SinkOptions {
+    /// One event after another, streams named as the article names them.
+    pub fn new(url: &str) -> SinkOptions {
+        SinkOptions {
+            url: url.to_string(),
+            in_flight: 1,
+            stream_prefix: String::new(),
+        }
+    }
+
+    pub async fn connect(&self, request_timeout: Duration) -> Result<Sink> {
+        Sink::connect(
+            &self.url,
+            self.in_flight,
+            request_timeout,
+            &self.stream_prefix,
+        )
+        .await
+    }
+}
+
 /// A Redis URL: TCP (`redis://`, `rediss://`) or a Unix socket (`redis+unix://`, `unix://`).
 pub fn is_redis(url: &str) -> bool {
     ["redis://", "rediss://", "redis+unix://", "unix://"]

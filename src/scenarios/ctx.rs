@@ -4,14 +4,15 @@
 use anyhow::Result;
 
 use super::{Scenario, CHILD_TIMEOUT};
-use crate::harness::child::role::{CdcRelayRole, ConsumerRole, RelayRole, SinkSpec, WriterRole};
+use crate::harness::child::role::{CdcRelayRole, ConsumerRole, WriterRole};
 use crate::harness::child::{ChildCommand, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
 use crate::harness::redis_server::Redis;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::crash::CrashPlan;
-use crate::outbox::relay::RelayConfig;
+use crate::outbox::relay::{RelayConfig, RelayOptions};
 use crate::outbox::schema;
+use crate::outbox::sink::SinkOptions;
 use crate::outbox::writer::Ending;
 use crate::report::progress::Progress;
 use crate::report::{Metrics, Table};
@@ -136,8 +137,8 @@ impl Ctx<'_> {
         sink: &str,
         name: &str,
         config: &RelayConfig,
-    ) -> ChildCommand<RelayRole> {
-        let role = RelayRole {
+    ) -> ChildCommand<RelayOptions> {
+        let role = RelayOptions {
             name: name.to_string(),
             sink: self.sink(sink),
             config: config.clone(),
@@ -165,11 +166,10 @@ impl Ctx<'_> {
     }
 
     /// Where a relay child delivers: one event after another, streams named for this run.
-    fn sink(&self, url: &str) -> SinkSpec {
-        SinkSpec {
-            url: url.to_string(),
-            in_flight: 1,
+    fn sink(&self, url: &str) -> SinkOptions {
+        SinkOptions {
             stream_prefix: self.redis.key_prefix().to_string(),
+            ..SinkOptions::new(url)
         }
     }
 

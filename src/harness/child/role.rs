@@ -19,8 +19,8 @@ use crate::ops::logging::{self, LogFormat};
 use crate::outbox::consumer::{self, ConsumerKind, Faults};
 use crate::outbox::crash::{self, CrashPlan};
 use crate::outbox::relay::cdc::{CdcConfig, CdcRelay};
-use crate::outbox::relay::{drive, Relay, RelayConfig, Until, Wakeup, RELAY_APPLICATION_NAME};
-use crate::outbox::sink::{HttpSink, Sink};
+use crate::outbox::relay::{drive, RelayConfig, RelayOptions, RELAY_APPLICATION_NAME};
+use crate::outbox::sink::{HttpSink, SinkOptions};
 use crate::outbox::stream_consumer::StreamWorker;
 use crate::outbox::writer::{self, DualWriteOrder, Ending};
 
@@ -76,7 +76,7 @@ macro_rules! roles {
 roles!(
     Writer(WriterRole) = "writer",
     NaiveApp(NaiveAppRole) = "naive-app",
-    Relay(RelayRole) = "relay",
+    Relay(RelayOptions) = "relay",
     CdcRelay(CdcRelayRole) = "cdc-relay",
     StreamWorker(StreamWorkerRole) = "stream-worker",
     Consumer(ConsumerRole) = "consumer",
@@ -124,44 +124,11 @@ pub struct NaiveAppRole {
     pub ending: Ending,
 }
 
-/// Where a relay delivers.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SinkSpec {
-    /// http://… (the consumer) or a Redis URL (a stream per aggregate type).
-    pub url: String,
-    /// Aggregates delivered to at once over HTTP.
-    pub in_flight: usize,
-    /// Before every stream name (the run's key prefix on an external Redis).
-    pub stream_prefix: String,
-}
-
-impl SinkSpec {
-    async fn connect(&self, config: &RelayConfig) -> Result<Sink> {
-        Sink::connect(
-            &self.url,
-            self.in_flight,
-            config.request_timeout,
-            &self.stream_prefix,
-        )
-        .await
-    }
-}
-
-/// The article's relay: drains the outbox and exits, or follows it until killed.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RelayRole {
-    pub name: String,
-    pub sink: SinkSpec,
-    pub config: RelayConfig,
-    /// Keep delivering until killed, waking up as this says.
-    pub follow: Option<Wakeup>,
-}
-
 /// The log-tailing relay: streams the outbox's INSERTs from a replication slot until killed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CdcRelayRole {
     pub name: String,
-    pub sink: SinkSpec,
+    pub sink: SinkOptions,
     /// Its retries (`max_attempts`, `backoff_base`) and request timeout.
     pub config: RelayConfig,
     pub slot: String,
@@ -218,24 +185,11 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             writer::dual_write(&mut client, &sink, customer_id, event_id, order, ending).await?;
             Ok(())
         }
-        Role::Relay(role) => {
-            let connection = relay_connection(&db, &role.name)?;
-            let sink = role.sink.connect(&role.config).await?;
-            let listen = matches!(role.follow, Some(Wakeup::Notify { .. }));
-            let until = match role.follow {
-                // Runs until the parent kills it.
-                Some(wakeup) => Until::Shutdown(wakeup),
-                None => Until::Drained {
-                    idle: role.config.idle_poll,
-                    deadline: role.config.deadline,
-                    once: None,
-                },
-            };
-            let mut relay =
-                Relay::connect(&connection, sink, role.config, &role.name, listen).await?;
-            drive(&mut relay, until, std::future::pending())
+        Role::Relay(options) => {
+            let mut relay = options.connect(&db.config()?).await?;
+            drive(&mut relay, options.until(), std::future::pending())
                 .await?
-                .or_gave_up(&role.name)
+                .or_gave_up(&options.name)
                 .map(drop)
         }
         Role::CdcRelay(role) => {
@@ -244,8 +198,9 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
                 backoff_base: role.config.backoff_base,
                 max_attempts: role.config.max_attempts as u32,
             };
-            let connection = relay_connection(&db, &role.name)?;
-            let sink = role.sink.connect(&role.config).await?;
+            let mut connection = db.config()?;
+            connection.application_name(format!("{RELAY_APPLICATION_NAME} {}", role.name));
+            let sink = role.sink.connect(role.config.request_timeout).await?;
             CdcRelay::connect(&connection, sink, config, Some(role.name))
                 .await?
                 .follow()
@@ -313,14 +268,6 @@ async fn write_orders(db: &Database, role: WriterRole) -> Result<()> {
         .await?;
     }
     Ok(())
-}
-
-/// The connection of relay `name`, named so that a scenario can find its session in
-/// pg_stat_activity.
-fn relay_connection(db: &Database, name: &str) -> Result<tokio_postgres::Config> {
-    let mut config = db.config()?;
-    config.application_name(format!("{RELAY_APPLICATION_NAME} {name}"));
-    Ok(config)
 }
 
 /// A consumer child prints `listening URL` once it serves; the parent reads that line.

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 use tracing::info;
 
-use crate::outbox::sink::DEFAULT_REQUEST_TIMEOUT;
+use crate::outbox::sink::{SinkOptions, DEFAULT_REQUEST_TIMEOUT};
 pub use polling::Relay;
 
 /// Relay children name their sessions `outbox-lab relay NAME` (`application_name`).
@@ -188,6 +188,54 @@ impl Default for RelayConfig {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             log_attempts: false,
         }
+    }
+}
+
+/// Everything a relay process is told — by `outbox-lab relay`'s flags, by a scenario (as a
+/// child's role), by explore: its name, where it delivers, how it behaves, how it wakes up.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RelayOptions {
+    /// Names it in log lines, metrics, leases and pg_stat_activity.
+    pub name: String,
+    pub sink: SinkOptions,
+    pub config: RelayConfig,
+    /// Keep delivering until stopped, waking up as this says; `None`: until drained.
+    pub follow: Option<Wakeup>,
+}
+
+impl RelayOptions {
+    /// Its connection settings: `db`, named `outbox-lab relay NAME` so that its session can be
+    /// found in pg_stat_activity.
+    pub fn connection(&self, db: &tokio_postgres::Config) -> tokio_postgres::Config {
+        let mut db = db.clone();
+        db.application_name(format!("{RELAY_APPLICATION_NAME} {}", self.name));
+        db
+    }
+
+    /// When [`drive`] stops it: drained (within the configured deadline), or never by itself.
+    pub fn until(&self) -> Until<'static> {
+        match self.follow {
+            Some(wakeup) => Until::Shutdown(wakeup),
+            None => Until::Drained {
+                idle: self.config.idle_poll,
+                deadline: self.config.deadline,
+                once: None,
+            },
+        }
+    }
+
+    /// The table relay these options describe, connected (LISTENing if it follows NOTIFY).
+    pub async fn connect(&self, db: &tokio_postgres::Config) -> Result<Relay> {
+        let sink = self.sink.connect(self.config.request_timeout).await?;
+        let listen = matches!(self.follow, Some(Wakeup::Notify { .. }));
+        Relay::connect(
+            &self.connection(db),
+            sink,
+            self.config.clone(),
+            &self.name,
+            listen,
+        )
+        .await
     }
 }
 
