@@ -10,6 +10,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use clap_complete::Shell;
 use tokio::signal::unix::{signal, SignalKind};
 
+use crate::error::{exit, Error};
 use crate::explore::checker;
 use crate::explore::designs::Invariant;
 use crate::explore::{self, ExploreArgs};
@@ -31,18 +32,6 @@ use crate::report::html;
 use crate::report::progress::Progress;
 use crate::report::{self, Report, Table};
 use crate::scenarios::{self, Overrides, Scenario};
-
-/// Exit statuses, in one place.
-pub mod exit {
-    /// Every check passed.
-    pub const OK: u8 = 0;
-    /// The run worked and a check failed: the article's figure was not reproduced.
-    pub const CHECK_FAILED: u8 = 1;
-    /// Bad input or a broken environment: nothing was measured.
-    pub const USAGE: u8 = 2;
-    /// Stopped by Ctrl-C or SIGTERM (after cleaning up).
-    pub const INTERRUPTED: u8 = 130;
-}
 
 const EXAMPLES: &str = "\
 Examples:
@@ -323,11 +312,6 @@ impl Cli {
         matches!(self.command, Command::Child(_))
     }
 }
-
-/// An error that ends the run with its own exit status.
-#[derive(Debug, thiserror::Error)]
-#[error("interrupted by {0}; cleaned up")]
-pub struct Interrupted(&'static str);
 
 pub async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
@@ -677,11 +661,11 @@ pub async fn on_server<T>(
     };
     let server = tokio::select! {
         server = PgServer::open(&choice, run_id) => server?,
-        by = interrupted() => return Err(Interrupted(by).into()),
+        by = interrupted() => return Err(Error::Interrupted(by).into()),
     };
     let outcome = tokio::select! {
         outcome = work(&server) => outcome,
-        by = interrupted() => Err(Interrupted(by).into()),
+        by = interrupted() => Err(Error::Interrupted(by).into()),
     };
     let closed = server.close().await;
     let outcome = outcome?;
@@ -723,19 +707,5 @@ async fn interrupted() -> &'static str {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => "SIGINT",
         _ = term.recv() => "SIGTERM",
-    }
-}
-
-/// The message of an error, cause chain included, on one line.
-pub fn one_line(error: &anyhow::Error) -> String {
-    format!("{error:#}").replace('\n', " ")
-}
-
-/// Maps an error to its exit status.
-pub fn exit_status(error: &anyhow::Error) -> u8 {
-    if error.downcast_ref::<Interrupted>().is_some() {
-        exit::INTERRUPTED
-    } else {
-        exit::USAGE
     }
 }

@@ -22,7 +22,8 @@ use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use serde_json::json;
 
-use crate::cmd::{self, exit, Format, RunArgs};
+use crate::cmd::{self, Format, RunArgs};
+use crate::error::exit;
 use crate::harness::db::PgServer;
 use crate::judge::expectations::CheckResult;
 use crate::report::html;
