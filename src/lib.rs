@@ -11,7 +11,7 @@
 //! - [`explore`]: every crash point against every design, judged by an invariant checker.
 //! - [`report`]: tables, JSON/CSV, the report page and its plots, comparisons.
 //! - [`ops`]: the actors as long-running processes, and outbox housekeeping.
-//! - [`cmd`]: the command line, one function per subcommand.
+//! - [`cmd`]: the command line, one file per subcommand.
 //! - [`error`]: the typed errors that end a command, and every exit status.
 //!
 //! One scenario's path: `cmd` parses `scenario relay-crash`; `scenarios` loads its TOML, asks
