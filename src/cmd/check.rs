@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 
+use super::outln;
 use crate::error::exit;
 use crate::explore::checker;
 use crate::explore::designs::Invariant;
@@ -40,14 +41,14 @@ pub async fn run(database_url: &str) -> Result<ExitCode> {
             first.join(", "),
         ]);
     }
-    println!("{}", table.render());
+    outln!("{}", table.render())?;
     if undelivered > 0 {
-        println!(
+        outln!(
             "{undelivered} outbox rows are not delivered yet: they count as lost until they are"
-        );
+        )?;
     }
     Ok(ExitCode::from(if violations.is_empty() {
-        println!("clean: no ghost, lost, duplicate or out-of-order shipment");
+        outln!("clean: no ghost, lost, duplicate or out-of-order shipment")?;
         exit::OK
     } else {
         exit::CHECK_FAILED

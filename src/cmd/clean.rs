@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
+use super::outln;
 use crate::error::exit;
 use crate::harness::{db, throwaway};
 
@@ -11,19 +12,19 @@ use crate::harness::{db, throwaway};
 pub async fn run(database_url: Option<&str>) -> Result<ExitCode> {
     for cleaned in throwaway::clean() {
         match cleaned {
-            throwaway::Cleaned::Removed(dir) => println!("removed {}", dir.display()),
+            throwaway::Cleaned::Removed(dir) => outln!("removed {}", dir.display())?,
             throwaway::Cleaned::InUse(dir) => {
-                println!("left {}: its run is still going", dir.display())
+                outln!("left {}: its run is still going", dir.display())?
             }
-            throwaway::Cleaned::Left(dir, why) => println!("left {}: {why}", dir.display()),
+            throwaway::Cleaned::Left(dir, why) => outln!("left {}: {why}", dir.display())?,
         }
     }
     if let Some(url) = database_url {
         for cleaned in db::clean_databases(url).await? {
             match cleaned {
-                db::CleanedDatabase::Dropped(name) => println!("dropped database {name}"),
+                db::CleanedDatabase::Dropped(name) => outln!("dropped database {name}")?,
                 db::CleanedDatabase::InUse(name) => {
-                    println!("left database {name}: its run is still going, or it is in use")
+                    outln!("left database {name}: its run is still going, or it is in use")?
                 }
             }
         }

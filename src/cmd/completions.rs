@@ -8,17 +8,13 @@ use clap::CommandFactory;
 use clap_complete::Shell;
 
 use super::Cli;
-use crate::error::exit;
+use crate::error::{self, exit};
 
-/// The script goes through a buffer: clap_complete panics on a write error, and a reader that
-/// stops early (`| head`) is not an error.
+/// The script goes through a buffer: clap_complete panics on a write error; ours is returned,
+/// and a reader that stops early (`| head`) is not an error.
 pub fn run(shell: Shell) -> Result<ExitCode> {
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), "outbox-lab", &mut script);
-    match std::io::stdout().write_all(&script) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(anyhow::Error::new(e).context("cannot write the completion script"))
-        }
-        _ => Ok(ExitCode::from(exit::OK)),
-    }
+    error::stdout_write(std::io::stdout().write_all(&script))?;
+    Ok(ExitCode::from(exit::OK))
 }

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
+use super::outln;
 use crate::error::exit;
 use crate::outbox::crash::CrashPoint;
 use crate::report::Table;
@@ -21,7 +22,7 @@ pub fn run() -> Result<ExitCode> {
             point.meaning().into(),
         ]);
     }
-    println!("{}", table.render());
-    println!("\nA child dies there with _exit(1) when started with --crash-at NAME@N (N-th pass).");
+    outln!("{}", table.render())?;
+    outln!("\nA child dies there with _exit(1) when started with --crash-at NAME@N (N-th pass).")?;
     Ok(ExitCode::from(exit::OK))
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Args;
 
-use super::{Format, RunArgs};
+use super::{outln, Format, RunArgs};
 use crate::error::exit;
 use crate::explore::{self, history, Options, Plan};
 use crate::harness::db::PgServer;
@@ -118,9 +118,9 @@ pub async fn run(args: ExploreArgs) -> Result<ExitCode> {
     report.write_files(&results_dir)?;
     html::write(&results_dir, std::slice::from_ref(&report))?;
     match args.run.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Format::Json => outln!("{}", serde_json::to_string_pretty(&report)?)?,
         Format::Text => {
-            println!("{}", explore::render_text(&report));
+            outln!("{}", explore::render_text(&report))?;
             eprintln!(
                 "results, histories and report.html written to {}",
                 results_dir.display()

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
+use super::outln;
 use crate::error::exit;
 use crate::scenarios::Scenario;
 
@@ -18,13 +19,13 @@ pub fn run() -> Result<ExitCode> {
     for spec in &specs {
         if section != Some(&spec.section) {
             if section.is_some() {
-                println!();
+                outln!()?;
             }
-            println!("{}", spec.section);
+            outln!("{}", spec.section)?;
             section = Some(&spec.section);
         }
-        println!("  {:width$}  {}", spec.name, spec.summary);
+        outln!("  {:width$}  {}", spec.name, spec.summary)?;
     }
-    println!("\nRun one with `outbox-lab scenario NAME`, or all with `outbox-lab scenario all`.");
+    outln!("\nRun one with `outbox-lab scenario NAME`, or all with `outbox-lab scenario all`.")?;
     Ok(ExitCode::from(exit::OK))
 }

@@ -1,6 +1,9 @@
 //! The command line: the clap [`Cli`], the argument groups the subcommands share, and the
 //! dispatch to one file per subcommand. Exit statuses and the errors that choose them are in
 //! [`crate::error`]; a run's server and its Ctrl-C handling in [`crate::harness::run`].
+//!
+//! Everything a command prints on stdout goes through [`outln!`]: a reader that stops early
+//! (`outbox-lab list | head -1`) ends the command quietly with status 0 instead of a panic.
 
 mod check;
 mod child;
@@ -17,6 +20,7 @@ mod report;
 mod requeue;
 mod scenario;
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -24,9 +28,22 @@ use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use clap_complete::Shell;
 
+use crate::error;
 use crate::harness::child::ChildArgs;
 use crate::harness::db::ServerChoice;
 use crate::report::Report;
+
+/// `println!` that returns its error instead of panicking: `outln!("{x}")?`. A closed stdout
+/// (`| head`) is [`error::Error::StdoutClosed`], a quiet exit 0.
+macro_rules! outln {
+    () => {
+        $crate::cmd::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::cmd::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+use outln;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -228,6 +245,11 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Clean { database_url } => clean::run(database_url.as_deref()).await,
         Command::Child(args) => child::run(args).await,
     }
+}
+
+/// Writes to stdout, as `print!` does, but returns the error (see [`outln!`]).
+pub fn write_stdout(text: std::fmt::Arguments) -> Result<()> {
+    error::stdout_write(std::io::stdout().lock().write_fmt(text))
 }
 
 /// The run's summary table and its count of passed checks.

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Args;
 
+use super::outln;
 use crate::error::exit;
 use crate::harness::db;
 use crate::ops::partitions::{self, Action, Age};
@@ -33,19 +34,20 @@ pub async fn run(args: PruneArgs) -> Result<ExitCode> {
     let mut client = db::connect(&db::parse_url(&args.database_url)?).await?;
     let pruned = partitions::prune(&mut client, &args.table, older_than, args.dry_run).await?;
     if pruned.is_empty() {
-        println!(
+        outln!(
             "nothing to prune: no partition of {} ended {} ago or earlier",
-            args.table, args.older_than
-        );
+            args.table,
+            args.older_than
+        )?;
     }
     for p in &pruned {
         match p.action {
             Action::Kept => eprintln!("outbox-lab: warning: {p}"),
-            _ => println!("{p}"),
+            _ => outln!("{p}")?,
         }
     }
     if args.dry_run {
-        println!("dry run: nothing was changed");
+        outln!("dry run: nothing was changed")?;
     }
     Ok(ExitCode::from(exit::OK))
 }

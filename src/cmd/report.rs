@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use super::summary;
+use super::{outln, summary};
 use crate::error::exit;
 use crate::report::{self, html};
 
@@ -13,9 +13,9 @@ use crate::report::{self, html};
 pub fn run(dir: &Path) -> Result<ExitCode> {
     let reports = report::read_run(dir)?;
     for report in &reports {
-        println!("{}", report.render_text());
+        outln!("{}", report.render_text())?;
     }
-    println!("{}", summary(&reports));
+    outln!("{}", summary(&reports))?;
     let page = html::write(dir, &reports)?;
     eprintln!("page written to {}", page.display());
     Ok(ExitCode::from(exit::OK))

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Args;
 
-use super::{summary, Format, RunArgs};
+use super::{outln, summary, Format, RunArgs};
 use crate::error::exit;
 use crate::harness::db::PgServer;
 use crate::harness::redis_server::Redis;
@@ -89,7 +89,7 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
                 let report = scenarios::run(server, &redis, p, &progress).await?;
                 report.write_files(&results)?;
                 if args.run.format == Format::Text {
-                    progress.suspend(|| println!("{}", report.render_text()));
+                    progress.suspend(|| outln!("{}", report.render_text()))?;
                 }
                 reports.push(report);
                 // After every scenario: a run stopped halfway still leaves a page of what it has.
@@ -108,19 +108,19 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
     let passed = reports.iter().all(Report::passed);
     match args.run.format {
         Format::Json if reports.len() == 1 => {
-            println!("{}", serde_json::to_string_pretty(&reports[0])?)
+            outln!("{}", serde_json::to_string_pretty(&reports[0])?)?
         }
-        Format::Json => println!(
+        Format::Json => outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
                 "run_id": run_id,
                 "passed": passed,
                 "scenarios": reports,
             }))?
-        ),
+        )?,
         Format::Text => {
             if reports.len() > 1 {
-                println!("{}", summary(&reports));
+                outln!("{}", summary(&reports))?;
             }
             if !args.quiet {
                 eprintln!(
