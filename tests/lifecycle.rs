@@ -43,15 +43,17 @@ fn alive(pid: i32) -> bool {
 }
 
 /// Processes whose environment mentions `needle` (our children are handed the cluster's
-/// address, its socket directory, in theirs).
+/// address, its socket directory, in theirs), as it is or percent-encoded as in a URL.
 fn processes_mentioning(needle: &str) -> Vec<i32> {
+    let encoded = needle.replace('/', "%2F");
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
             let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-            String::from_utf8_lossy(&environ).contains(needle)
+            let environ = String::from_utf8_lossy(&environ);
+            environ.contains(needle) || environ.contains(&encoded)
         })
         .collect()
 }
