@@ -8,7 +8,7 @@ use anyhow::Result;
 use clap::Args;
 
 use super::{outln, Format, RunArgs};
-use crate::error::exit;
+use crate::error::{self, exit};
 use crate::explore::{self, history, Options, Plan};
 use crate::harness::db::PgServer;
 use crate::harness::run::{new_run_id, on_server};
@@ -32,7 +32,8 @@ Designs: dual-write-commit-first, dual-write-send-first, outbox-naive, outbox-id
 outbox-idempotent-ordered, and the deliberately broken watermark-relay, mark-before-send,
 multi-relay-unpartitioned.
 
-Exit status: 0 every design holds what it claims, 1 a design violated a claim, 2 bad input.";
+Exit status: 0 every design holds what it claims, 1 a design violated a claim, 2 bad input,
+3 the harness failed mid-run.";
 
 #[derive(Debug, Args)]
 pub struct ExploreArgs {
@@ -90,7 +91,9 @@ pub async fn run(args: ExploreArgs) -> Result<ExitCode> {
             let clock = Instant::now();
             let mut results = Vec::new();
             for design in &plan.designs {
-                let result = explore::explore_design(server, &plan, design, text).await?;
+                let result = explore::explore_design(server, &plan, design, text)
+                    .await
+                    .map_err(error::harness)?;
                 history::save(&results_dir, design.name, &result.runs)?;
                 results.push(result);
             }

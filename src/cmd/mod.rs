@@ -84,7 +84,8 @@ Every run writes results/<run-id>/: <scenario>.json, a CSV per table, and report
 page with every table, check and plot). Progress bars appear on stderr only when it is a
 terminal, and never with --quiet or --format json.
 
-Exit status: 0 every check passed, 1 a check failed, 2 bad input or environment.")]
+Exit status: 0 every check passed, 1 a check failed, 2 bad input or environment, 3 the harness
+failed mid-run.")]
     Scenario(scenario::ScenarioArgs),
     /// Every crash point against every design, judged by an invariant checker.
     #[command(after_help = explore::EXAMPLES)]

@@ -7,7 +7,7 @@ use anyhow::Result;
 use clap::Args;
 
 use super::{outln, summary, Format, RunArgs};
-use crate::error::exit;
+use crate::error::{self, exit};
 use crate::harness::db::PgServer;
 use crate::harness::redis_server::Redis;
 use crate::harness::run::{new_run_id, on_server};
@@ -86,7 +86,9 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
             let bar = progress.bar(prepared.len() as u64, "scenarios");
             for p in &prepared {
                 bar.set_message(p.scenario().name());
-                let report = scenarios::run(server, &redis, p, &progress).await?;
+                let report = scenarios::run(server, &redis, p, &progress)
+                    .await
+                    .map_err(error::harness)?;
                 report.write_files(&results)?;
                 if args.run.format == Format::Text {
                     progress.suspend(|| outln!("{}", report.render_text()))?;
@@ -103,7 +105,7 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
     .await;
     let closed = redis.close().await;
     let reports = outcome?;
-    closed?;
+    closed.map_err(error::harness)?;
 
     let passed = reports.iter().all(Report::passed);
     match args.run.format {

@@ -5,7 +5,7 @@
 use anyhow::Result;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::error::Error;
+use crate::error::{self, Error};
 use crate::harness::db::{PgServer, ServerChoice};
 
 /// A run's id: when it started (UTC) and which process ran it, e.g. `20261202-153635-38f9`.
@@ -18,7 +18,8 @@ pub fn new_run_id() -> String {
 }
 
 /// Opens the run's server, does `work` on it, and closes it (dropping what the run created),
-/// also when Ctrl-C or SIGTERM ends the work.
+/// also when Ctrl-C or SIGTERM ends the work. A server that cannot be closed is a harness
+/// failure: it worked when the run began.
 pub async fn on_server<T>(
     choice: &ServerChoice<'_>,
     run_id: &str,
@@ -34,7 +35,7 @@ pub async fn on_server<T>(
     };
     let closed = server.close().await;
     let outcome = outcome?;
-    closed?;
+    closed.map_err(error::harness)?;
     Ok(outcome)
 }
 
