@@ -11,13 +11,15 @@
 //! - [`explore`]: every crash point against every design, judged by an invariant checker.
 //! - [`report`]: tables, JSON/CSV, the report page and its plots, comparisons.
 //! - [`ops`]: the actors as long-running processes, and outbox housekeeping.
-//! - [`cmd`]: the command line, one function per subcommand.
+//! - [`cmd`]: the command line, one file per subcommand.
+//! - [`error`]: the typed errors that end a command, and every exit status.
 //!
 //! One scenario's path: `cmd` parses `scenario relay-crash`; `scenarios` loads its TOML, asks
 //! `harness` for a database, starts `outbox` actors as child processes that die at a crash
 //! point, `judge` counts the damage with SQL, and `report` prints and stores the result.
 
 pub mod cmd;
+pub mod error;
 pub mod explore;
 pub mod harness;
 pub mod judge;

@@ -2,6 +2,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use outbox_lab::cmd::{self, Cli};
+use outbox_lab::error::{self, exit};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -14,14 +15,18 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("outbox-lab: error: cannot start the async runtime: {e}");
-            return ExitCode::from(cmd::exit::USAGE);
+            return ExitCode::from(exit::USAGE);
         }
     };
     match runtime.block_on(cmd::run(cli)) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("outbox-lab: error: {}", cmd::one_line(&error));
-            ExitCode::from(cmd::exit_status(&error))
+            let status = error::exit_status(&error);
+            // A reader that stopped early (`| head`) is no failure: nothing to say.
+            if status != exit::OK {
+                eprintln!("outbox-lab: error: {}", error::one_line(&error));
+            }
+            ExitCode::from(status)
         }
     }
 }

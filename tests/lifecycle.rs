@@ -57,8 +57,13 @@ fn processes_mentioning(needle: &str) -> Vec<i32> {
 }
 
 /// Starts a long scenario on its own cluster, waits until it is under way, and returns the child, its cluster directory and the postmaster's pid.
-#[allow(clippy::zombie_processes)] // returned to the caller, which waits for it
 fn start_long_run() -> (Child, PathBuf, i32) {
+    start_long_run_with(Stdio::null())
+}
+
+/// [`start_long_run`], with its stderr going to `stderr`.
+#[allow(clippy::zombie_processes)] // returned to the caller, which waits for it
+fn start_long_run_with(stderr: Stdio) -> (Child, PathBuf, i32) {
     let results = scratch_dir("lifecycle-long");
     let mut child = outbox_lab()
         .args([
@@ -70,7 +75,7 @@ fn start_long_run() -> (Child, PathBuf, i32) {
         ])
         .arg(&results)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let started = Instant::now();
@@ -205,5 +210,20 @@ fn cluster_of_a_killed_run_is_removed_by_the_next_run() {
         wait_gone(postmaster),
         "postmaster {postmaster} of the killed run still running"
     );
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}
+
+/// The server going away mid-run is a harness failure, not bad input: exit 3, one line on
+/// stderr, and the run's directory is still removed.
+#[test]
+fn server_gone_mid_run_exits_3() {
+    let (mut child, dir, postmaster) = start_long_run_with(Stdio::piped());
+    kill(Pid::from_raw(postmaster), Signal::SIGKILL).unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "not one line: {stderr}");
+    assert!(stderr.contains("outbox-lab: error: "), "{stderr}");
     assert!(!dir.exists(), "{} left behind", dir.display());
 }

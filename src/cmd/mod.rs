@@ -1,48 +1,49 @@
-//! The command line: parsing (clap), and one function per subcommand.
+//! The command line: the clap [`Cli`], the argument groups the subcommands share, and the
+//! dispatch to one file per subcommand. Exit statuses and the errors that choose them are in
+//! [`crate::error`]; a run's server and its Ctrl-C handling in [`crate::harness::run`].
+//!
+//! Everything a command prints on stdout goes through [`outln!`]: a reader that stops early
+//! (`outbox-lab list | head -1`) ends the command quietly with status 0 instead of a panic.
+
+mod check;
+mod child;
+mod clean;
+mod compare;
+mod completions;
+mod consumer;
+mod crash_points;
+mod explore;
+mod list;
+mod prune;
+mod relay;
+mod report;
+mod requeue;
+mod scenario;
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use anyhow::{bail, Result};
-use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use clap_complete::Shell;
-use tokio::signal::unix::{signal, SignalKind};
 
-use crate::explore::checker;
-use crate::explore::designs::Invariant;
-use crate::explore::{self, ExploreArgs};
-use crate::harness::child::{self, ChildArgs};
-use crate::harness::db::{self, PgServer, ServerChoice};
-use crate::harness::redis_server::Redis;
-use crate::harness::throwaway;
-use crate::judge::counts;
-use crate::ops::logging::{self, LogFormat};
-use crate::ops::partitions::{self, Action, Age};
-use crate::ops::standalone::{self, RelayOptions};
-use crate::outbox::consumer::ConsumerKind;
-use crate::outbox::crash::CrashPoint;
-use crate::outbox::relay;
-use crate::outbox::relay::{Partition, RelayConfig, Wakeup};
-use crate::outbox::schema;
-use crate::report::compare;
-use crate::report::html;
-use crate::report::progress::Progress;
-use crate::report::{self, Report, Table};
-use crate::scenarios::{self, Overrides, Scenario};
+use crate::error;
+use crate::harness::child::ChildArgs;
+use crate::harness::db::ServerChoice;
+use crate::report::Report;
 
-/// Exit statuses, in one place.
-pub mod exit {
-    /// Every check passed.
-    pub const OK: u8 = 0;
-    /// The run worked and a check failed: the article's figure was not reproduced.
-    pub const CHECK_FAILED: u8 = 1;
-    /// Bad input or a broken environment: nothing was measured.
-    pub const USAGE: u8 = 2;
-    /// Stopped by Ctrl-C or SIGTERM (after cleaning up).
-    pub const INTERRUPTED: u8 = 130;
+/// `println!` that returns its error instead of panicking: `outln!("{x}")?`. A closed stdout
+/// (`| head`) is [`error::Error::StdoutClosed`], a quiet exit 0.
+macro_rules! outln {
+    () => {
+        $crate::cmd::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::cmd::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
 }
+use outln;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -83,11 +84,12 @@ Every run writes results/<run-id>/: <scenario>.json, a CSV per table, and report
 page with every table, check and plot). Progress bars appear on stderr only when it is a
 terminal, and never with --quiet or --format json.
 
-Exit status: 0 every check passed, 1 a check failed, 2 bad input or environment.")]
-    Scenario(ScenarioArgs),
+Exit status: 0 every check passed, 1 a check failed, 2 bad input or environment, 3 the harness
+failed mid-run.")]
+    Scenario(scenario::ScenarioArgs),
     /// Every crash point against every design, judged by an invariant checker.
     #[command(after_help = explore::EXAMPLES)]
-    Explore(ExploreArgs),
+    Explore(explore::ExploreArgs),
     /// Print a saved run's tables again and rewrite its report.html, without rerunning anything.
     #[command(after_help = "Example:
   outbox-lab report results/20261202-153635-38f9
@@ -137,13 +139,13 @@ Exit status: 0 every check passed, 1 a check failed, 2 bad input or environment.
 A partition is pruned when its whole range ends at least that long ago (3d, 12h, 90m, 30s).
 Each one is checked first (SELECT count(*) ... WHERE published_at IS NULL, under a lock);
 exit status 0 even when one is kept: kept partitions are reported on stderr.")]
-    Prune(PruneArgs),
+    Prune(prune::PruneArgs),
     /// Run a relay against your own database until SIGTERM or Ctrl-C (it finishes its batch).
     #[command(after_help = "Examples:
   outbox-lab relay --database-url postgres://user@host/shop --sink http://10.0.0.5:8080
   outbox-lab relay --database-url postgres://user@host/shop --sink redis://10.0.0.6:6379 \\
       --mode notify --partition 0/2 --metrics-listen 0.0.0.0:9187 --log-format json")]
-    Relay(RelayArgs),
+    Relay(relay::RelayArgs),
     /// Judge a database that relays and consumers worked on: ghost, lost, duplicate and
     /// out-of-order shipments, with the offending ids (exit 1 if any).
     #[command(
@@ -159,7 +161,7 @@ exit status 0 even when one is kept: kept partitions are reported on stderr.")]
     #[command(after_help = "Example:
   outbox-lab consumer --listen 0.0.0.0:8080 --database-url postgres://user@host/shipping \\
       --idempotent --create-schema")]
-    Consumer(ConsumerArgs),
+    Consumer(consumer::ConsumerArgs),
     /// Stop and remove throwaway servers left behind (--keep, or a killed run); with
     /// --database-url, drop the outboxlab_ databases of runs that are no longer alive.
     #[command(
@@ -180,68 +182,6 @@ Examples:
     /// A component in a child process (used by the scenarios).
     #[command(hide = true)]
     Child(ChildArgs),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum RelayMode {
-    /// Poll every --interval-ms.
-    Poll,
-    /// LISTEN for the outbox trigger's NOTIFY; poll every --interval-ms anyway (a fallback).
-    Notify,
-}
-
-#[derive(Debug, Args)]
-struct RelayArgs {
-    /// The database with the outbox table.
-    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
-    database_url: String,
-    /// http://HOST:PORT (an outbox-lab consumer, POST /events) or redis://HOST:PORT (streams
-    /// outbox.event.<aggregate_type>).
-    #[arg(long)]
-    sink: String,
-    #[arg(long, value_enum, default_value = "poll")]
-    mode: RelayMode,
-    /// The poll interval, or the fallback poll with --mode notify.
-    #[arg(long, default_value_t = 1000)]
-    interval_ms: u64,
-    /// i/N: only aggregates with abs(hashtext(aggregate_id)) % N = i (N relays, one each).
-    #[arg(long)]
-    partition: Option<Partition>,
-    /// Hold an aggregate's later events back while an earlier one is undelivered.
-    #[arg(long)]
-    guard: bool,
-    /// Rows per fetch.
-    #[arg(long, default_value_t = 100)]
-    batch: i64,
-    /// Aggregates delivered to at once over HTTP (per-aggregate order holds).
-    #[arg(long, default_value_t = 1)]
-    in_flight: usize,
-    /// Names the relay in logs, metrics and pg_stat_activity.
-    #[arg(long, default_value = "0")]
-    name: String,
-    /// Serve Prometheus metrics on ADDR/metrics.
-    #[arg(long)]
-    metrics_listen: Option<std::net::SocketAddr>,
-    #[arg(long, value_enum, default_value = "text")]
-    log_format: LogFormat,
-}
-
-#[derive(Debug, Args)]
-struct ConsumerArgs {
-    /// Where to serve POST /events (port 0: any free port, printed at start).
-    #[arg(long)]
-    listen: std::net::SocketAddr,
-    /// The database with the consumer's tables (schema consumer).
-    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
-    database_url: String,
-    /// Ship each event once, however often it arrives (dedup by event_id).
-    #[arg(long)]
-    idempotent: bool,
-    /// Create the consumer's tables if they are missing.
-    #[arg(long)]
-    create_schema: bool,
-    #[arg(long, value_enum, default_value = "text")]
-    log_format: LogFormat,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -270,50 +210,15 @@ pub struct RunArgs {
     pub results_dir: PathBuf,
 }
 
-#[derive(Debug, Args)]
-struct ScenarioArgs {
-    /// Scenario name (see `outbox-lab list`), or `all`.
-    name: String,
-    #[command(flatten)]
-    run: RunArgs,
-    /// Use this Redis instead of a private redis-server; outbox-lab only touches keys named
-    /// outboxlab:<run>:* there.
-    #[arg(long, env = "OUTBOX_LAB_REDIS_URL")]
-    redis_url: Option<String>,
-    /// Read scenario files from this directory instead of the built-in copies.
-    #[arg(long)]
-    scenarios_dir: Option<PathBuf>,
-    /// No progress bars and no note on stderr where the results went; errors still show.
-    #[arg(long, short)]
-    quiet: bool,
-    /// Set a scenario parameter (see its file in scenarios/), e.g. --set orders=10; repeatable.
-    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_assignment)]
-    set: Vec<(String, toml::Value)>,
-    /// A shorter run with the scenario file's [quick] parameters.
-    #[arg(long)]
-    quick: bool,
-    /// relay-crash: number of events.
-    #[arg(long)]
-    events: Option<u32>,
-    /// relay-crash: the first relay dies after this many deliveries.
-    #[arg(long)]
-    crash_after: Option<u32>,
-}
-
-#[derive(Debug, Args)]
-struct PruneArgs {
-    /// The database of the partitioned outbox.
-    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
-    database_url: String,
-    /// Prune partitions whose range ended at least this long ago: 3d, 12h, 90m, 30s.
-    #[arg(long, value_name = "AGE")]
-    older_than: String,
-    /// The partitioned outbox (daily RANGE partitions on created_at, as the article's).
-    #[arg(long, default_value = "outbox_p")]
-    table: String,
-    /// Say what would be dropped and kept; change nothing.
-    #[arg(long)]
-    dry_run: bool,
+impl RunArgs {
+    /// The server this run works on.
+    fn server_choice(&self) -> ServerChoice<'_> {
+        ServerChoice {
+            database_url: self.database_url.as_deref(),
+            pg_bin: self.pg_bin.as_deref(),
+            keep: self.keep,
+        }
+    }
 }
 
 impl Cli {
@@ -324,418 +229,39 @@ impl Cli {
     }
 }
 
-/// An error that ends the run with its own exit status.
-#[derive(Debug, thiserror::Error)]
-#[error("interrupted by {0}; cleaned up")]
-pub struct Interrupted(&'static str);
-
 pub async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::List => list(),
-        Command::Scenario(args) => scenario(args).await,
-        Command::Explore(args) => explore::command(args).await,
-        Command::Check { database_url } => check(&database_url).await,
-        Command::Report { dir } => report(&dir),
-        Command::Compare { a, b } => compare(&a, &b),
-        Command::Completions { shell } => completions(shell),
-        Command::CrashPoints => crash_points(),
-        Command::Requeue { database_url } => requeue(&database_url).await,
-        Command::Prune(args) => prune(args).await,
-        Command::Relay(args) => {
-            logging::init(args.log_format);
-            let interval = Duration::from_millis(args.interval_ms);
-            let options = RelayOptions {
-                database_url: args.database_url,
-                sink: args.sink,
-                name: args.name,
-                wakeup: match args.mode {
-                    RelayMode::Poll => Wakeup::Poll(interval),
-                    RelayMode::Notify => Wakeup::Notify { fallback: interval },
-                },
-                config: RelayConfig {
-                    batch: args.batch,
-                    partition: args.partition,
-                    head_of_line_guard: args.guard,
-                    ..RelayConfig::default()
-                },
-                in_flight: args.in_flight,
-                stream_prefix: String::new(),
-                metrics_listen: args.metrics_listen,
-            };
-            standalone::run_relay(options, async {
-                interrupted().await;
-            })
-            .await?;
-            Ok(ExitCode::from(exit::OK))
-        }
-        Command::Consumer(args) => {
-            logging::init(args.log_format);
-            let kind = if args.idempotent {
-                ConsumerKind::Idempotent
-            } else {
-                ConsumerKind::Naive
-            };
-            let shutdown = async {
-                interrupted().await;
-            };
-            standalone::run_consumer(
-                &args.database_url,
-                args.listen,
-                kind,
-                args.create_schema,
-                shutdown,
-            )
-            .await?;
-            Ok(ExitCode::from(exit::OK))
-        }
-        Command::Clean { database_url } => clean(database_url.as_deref()).await,
-        Command::Child(args) => {
-            child::run_role(args).await?;
-            Ok(ExitCode::from(exit::OK))
-        }
+        Command::List => list::run(),
+        Command::Scenario(args) => scenario::run(args).await,
+        Command::Explore(args) => explore::run(args).await,
+        Command::Check { database_url } => check::run(&database_url).await,
+        Command::Report { dir } => report::run(&dir),
+        Command::Compare { a, b } => compare::run(&a, &b),
+        Command::Completions { shell } => completions::run(shell),
+        Command::CrashPoints => crash_points::run(),
+        Command::Requeue { database_url } => requeue::run(&database_url).await,
+        Command::Prune(args) => prune::run(args).await,
+        Command::Relay(args) => relay::run(args).await,
+        Command::Consumer(args) => consumer::run(args).await,
+        Command::Clean { database_url } => clean::run(database_url.as_deref()).await,
+        Command::Child(args) => child::run(args).await,
     }
 }
 
-/// `outbox-lab clean`: what was removed, and what was left and why.
-async fn clean(database_url: Option<&str>) -> Result<ExitCode> {
-    for cleaned in throwaway::clean() {
-        match cleaned {
-            throwaway::Cleaned::Removed(dir) => println!("removed {}", dir.display()),
-            throwaway::Cleaned::InUse(dir) => {
-                println!("left {}: its run is still going", dir.display())
-            }
-            throwaway::Cleaned::Left(dir, why) => println!("left {}: {why}", dir.display()),
-        }
-    }
-    if let Some(url) = database_url {
-        for cleaned in db::clean_databases(url).await? {
-            match cleaned {
-                db::CleanedDatabase::Dropped(name) => println!("dropped database {name}"),
-                db::CleanedDatabase::InUse(name) => {
-                    println!("left database {name}: its run is still going, or it is in use")
-                }
-            }
-        }
-    }
-    Ok(ExitCode::from(exit::OK))
-}
-
-/// The scenarios under the article's section headings, in the article's order.
-fn list() -> Result<ExitCode> {
-    let specs = Scenario::ALL
-        .iter()
-        .map(|s| s.spec(None))
-        .collect::<Result<Vec<_>>>()?;
-    let width = specs.iter().map(|s| s.name.len()).max().unwrap_or(0);
-    let mut section = None;
-    for spec in &specs {
-        if section != Some(&spec.section) {
-            if section.is_some() {
-                println!();
-            }
-            println!("{}", spec.section);
-            section = Some(&spec.section);
-        }
-        println!("  {:width$}  {}", spec.name, spec.summary);
-    }
-    println!("\nRun one with `outbox-lab scenario NAME`, or all with `outbox-lab scenario all`.");
-    Ok(ExitCode::from(exit::OK))
-}
-
-/// The script goes through a buffer: clap_complete panics on a write error, and a reader that
-/// stops early (`| head`) is not an error.
-fn completions(shell: Shell) -> Result<ExitCode> {
-    let mut script = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), "outbox-lab", &mut script);
-    match std::io::stdout().write_all(&script) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(anyhow::Error::new(e).context("cannot write the completion script"))
-        }
-        _ => Ok(ExitCode::from(exit::OK)),
-    }
-}
-
-fn report(dir: &Path) -> Result<ExitCode> {
-    let reports = report::read_run(dir)?;
-    for report in &reports {
-        println!("{}", report.render_text());
-    }
-    println!("{}", summary(&reports));
-    let page = html::write(dir, &reports)?;
-    eprintln!("page written to {}", page.display());
-    Ok(ExitCode::from(exit::OK))
-}
-
-fn compare(a: &Path, b: &Path) -> Result<ExitCode> {
-    let (runs_a, runs_b) = (report::read_run(a)?, report::read_run(b)?);
-    println!("A = {}\nB = {}\n", a.display(), b.display());
-    for table in compare::compare(&runs_a, &runs_b) {
-        println!("{}\n{}\n", table.title, table.render());
-    }
-    Ok(ExitCode::from(exit::OK))
-}
-
-fn crash_points() -> Result<ExitCode> {
-    let mut table = Table::new(
-        "crash points",
-        &["crash point", "in", "a crash there leaves"],
-    );
-    for point in CrashPoint::ALL {
-        table.push(vec![
-            point.name().into(),
-            point.location().into(),
-            point.meaning().into(),
-        ]);
-    }
-    println!("{}", table.render());
-    println!("\nA child dies there with _exit(1) when started with --crash-at NAME@N (N-th pass).");
-    Ok(ExitCode::from(exit::OK))
-}
-
-async fn check(database_url: &str) -> Result<ExitCode> {
-    let client = db::connect(&db::parse_url(database_url)?).await?;
-    for table in ["outbox", "consumer.shipments"] {
-        if !schema::has_table(&client, table).await? {
-            bail!("this database has no {table} table: check judges a database with the outbox and the consumer's tables");
-        }
-    }
-    let violations = checker::check(&client, None).await?;
-    let undelivered = counts::count(&client, counts::UNPUBLISHED).await?;
-    let mut table = Table::new(
-        "invariants",
-        &["invariant", "violations", "offending (first 10)"],
-    );
-    for invariant in Invariant::ALL
-        .into_iter()
-        .filter(|i| *i != Invariant::Liveness)
-    {
-        let ids = violations
-            .get(&invariant)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        let first: Vec<&str> = ids.iter().take(10).map(String::as_str).collect();
-        table.push(vec![
-            invariant.name().into(),
-            ids.len().to_string(),
-            first.join(", "),
-        ]);
-    }
-    println!("{}", table.render());
-    if undelivered > 0 {
-        println!(
-            "{undelivered} outbox rows are not delivered yet: they count as lost until they are"
-        );
-    }
-    Ok(ExitCode::from(if violations.is_empty() {
-        println!("clean: no ghost, lost, duplicate or out-of-order shipment");
-        exit::OK
-    } else {
-        exit::CHECK_FAILED
-    }))
-}
-
-async fn requeue(database_url: &str) -> Result<ExitCode> {
-    let client = db::connect(&db::parse_url(database_url)?).await?;
-    let rows = relay::requeue(&client).await?;
-    println!("requeued {rows} undelivered outbox rows");
-    Ok(ExitCode::from(exit::OK))
-}
-
-async fn prune(args: PruneArgs) -> Result<ExitCode> {
-    let older_than: Age = args
-        .older_than
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--older-than: {e}"))?;
-    let mut client = db::connect(&db::parse_url(&args.database_url)?).await?;
-    let pruned = partitions::prune(&mut client, &args.table, older_than, args.dry_run).await?;
-    if pruned.is_empty() {
-        println!(
-            "nothing to prune: no partition of {} ended {} ago or earlier",
-            args.table, args.older_than
-        );
-    }
-    for p in &pruned {
-        match p.action {
-            Action::Kept => eprintln!("outbox-lab: warning: {p}"),
-            _ => println!("{p}"),
-        }
-    }
-    if args.dry_run {
-        println!("dry run: nothing was changed");
-    }
-    Ok(ExitCode::from(exit::OK))
-}
-
-async fn scenario(args: ScenarioArgs) -> Result<ExitCode> {
-    let selected = match args.name.as_str() {
-        "all" => Scenario::ALL.to_vec(),
-        name => vec![Scenario::from_name(name)?],
-    };
-    let mut overrides = Overrides {
-        quick: args.quick,
-        values: args.set.clone(),
-        strict: selected.len() == 1,
-    };
-    if let Some(events) = args.events {
-        overrides
-            .values
-            .push(("events".into(), toml::Value::Integer(events.into())));
-    }
-    if let Some(crash_after) = args.crash_after {
-        overrides.values.push((
-            "crash_after".into(),
-            toml::Value::Integer(crash_after.into()),
-        ));
-    }
-    // Everything is read and validated before a server is started: bad input leaves nothing.
-    let prepared = selected
-        .iter()
-        .map(|s| scenarios::prepare(*s, args.scenarios_dir.as_deref(), &overrides))
-        .collect::<Result<Vec<_>>>()?;
-
-    let run_id = new_run_id();
-    // Redis starts only if a scenario asks for it; it is closed however the runs end.
-    let redis = Redis::new(args.redis_url.as_deref(), &run_id, args.run.keep);
-    let results = args.run.results_dir.join(&run_id);
-    let progress = Progress::on_stderr(args.run.format == Format::Text && !args.quiet);
-    let outcome = on_server(&args.run, &run_id, async |server: &PgServer| {
-        let mut reports = Vec::new();
-        let bar = progress.bar(prepared.len() as u64, "scenarios");
-        for p in &prepared {
-            bar.set_message(p.scenario().name());
-            let report = scenarios::run(server, &redis, p, &progress).await?;
-            report.write_files(&results)?;
-            if args.run.format == Format::Text {
-                progress.suspend(|| println!("{}", report.render_text()));
-            }
-            reports.push(report);
-            // After every scenario: a run stopped halfway still leaves a page of what it has.
-            html::write(&results, &reports)?;
-            bar.inc(1);
-        }
-        bar.finish_and_clear();
-        Ok(reports)
-    })
-    .await;
-    let closed = redis.close().await;
-    let reports = outcome?;
-    closed?;
-
-    let passed = reports.iter().all(Report::passed);
-    match args.run.format {
-        Format::Json if reports.len() == 1 => {
-            println!("{}", serde_json::to_string_pretty(&reports[0])?)
-        }
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "run_id": run_id,
-                "passed": passed,
-                "scenarios": reports,
-            }))?
-        ),
-        Format::Text => {
-            if reports.len() > 1 {
-                println!("{}", summary(&reports));
-            }
-            if !args.quiet {
-                eprintln!(
-                    "results written to {}; the page: {}",
-                    results.display(),
-                    results.join(html::PAGE_FILE).display()
-                );
-            }
-        }
-    }
-    Ok(ExitCode::from(if passed {
-        exit::OK
-    } else {
-        exit::CHECK_FAILED
-    }))
-}
-
-/// A run's id: when it started (UTC) and which process ran it, e.g. `20261202-153635-38f9`.
-pub fn new_run_id() -> String {
-    format!(
-        "{}-{:04x}",
-        chrono::Utc::now().format("%Y%m%d-%H%M%S"),
-        std::process::id() & 0xffff
-    )
-}
-
-/// Opens the run's server, does `work` on it, and closes it (dropping what the run created),
-/// also when Ctrl-C or SIGTERM ends the work.
-pub async fn on_server<T>(
-    run: &RunArgs,
-    run_id: &str,
-    work: impl AsyncFnOnce(&PgServer) -> Result<T>,
-) -> Result<T> {
-    let choice = ServerChoice {
-        database_url: run.database_url.as_deref(),
-        pg_bin: run.pg_bin.as_deref(),
-        keep: run.keep,
-    };
-    let server = tokio::select! {
-        server = PgServer::open(&choice, run_id) => server?,
-        by = interrupted() => return Err(Interrupted(by).into()),
-    };
-    let outcome = tokio::select! {
-        outcome = work(&server) => outcome,
-        by = interrupted() => Err(Interrupted(by).into()),
-    };
-    let closed = server.close().await;
-    let outcome = outcome?;
-    closed?;
-    Ok(outcome)
+/// Writes to stdout, as `print!` does, but returns the error (see [`outln!`]).
+pub fn write_stdout(text: std::fmt::Arguments) -> Result<()> {
+    error::stdout_write(std::io::stdout().lock().write_fmt(text))
 }
 
 /// The run's summary table and its count of passed checks.
 fn summary(reports: &[Report]) -> String {
     let checks: usize = reports.iter().map(|r| r.checks.len()).sum();
     let passed: usize = reports.iter().map(Report::passed_count).sum();
-    let table = report::summary_table(reports);
+    let table = crate::report::summary_table(reports);
     format!(
         "{}\n{}\n{passed} of {checks} checks pass in {} scenarios",
         table.title,
         table.render(),
         reports.len()
     )
-}
-
-/// `name=value`: the value as TOML (`10`, `0.5`, `true`, `[1, 2]`), else as a string.
-fn parse_assignment(text: &str) -> Result<(String, toml::Value), String> {
-    let (name, value) = text
-        .split_once('=')
-        .ok_or_else(|| format!("'{text}' is not NAME=VALUE"))?;
-    let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
-        .ok()
-        .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(value.to_string()));
-    Ok((name.trim().replace('-', "_"), value))
-}
-
-/// Resolves on Ctrl-C or SIGTERM, naming the signal.
-async fn interrupted() -> &'static str {
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => "SIGINT",
-        _ = term.recv() => "SIGTERM",
-    }
-}
-
-/// The message of an error, cause chain included, on one line.
-pub fn one_line(error: &anyhow::Error) -> String {
-    format!("{error:#}").replace('\n', " ")
-}
-
-/// Maps an error to its exit status.
-pub fn exit_status(error: &anyhow::Error) -> u8 {
-    if error.downcast_ref::<Interrupted>().is_some() {
-        exit::INTERRUPTED
-    } else {
-        exit::USAGE
-    }
 }

@@ -4,8 +4,9 @@
 //! [`schedule`]s (exhaustive or seeded random), the [`supervisor`] that runs a schedule with real
 //! processes dying at crash points and restarts them (the nemesis and the clients, with the
 //! child side in [`actors`]), the [`checker`] that judges the database left behind, and the
-//! [`history`] of every run, saved for audit. This file owns the command: reading and checking
-//! the arguments, running the designs, and the matrix it reports.
+//! [`history`] of every run, saved for audit. This file is the engine: checking the options into
+//! a [`Plan`], running a design's schedules, and the matrix it reports. The command that drives
+//! it (its arguments, the run's server, the output) is `outbox-lab explore` in cmd/explore.rs.
 
 pub mod actors;
 pub mod checker;
@@ -15,74 +16,44 @@ pub mod schedule;
 pub mod supervisor;
 
 use std::collections::BTreeMap;
-use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
-use clap::Args;
 use serde_json::json;
 
-use crate::cmd::{self, exit, Format, RunArgs};
 use crate::harness::db::PgServer;
 use crate::judge::expectations::CheckResult;
-use crate::report::html;
 use crate::report::{Environment, Metrics, Report, Table};
 use designs::{Design, Invariant, DESIGNS};
 use history::History;
 use schedule::Schedule;
 use supervisor::{Lab, Workload};
 
-pub const EXAMPLES: &str = "\
-Examples:
-  outbox-lab explore                                    # all designs, every single crash
-  outbox-lab explore --design outbox-idempotent --random 500 --seed 7
-  outbox-lab explore --design outbox-idempotent \\
-      --schedule \"relay:after-send@3,consumer:after-commit@2\"
-  outbox-lab explore --design watermark-relay --format json
-
-A schedule lists faults ROLE:STEP@PASS (roles writer, relay, consumer; STEP a crash point
-without its role, or a unique start of it, see `outbox-lab crash-points`; PASS from 1).
-Faults of one role fire in order, one per process: after a crash the restarted process gets
-the next. In designs with several relays, relay faults hit the first.
-
-Designs: dual-write-commit-first, dual-write-send-first, outbox-naive, outbox-idempotent,
-outbox-idempotent-ordered, and the deliberately broken watermark-relay, mark-before-send,
-multi-relay-unpartitioned.
-
-Exit status: 0 every design holds what it claims, 1 a design violated a claim, 2 bad input.";
-
 /// The overlap of the two writer sessions: long enough that a relay polling every 5 ms sees
 /// the later order before the earlier one commits.
 const WRITER_OVERLAP: Duration = Duration::from_millis(40);
 /// The default workload: small enough for a quick run, two events per order for `order`.
-const DEFAULT_ORDERS: u32 = 4;
-const DEFAULT_EVENTS_PER_ORDER: u32 = 2;
+pub const DEFAULT_ORDERS: u32 = 4;
+pub const DEFAULT_EVENTS_PER_ORDER: u32 = 2;
 
-#[derive(Debug, Args)]
-pub struct ExploreArgs {
-    /// A design to explore (repeat for several; default: all).
-    #[arg(long = "design", value_name = "NAME")]
-    designs: Vec<String>,
-    /// Draw N random schedules of 1 to 3 faults per design instead of every single fault.
-    #[arg(long, value_name = "N")]
-    random: Option<u32>,
-    /// Seed of --random (the same seed draws the same schedules).
-    #[arg(long, value_name = "S")]
-    seed: Option<u64>,
-    /// Run this one schedule, e.g. "relay:after-send@3,consumer:after-commit@2" (or none).
-    #[arg(long, value_name = "FAULTS")]
-    schedule: Option<String>,
+/// What to explore, as given on the command line (`outbox-lab explore`'s options): checked
+/// into a [`Plan`] by [`Plan::new`].
+#[derive(Debug)]
+pub struct Options {
+    /// Designs by name (empty: all).
+    pub designs: Vec<String>,
+    /// Draw this many random schedules per design instead of every single fault.
+    pub random: Option<u32>,
+    /// Seed of `random`.
+    pub seed: Option<u64>,
+    /// This one schedule, as text.
+    pub schedule: Option<String>,
     /// Faults name passes 1 to this.
-    #[arg(long, default_value_t = 3, value_name = "N")]
-    max_pass: u32,
+    pub max_pass: u32,
     /// Orders the writer creates in every run.
-    #[arg(long, default_value_t = DEFAULT_ORDERS, value_name = "N")]
-    orders: u32,
-    /// Events per order (OrderCreated, OrderUpdated2, ...), in the order's transaction.
-    #[arg(long, default_value_t = DEFAULT_EVENTS_PER_ORDER, value_name = "N")]
-    events_per_order: u32,
-    #[command(flatten)]
-    run: RunArgs,
+    pub orders: u32,
+    /// Events per order.
+    pub events_per_order: u32,
 }
 
 /// How the schedules are generated.
@@ -94,15 +65,15 @@ enum Mode {
 }
 
 /// The checked arguments: what to run.
-struct Plan {
-    designs: Vec<&'static Design>,
+pub struct Plan {
+    pub designs: Vec<&'static Design>,
     mode: Mode,
     max_pass: u32,
     workload: Workload,
 }
 
 impl Plan {
-    fn from_args(args: &ExploreArgs) -> Result<Plan> {
+    pub fn new(args: &Options) -> Result<Plan> {
         let explicit = !args.designs.is_empty();
         let mut designs = if explicit {
             args.designs
@@ -232,9 +203,9 @@ impl Plan {
 const RERUN_CANDIDATES: usize = 3;
 
 /// One design's runs, summarised per invariant.
-struct DesignResult {
+pub struct DesignResult {
     design: &'static Design,
-    runs: Vec<History>,
+    pub runs: Vec<History>,
     /// The schedule to show for each violated invariant.
     reproducers: BTreeMap<Invariant, Reproducer>,
 }
@@ -312,63 +283,9 @@ fn names(invariants: &[Invariant]) -> String {
         .join(", ")
 }
 
-/// `outbox-lab explore`.
-pub async fn command(args: ExploreArgs) -> Result<ExitCode> {
-    // Everything is checked before a server is started: bad input leaves nothing behind.
-    let plan = Plan::from_args(&args)?;
-    let run_id = cmd::new_run_id();
-    let results_dir = args.run.results_dir.join(&run_id);
-    let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let text = args.run.format == Format::Text;
-    let (results, version, kind, elapsed) =
-        cmd::on_server(&args.run, &run_id, async |server: &PgServer| {
-            let clock = Instant::now();
-            let mut results = Vec::new();
-            for design in &plan.designs {
-                let result = explore_design(server, &plan, design, text).await?;
-                history::save(&results_dir, design.name, &result.runs)?;
-                results.push(result);
-            }
-            Ok((
-                results,
-                server.version.clone(),
-                server.kind(),
-                clock.elapsed(),
-            ))
-        })
-        .await?;
-    let report = report(
-        &plan,
-        &results,
-        elapsed,
-        Environment {
-            postgres_version: version,
-            outbox_lab_version: env!("CARGO_PKG_VERSION").to_string(),
-            started_at,
-            elapsed_ms: elapsed.as_millis() as u64,
-            server: kind.to_string(),
-        },
-    );
-    report.write_files(&results_dir)?;
-    html::write(&results_dir, std::slice::from_ref(&report))?;
-    match args.run.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        Format::Text => {
-            println!("{}", render_text(&report));
-            eprintln!(
-                "results, histories and report.html written to {}",
-                results_dir.display()
-            );
-        }
-    }
-    Ok(ExitCode::from(if report.passed() {
-        exit::OK
-    } else {
-        exit::CHECK_FAILED
-    }))
-}
-
-async fn explore_design(
+/// Runs every schedule of `design` on `server`, then runs the smallest violating ones a
+/// second time.
+pub async fn explore_design(
     server: &PgServer,
     plan: &Plan,
     design: &'static Design,
@@ -437,7 +354,9 @@ async fn explore_design(
     Ok(result)
 }
 
-fn report(
+/// The run as a [`Report`]: the design x invariant matrix, the smallest reproducers, a check
+/// per claim.
+pub fn report(
     plan: &Plan,
     results: &[DesignResult],
     elapsed: Duration,
@@ -550,7 +469,7 @@ fn report(
 }
 
 /// The terminal form: the matrix, the smallest reproducers, one closing line.
-fn render_text(report: &Report) -> String {
+pub fn render_text(report: &Report) -> String {
     let mut out = String::new();
     for table in &report.tables {
         if table.rows.is_empty() {

@@ -1,0 +1,85 @@
+//! `outbox-lab relay`: a relay against your own database until SIGTERM or Ctrl-C.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::{Args, ValueEnum};
+
+use crate::error::exit;
+use crate::harness::run::interrupted;
+use crate::ops::logging::{self, LogFormat};
+use crate::ops::standalone::{self, RelayOptions};
+use crate::outbox::relay::{Partition, RelayConfig, Wakeup};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RelayMode {
+    /// Poll every --interval-ms.
+    Poll,
+    /// LISTEN for the outbox trigger's NOTIFY; poll every --interval-ms anyway (a fallback).
+    Notify,
+}
+
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    /// The database with the outbox table.
+    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+    database_url: String,
+    /// http://HOST:PORT (an outbox-lab consumer, POST /events) or redis://HOST:PORT (streams
+    /// outbox.event.<aggregate_type>).
+    #[arg(long)]
+    sink: String,
+    #[arg(long, value_enum, default_value = "poll")]
+    mode: RelayMode,
+    /// The poll interval, or the fallback poll with --mode notify.
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// i/N: only aggregates with abs(hashtext(aggregate_id)) % N = i (N relays, one each).
+    #[arg(long)]
+    partition: Option<Partition>,
+    /// Hold an aggregate's later events back while an earlier one is undelivered.
+    #[arg(long)]
+    guard: bool,
+    /// Rows per fetch.
+    #[arg(long, default_value_t = 100)]
+    batch: i64,
+    /// Aggregates delivered to at once over HTTP (per-aggregate order holds).
+    #[arg(long, default_value_t = 1)]
+    in_flight: usize,
+    /// Names the relay in logs, metrics and pg_stat_activity.
+    #[arg(long, default_value = "0")]
+    name: String,
+    /// Serve Prometheus metrics on ADDR/metrics.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+pub async fn run(args: RelayArgs) -> Result<ExitCode> {
+    logging::init(args.log_format);
+    let interval = Duration::from_millis(args.interval_ms);
+    let options = RelayOptions {
+        database_url: args.database_url,
+        sink: args.sink,
+        name: args.name,
+        wakeup: match args.mode {
+            RelayMode::Poll => Wakeup::Poll(interval),
+            RelayMode::Notify => Wakeup::Notify { fallback: interval },
+        },
+        config: RelayConfig {
+            batch: args.batch,
+            partition: args.partition,
+            head_of_line_guard: args.guard,
+            ..RelayConfig::default()
+        },
+        in_flight: args.in_flight,
+        stream_prefix: String::new(),
+        metrics_listen: args.metrics_listen,
+    };
+    standalone::run_relay(options, async {
+        interrupted().await;
+    })
+    .await?;
+    Ok(ExitCode::from(exit::OK))
+}

@@ -1,0 +1,153 @@
+//! `outbox-lab scenario NAME|all`: the article's experiments, run and held against its figures.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+
+use super::{outln, summary, Format, RunArgs};
+use crate::error::{self, exit};
+use crate::harness::db::PgServer;
+use crate::harness::redis_server::Redis;
+use crate::harness::run::{new_run_id, on_server};
+use crate::report::html;
+use crate::report::progress::Progress;
+use crate::report::Report;
+use crate::scenarios::{self, Overrides, Scenario};
+
+#[derive(Debug, Args)]
+pub struct ScenarioArgs {
+    /// Scenario name (see `outbox-lab list`), or `all`.
+    name: String,
+    #[command(flatten)]
+    run: RunArgs,
+    /// Use this Redis instead of a private redis-server; outbox-lab only touches keys named
+    /// outboxlab:<run>:* there.
+    #[arg(long, env = "OUTBOX_LAB_REDIS_URL")]
+    redis_url: Option<String>,
+    /// Read scenario files from this directory instead of the built-in copies.
+    #[arg(long)]
+    scenarios_dir: Option<PathBuf>,
+    /// No progress bars and no note on stderr where the results went; errors still show.
+    #[arg(long, short)]
+    quiet: bool,
+    /// Set a scenario parameter (see its file in scenarios/), e.g. --set orders=10; repeatable.
+    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_assignment)]
+    set: Vec<(String, toml::Value)>,
+    /// A shorter run with the scenario file's [quick] parameters.
+    #[arg(long)]
+    quick: bool,
+    /// relay-crash: number of events.
+    #[arg(long)]
+    events: Option<u32>,
+    /// relay-crash: the first relay dies after this many deliveries.
+    #[arg(long)]
+    crash_after: Option<u32>,
+}
+
+pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
+    let selected = match args.name.as_str() {
+        "all" => Scenario::ALL.to_vec(),
+        name => vec![Scenario::from_name(name)?],
+    };
+    let mut overrides = Overrides {
+        quick: args.quick,
+        values: args.set.clone(),
+        strict: selected.len() == 1,
+    };
+    if let Some(events) = args.events {
+        overrides
+            .values
+            .push(("events".into(), toml::Value::Integer(events.into())));
+    }
+    if let Some(crash_after) = args.crash_after {
+        overrides.values.push((
+            "crash_after".into(),
+            toml::Value::Integer(crash_after.into()),
+        ));
+    }
+    // Everything is read and validated before a server is started: bad input leaves nothing.
+    let prepared = selected
+        .iter()
+        .map(|s| scenarios::prepare(*s, args.scenarios_dir.as_deref(), &overrides))
+        .collect::<Result<Vec<_>>>()?;
+
+    let run_id = new_run_id();
+    // Redis starts only if a scenario asks for it; it is closed however the runs end.
+    let redis = Redis::new(args.redis_url.as_deref(), &run_id, args.run.keep);
+    let results = args.run.results_dir.join(&run_id);
+    let progress = Progress::on_stderr(args.run.format == Format::Text && !args.quiet);
+    let outcome = on_server(
+        &args.run.server_choice(),
+        &run_id,
+        async |server: &PgServer| {
+            let mut reports = Vec::new();
+            let bar = progress.bar(prepared.len() as u64, "scenarios");
+            for p in &prepared {
+                bar.set_message(p.scenario().name());
+                let report = scenarios::run(server, &redis, p, &progress)
+                    .await
+                    .map_err(error::harness)?;
+                report.write_files(&results)?;
+                if args.run.format == Format::Text {
+                    progress.suspend(|| outln!("{}", report.render_text()))?;
+                }
+                reports.push(report);
+                // After every scenario: a run stopped halfway still leaves a page of what it has.
+                html::write(&results, &reports)?;
+                bar.inc(1);
+            }
+            bar.finish_and_clear();
+            Ok(reports)
+        },
+    )
+    .await;
+    let closed = redis.close().await;
+    let reports = outcome?;
+    closed.map_err(error::harness)?;
+
+    let passed = reports.iter().all(Report::passed);
+    match args.run.format {
+        Format::Json if reports.len() == 1 => {
+            outln!("{}", serde_json::to_string_pretty(&reports[0])?)?
+        }
+        Format::Json => outln!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "run_id": run_id,
+                "passed": passed,
+                "scenarios": reports,
+            }))?
+        )?,
+        Format::Text => {
+            if reports.len() > 1 {
+                outln!("{}", summary(&reports))?;
+            }
+            if !args.quiet {
+                eprintln!(
+                    "results written to {}; the page: {}",
+                    results.display(),
+                    results.join(html::PAGE_FILE).display()
+                );
+            }
+        }
+    }
+    Ok(ExitCode::from(if passed {
+        exit::OK
+    } else {
+        exit::CHECK_FAILED
+    }))
+}
+
+/// `name=value`: the value as TOML (`10`, `0.5`, `true`, `[1, 2]`), else as a string.
+fn parse_assignment(text: &str) -> Result<(String, toml::Value), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("'{text}' is not NAME=VALUE"))?;
+    let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_string()));
+    Ok((name.trim().replace('-', "_"), value))
+}
