@@ -327,6 +327,11 @@ pub async fn drive<R: OutboxRelay>(
     shutdown: impl Future<Output = ()>,
 ) -> Result<Ended> {
     tokio::pin!(shutdown);
+    // Polled once up front: a signal handler the shutdown future installs is in place before the
+    // first pass.
+    if futures_util::FutureExt::now_or_never(shutdown.as_mut()).is_some() {
+        return Ok(Ended::Shutdown { sent: 0 });
+    }
     let started = Instant::now();
     let mut sent = 0u64;
     loop {
@@ -334,16 +339,21 @@ pub async fn drive<R: OutboxRelay>(
         sent += pass.sent as u64;
         match &until {
             Until::Shutdown(wakeup) => {
-                if pass.full {
-                    continue;
-                }
+                // Heard after every pass, a full one too.
+                let wait = async {
+                    if pass.full {
+                        Ok(())
+                    } else {
+                        relay.wait_for_work(*wakeup).await
+                    }
+                };
                 tokio::select! {
                     biased;
                     () = &mut shutdown => {
                         info!(relay = %relay.name(), "stopping after its last batch");
                         return Ok(Ended::Shutdown { sent });
                     }
-                    waited = relay.wait_for_work(*wakeup) => waited?,
+                    waited = wait => waited?,
                 }
             }
             Until::Drained {
