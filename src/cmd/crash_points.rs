@@ -23,6 +23,9 @@ pub fn run() -> Result<ExitCode> {
         ]);
     }
     outln!("{}", table.render())?;
-    outln!("\nA child dies there with _exit(1) when started with --crash-at NAME@N (N-th pass).")?;
+    outln!(
+        "\nA child dies there with _exit({}) when its plan names it as NAME@N (N-th pass).",
+        crate::error::exit::CRASHED
+    )?;
     Ok(ExitCode::from(exit::OK))
 }

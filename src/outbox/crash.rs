@@ -1,14 +1,18 @@
 //! Named crash points: where a child process dies abruptly, and how the parent asks for it.
 //!
 //! A crash point is one line in the code path it interrupts (`crash::point(CrashPoint::X)`).
-//! The parent chooses one (`NAME@N`) in the child's spec; the child dies
-//! with `_exit` ([`CRASH_EXIT_CODE`]) the N-th time it passes that point: no destructors, no flush, no COMMIT, like
-//! the article's `os._exit(1)`. Counting passes (not probabilities) makes every run reproducible.
+//! The parent chooses one (`NAME@N`) in the child's spec; the child dies with
+//! `_exit(`[`CRASHED`]`)` the N-th time it passes that point: no destructors, no flush, no
+//! COMMIT, like the article's `os._exit(1)` (a status of its own, so that the parent tells a
+//! crash from a failure without reading the child's output). Counting passes (not
+//! probabilities) makes every run reproducible.
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
+
+use crate::error::exit::CRASHED;
 
 /// Every place a child can be told to die. The names are stable: users and scenario files use them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,10 +194,6 @@ impl FromStr for CrashPlan {
     }
 }
 
-/// The exit status of a child that died at its crash point: its own number, so that no other
-/// ending (an error exits 2, a failed check 1) is taken for a crash.
-pub const CRASH_EXIT_CODE: i32 = 86;
-
 static PLAN: OnceLock<CrashPlan> = OnceLock::new();
 static PASSES: AtomicU32 = AtomicU32::new(0);
 
@@ -211,9 +211,9 @@ pub fn point(here: CrashPoint) {
     let pass = PASSES.fetch_add(1, Ordering::SeqCst) + 1;
     if pass == plan.on_pass {
         // For a person reading the child's output; the parent knows by the exit status.
-        eprintln!("crash point {here} reached (pass {pass}): _exit({CRASH_EXIT_CODE})");
+        eprintln!("crash point {here} reached (pass {pass}): _exit({CRASHED})");
         // SAFETY: _exit ends the process at once; nothing after it runs, which is the point.
-        unsafe { libc::_exit(CRASH_EXIT_CODE) };
+        unsafe { libc::_exit(i32::from(CRASHED)) };
     }
 }
 

@@ -5,7 +5,7 @@
 //! starts it with [`ChildCommand`], waits with a bound, and classifies how the child ended
 //! ([`ChildEnd`], in Jepsen's terms: a crash is an `info`, the parent does not know what the
 //! child got done). A crash is recognised by its exit status alone
-//! ([`crash::CRASH_EXIT_CODE`]), and its point is the one the parent planned.
+//! ([`exit::CRASHED`]), and its point is the one the parent planned.
 
 pub mod role;
 
@@ -17,9 +17,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 
+use crate::error::exit;
 use crate::harness::db::Database;
 use crate::harness::throwaway;
-use crate::outbox::crash::{self, CrashPlan};
+use crate::outbox::crash::CrashPlan;
 pub use role::{run_role, ChildArgs, Role};
 
 /// How long a consumer may take to say where it listens.
@@ -261,7 +262,7 @@ fn classify(status: std::process::ExitStatus, stderr: &str, plan: Option<CrashPl
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(0), _) => ChildEnd::Ok,
-        (Some(crash::CRASH_EXIT_CODE), _) => ChildEnd::Crashed {
+        (Some(code), _) if code == i32::from(exit::CRASHED) => ChildEnd::Crashed {
             point: plan.map_or_else(
                 || "an unplanned crash point".into(),
                 |p| p.point.to_string(),
