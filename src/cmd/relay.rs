@@ -9,8 +9,9 @@ use clap::{Args, ValueEnum};
 use crate::error::exit;
 use crate::harness::run::interrupted;
 use crate::ops::logging::{self, LogFormat};
-use crate::ops::standalone::{self, RelayOptions};
-use crate::outbox::relay::{Partition, RelayConfig, Wakeup};
+use crate::ops::standalone;
+use crate::outbox::relay::{Partition, RelayConfig, RelayOptions, Wakeup};
+use crate::outbox::sink::SinkOptions;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum RelayMode {
@@ -59,13 +60,11 @@ pub struct RelayArgs {
 pub async fn run(args: RelayArgs) -> Result<ExitCode> {
     logging::init(args.log_format);
     let interval = Duration::from_millis(args.interval_ms);
-    let options = RelayOptions {
-        database_url: args.database_url,
-        sink: args.sink,
+    let relay = RelayOptions {
         name: args.name,
-        wakeup: match args.mode {
-            RelayMode::Poll => Wakeup::Poll(interval),
-            RelayMode::Notify => Wakeup::Notify { fallback: interval },
+        sink: SinkOptions {
+            in_flight: args.in_flight,
+            ..SinkOptions::new(&args.sink)
         },
         config: RelayConfig {
             batch: args.batch,
@@ -73,13 +72,14 @@ pub async fn run(args: RelayArgs) -> Result<ExitCode> {
             head_of_line_guard: args.guard,
             ..RelayConfig::default()
         },
-        in_flight: args.in_flight,
-        stream_prefix: String::new(),
-        metrics_listen: args.metrics_listen,
+        follow: Some(match args.mode {
+            RelayMode::Poll => Wakeup::Poll(interval),
+            RelayMode::Notify => Wakeup::Notify { fallback: interval },
+        }),
     };
-    standalone::run_relay(options, async {
+    let shutdown = async {
         interrupted().await;
-    })
-    .await?;
+    };
+    standalone::run_relay(&args.database_url, relay, args.metrics_listen, shutdown).await?;
     Ok(ExitCode::from(exit::OK))
 }

@@ -22,62 +22,43 @@ use tracing::info;
 
 use crate::harness::db;
 use crate::outbox::consumer::{self, ConsumerKind, Faults};
-use crate::outbox::relay::{
-    drive, sql, Relay, RelayConfig, RelayStats, Until, Wakeup, RELAY_APPLICATION_NAME,
-};
+use crate::outbox::relay::{drive, sql, RelayOptions, RelayStats, Wakeup};
 use crate::outbox::schema;
-use crate::outbox::sink::Sink;
 
-/// What `outbox-lab relay` was asked to do.
-pub struct RelayOptions {
-    pub database_url: String,
-    pub sink: String,
-    pub name: String,
-    pub wakeup: Wakeup,
-    pub config: RelayConfig,
-    pub in_flight: usize,
-    pub stream_prefix: String,
-    pub metrics_listen: Option<SocketAddr>,
-}
-
-/// Delivers until `shutdown` resolves.
-pub async fn run_relay(options: RelayOptions, shutdown: impl Future<Output = ()>) -> Result<()> {
-    let mut db = db::parse_url(&options.database_url)?;
-    db.application_name(format!("{RELAY_APPLICATION_NAME} {}", options.name));
+/// Delivers until `shutdown` resolves (`relay.follow` says how it wakes up).
+pub async fn run_relay(
+    database_url: &str,
+    relay: RelayOptions,
+    metrics_listen: Option<SocketAddr>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    let db = relay.connection(&db::parse_url(database_url)?);
     let client = db::connect(&db).await?;
     if !schema::has_table(&client, "outbox").await? {
-        bail!("this database has no outbox table: create it first (the article's, in outbox-lab's src/schema.rs)");
+        bail!("this database has no outbox table: create it first (the article's, in outbox-lab's src/outbox/schema.rs)");
     }
-    let listen = matches!(options.wakeup, Wakeup::Notify { .. });
-    if listen && !schema::has_notify_trigger(&client).await? {
+    let wakeup = relay.follow.expect("a standalone relay follows the outbox");
+    if matches!(wakeup, Wakeup::Notify { .. }) && !schema::has_notify_trigger(&client).await? {
         eprintln!(
             "warning: no outbox_notify_trg trigger: only the fallback poll will find new rows; create it with:{}",
             schema::NOTIFY_TRIGGER
         );
     }
-    let sink = Sink::connect(
-        &options.sink,
-        options.in_flight,
-        options.config.request_timeout,
-        &options.stream_prefix,
-    )
-    .await?;
-    let max_attempts = options.config.max_attempts;
-    let mut relay = Relay::connect(&db, sink, options.config, &options.name, listen).await?;
-    if let Some(addr) = options.metrics_listen {
+    let mut connected = relay.connect(&db).await?;
+    if let Some(addr) = metrics_listen {
         let listener = bind(addr).await?;
         let bound = listener.local_addr()?;
         let exporter = Exporter {
-            stats: relay.stats(),
+            stats: connected.stats(),
             client,
-            name: options.name.clone(),
-            max_attempts,
+            name: relay.name.clone(),
+            max_attempts: relay.config.max_attempts,
         };
         tokio::spawn(serve_metrics(listener, Arc::new(exporter)));
-        info!(relay = %options.name, "metrics on http://{bound}/metrics");
+        info!(relay = %relay.name, "metrics on http://{bound}/metrics");
     }
-    info!(relay = %options.name, "delivering to {} ({})", options.sink, options.wakeup);
-    drive(&mut relay, Until::Shutdown(options.wakeup), shutdown)
+    info!(relay = %relay.name, "delivering to {} ({wakeup})", relay.sink.url);
+    drive(&mut connected, relay.until(), shutdown)
         .await
         .map(drop)
 }
