@@ -13,12 +13,11 @@ use futures_util::future::join_all;
 use tokio::sync::watch;
 use tokio_postgres::Client;
 
-use super::actors::{ExploreRelayRole, ExploreWriterRole};
 use super::checker;
 use super::designs::{Design, RelayVariant, Writer};
 use super::history::History;
 use super::schedule::{Role, Schedule};
-use crate::harness::child::role::ConsumerRole;
+use crate::harness::child::role::{ConsumerRole, ExploreRelayRole, ExploreWriterRole};
 use crate::harness::child::{ChildCommand, ChildEnd, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
 use crate::outbox::consumer::Faults;
@@ -331,7 +330,11 @@ impl Lab {
             config,
             follow: None,
         };
-        ChildCommand::new(&self.db, ExploreRelayRole { variant, relay })
+        let role = ExploreRelayRole {
+            stored_watermark: variant == RelayVariant::StoredWatermark,
+            relay,
+        };
+        ChildCommand::new(&self.db, role)
     }
 }
 

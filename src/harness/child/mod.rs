@@ -8,6 +8,7 @@
 //! ([`exit::CRASHED`]), and its point is the one the parent planned.
 
 pub mod role;
+mod run;
 
 use std::fmt;
 use std::process::Stdio;
@@ -21,7 +22,8 @@ use crate::error::exit;
 use crate::harness::db::Database;
 use crate::harness::throwaway;
 use crate::outbox::crash::CrashPlan;
-pub use role::{run_role, ChildArgs, Role};
+pub use role::{ChildArgs, Role};
+pub use run::run_role;
 
 /// How long a consumer may take to say where it listens.
 const CONSUMER_READY_TIMEOUT: Duration = Duration::from_secs(15);

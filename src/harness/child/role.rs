@@ -4,25 +4,18 @@
 //! private too); the child reads the same type back and runs the role. A renamed field is a
 //! compile error on both sides at once.
 
-use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::explore::actors::{self, ExploreRelayRole, ExploreWriterRole};
 use crate::harness::db::Database;
-use crate::harness::redis_server;
-use crate::ops::logging::{self, LogFormat};
-use crate::outbox::consumer::{self, ConsumerKind, Faults};
-use crate::outbox::crash::{self, CrashPlan};
-use crate::outbox::relay::cdc::{CdcConfig, CdcRelay};
-use crate::outbox::relay::{drive, RelayConfig, RelayOptions, RELAY_APPLICATION_NAME};
-use crate::outbox::sink::{HttpSink, SinkOptions};
-use crate::outbox::stream_consumer::StreamWorker;
-use crate::outbox::writer::{self, DualWriteOrder, Ending};
+use crate::outbox::consumer::{ConsumerKind, Faults};
+use crate::outbox::crash::CrashPlan;
+use crate::outbox::relay::{RelayConfig, RelayOptions};
+use crate::outbox::sink::SinkOptions;
+use crate::outbox::writer::{DualWriteOrder, Ending};
 
 /// The environment variable that carries a child's [`ChildSpec`].
 pub const SPEC_ENV: &str = "OUTBOX_LAB_CHILD_SPEC";
@@ -32,7 +25,7 @@ pub const SPEC_ENV: &str = "OUTBOX_LAB_CHILD_SPEC";
 #[derive(Debug, Args)]
 pub struct ChildArgs {
     /// The role's name, as `ps` shows it (the role itself comes from the environment).
-    role: String,
+    pub role: String,
 }
 
 /// Everything a child is told.
@@ -153,126 +146,24 @@ pub struct ConsumerRole {
     pub faults: Faults,
 }
 
-/// The child's side: reads its spec, arms its crash plan, and runs its role.
-pub async fn run_role(args: ChildArgs) -> Result<()> {
-    // A child must not outlive the run that started it.
-    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
-    logging::init(LogFormat::Text);
-    let spec = std::env::var(SPEC_ENV).with_context(|| {
-        format!(
-            "child {}: no {SPEC_ENV} (children are started by outbox-lab)",
-            args.role
-        )
-    })?;
-    let spec: ChildSpec = serde_json::from_str(&spec)
-        .with_context(|| format!("child {}: unreadable {SPEC_ENV}", args.role))?;
-    if let Some(plan) = spec.crash_at {
-        crash::arm(plan);
-    }
-    let db = spec.database;
-    match spec.role {
-        Role::Writer(role) => write_orders(&db, role).await,
-        Role::NaiveApp(role) => {
-            let mut client = db.connect().await?;
-            let sink = HttpSink::new(&role.sink)?;
-            let NaiveAppRole {
-                customer_id,
-                event_id,
-                order,
-                ending,
-                ..
-            } = role;
-            writer::dual_write(&mut client, &sink, customer_id, event_id, order, ending).await?;
-            Ok(())
-        }
-        Role::Relay(options) => {
-            let mut relay = options.connect(&db.config()?).await?;
-            drive(&mut relay, options.until(), std::future::pending())
-                .await?
-                .or_gave_up(&options.name)
-                .map(drop)
-        }
-        Role::CdcRelay(role) => {
-            let config = CdcConfig {
-                slot: role.slot,
-                backoff_base: role.config.backoff_base,
-                max_attempts: role.config.max_attempts as u32,
-            };
-            let mut connection = db.config()?;
-            connection.application_name(format!("{RELAY_APPLICATION_NAME} {}", role.name));
-            let sink = role.sink.connect(role.config.request_timeout).await?;
-            CdcRelay::connect(&connection, sink, config, Some(role.name))
-                .await?
-                .follow()
-                .await
-        }
-        Role::StreamWorker(role) => {
-            let mut worker = StreamWorker {
-                redis: redis_server::connect(&role.redis_url).await?,
-                db: consumer::pool(db.config()?, 1)?.get().await?,
-                stream: role.stream,
-                name: role.worker,
-                kind: role.kind,
-            };
-            let applied = worker.work(role.count).await?;
-            println!("applied {applied}");
-            Ok(())
-        }
-        Role::Consumer(role) => {
-            let listener = tokio::net::TcpListener::bind(("127.0.0.1", role.port)).await?;
-            // Serves until the parent kills it.
-            let until_killed = std::future::pending();
-            consumer::serve(
-                listener,
-                db.config()?,
-                role.kind,
-                role.faults,
-                announce_listening,
-                until_killed,
-            )
-            .await
-        }
-        Role::ExploreWriter(role) => actors::run_writer(&db, role).await,
-        Role::ExploreRelay(role) => actors::run_relay(&db, role).await,
-    }
+/// explore's writer: the workload's orders (customers 1..=orders, each order with its
+/// events), skipping those already committed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExploreWriterRole {
+    pub orders: u32,
+    pub events_per_order: u32,
+    /// How long the first order of each pair stays uncommitted after the second commits.
+    pub overlap: Duration,
+    /// Be the naive app instead: write the order and POST its event (one per order) itself,
+    /// in this order, to this sink.
+    pub dual_write: Option<(DualWriteOrder, String)>,
 }
 
-/// The writer role: `orders` orders (or as many as fit in `duration`), paced if asked.
-async fn write_orders(db: &Database, role: WriterRole) -> Result<()> {
-    let mut client = db.connect().await?;
-    let started = Instant::now();
-    let until = role.duration.map(|d| started + d);
-    for customer_id in 1.. {
-        let done = match until {
-            Some(until) => Instant::now() >= until,
-            None => customer_id > i64::from(role.orders),
-        };
-        if done {
-            break;
-        }
-        if let Some(interval) = role.interval {
-            let at = writer::paced_offset(
-                customer_id as u64 - 1,
-                interval.as_millis() as u64,
-                role.seed,
-            );
-            tokio::time::sleep_until((started + at).into()).await;
-        }
-        writer::create_order_with_events(
-            &mut client,
-            customer_id,
-            role.events_per_order,
-            role.ending,
-            role.delete_outbox,
-        )
-        .await?;
-    }
-    Ok(())
-}
-
-/// A consumer child prints `listening URL` once it serves; the parent reads that line.
-fn announce_listening(addr: std::net::SocketAddr) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "listening http://{addr}");
-    let _ = out.flush();
+/// explore's relay: until its outbox is drained and stdin is closed ("the writer is done").
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExploreRelayRole {
+    /// The stored watermark relay (broken on purpose), instead of the table relay in the design
+    /// `relay.config` says.
+    pub stored_watermark: bool,
+    pub relay: RelayOptions,
 }

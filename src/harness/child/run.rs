@@ -1,0 +1,228 @@
+//! The child's side: read the spec from the environment, arm the crash plan, run the role.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use tokio::io::AsyncReadExt;
+use uuid::Uuid;
+
+use super::role::{
+    ChildArgs, ChildSpec, ExploreRelayRole, ExploreWriterRole, NaiveAppRole, Role, WriterRole,
+    SPEC_ENV,
+};
+use crate::harness::db::Database;
+use crate::harness::redis_server;
+use crate::ops::logging::{self, LogFormat};
+use crate::outbox::consumer;
+use crate::outbox::crash;
+use crate::outbox::relay::cdc::{CdcConfig, CdcRelay};
+use crate::outbox::relay::watermark::StoredWatermarkRelay;
+use crate::outbox::relay::{drive, Until, RELAY_APPLICATION_NAME};
+use crate::outbox::sink::HttpSink;
+use crate::outbox::stream_consumer::StreamWorker;
+use crate::outbox::writer::{self, Ending};
+
+/// The child's side: reads its spec, arms its crash plan, and runs its role.
+pub async fn run_role(args: ChildArgs) -> Result<()> {
+    // A child must not outlive the run that started it.
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+    logging::init(LogFormat::Text);
+    let spec = std::env::var(SPEC_ENV).with_context(|| {
+        format!(
+            "child {}: no {SPEC_ENV} (children are started by outbox-lab)",
+            args.role
+        )
+    })?;
+    let spec: ChildSpec = serde_json::from_str(&spec)
+        .with_context(|| format!("child {}: unreadable {SPEC_ENV}", args.role))?;
+    if let Some(plan) = spec.crash_at {
+        crash::arm(plan);
+    }
+    let db = spec.database;
+    match spec.role {
+        Role::Writer(role) => write_orders(&db, role).await,
+        Role::NaiveApp(role) => {
+            let mut client = db.connect().await?;
+            let sink = HttpSink::new(&role.sink)?;
+            let NaiveAppRole {
+                customer_id,
+                event_id,
+                order,
+                ending,
+                ..
+            } = role;
+            writer::dual_write(&mut client, &sink, customer_id, event_id, order, ending).await?;
+            Ok(())
+        }
+        Role::Relay(options) => {
+            let mut relay = options.connect(&db.config()?).await?;
+            drive(&mut relay, options.until(), std::future::pending())
+                .await?
+                .or_gave_up(&options.name)
+                .map(drop)
+        }
+        Role::CdcRelay(role) => {
+            let config = CdcConfig {
+                slot: role.slot,
+                backoff_base: role.config.backoff_base,
+                max_attempts: role.config.max_attempts as u32,
+            };
+            let mut connection = db.config()?;
+            connection.application_name(format!("{RELAY_APPLICATION_NAME} {}", role.name));
+            let sink = role.sink.connect(role.config.request_timeout).await?;
+            CdcRelay::connect(&connection, sink, config, Some(role.name))
+                .await?
+                .follow()
+                .await
+        }
+        Role::StreamWorker(role) => {
+            let mut worker = StreamWorker {
+                redis: redis_server::connect(&role.redis_url).await?,
+                db: consumer::pool(db.config()?, 1)?.get().await?,
+                stream: role.stream,
+                name: role.worker,
+                kind: role.kind,
+            };
+            let applied = worker.work(role.count).await?;
+            println!("applied {applied}");
+            Ok(())
+        }
+        Role::Consumer(role) => {
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", role.port)).await?;
+            // Serves until the parent kills it.
+            let until_killed = std::future::pending();
+            consumer::serve(
+                listener,
+                db.config()?,
+                role.kind,
+                role.faults,
+                announce_listening,
+                until_killed,
+            )
+            .await
+        }
+        Role::ExploreWriter(role) => explore_writer(&db, role).await,
+        Role::ExploreRelay(role) => explore_relay(&db, role).await,
+    }
+}
+
+/// The writer role: `orders` orders (or as many as fit in `duration`), paced if asked.
+async fn write_orders(db: &Database, role: WriterRole) -> Result<()> {
+    let mut client = db.connect().await?;
+    let started = Instant::now();
+    let until = role.duration.map(|d| started + d);
+    for customer_id in 1.. {
+        let done = match until {
+            Some(until) => Instant::now() >= until,
+            None => customer_id > i64::from(role.orders),
+        };
+        if done {
+            break;
+        }
+        if let Some(interval) = role.interval {
+            let at = writer::paced_offset(
+                customer_id as u64 - 1,
+                interval.as_millis() as u64,
+                role.seed,
+            );
+            tokio::time::sleep_until((started + at).into()).await;
+        }
+        writer::create_order_with_events(
+            &mut client,
+            customer_id,
+            role.events_per_order,
+            role.ending,
+            role.delete_outbox,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Writes the orders not committed yet (a restarted writer retries only those).
+async fn explore_writer(db: &Database, args: ExploreWriterRole) -> Result<()> {
+    let customers: Vec<i64> = (1..=i64::from(args.orders)).collect();
+    let mut client = db.connect().await?;
+    let todo = writer::uncommitted_customers(&client, &customers).await?;
+    let Some((order, sink)) = args.dual_write else {
+        let mut second_session = db.connect().await?;
+        let overlap = args.overlap;
+        return writer::write_overlapping_pairs(
+            &mut client,
+            &mut second_session,
+            &todo,
+            args.events_per_order,
+            overlap,
+        )
+        .await;
+    };
+    let sink = HttpSink::new(&sink)?;
+    for customer in todo {
+        // The same attempt lines as a relay's, for the history.
+        log_line(format_args!("customer={customer} sending"));
+        let sent = writer::dual_write(
+            &mut client,
+            &sink,
+            customer,
+            Uuid::new_v4(),
+            order,
+            Ending::Commit,
+        )
+        .await;
+        match sent {
+            Ok(_) => log_line(format_args!("customer={customer} sent")),
+            Err(e) => {
+                log_line(format_args!("customer={customer} failed: {e:#}"));
+                // The request failed: end like a crashed request; the restart retries.
+                return Err(e.context(format!("order of customer {customer}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn log_line(line: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "[app] {line}");
+    let _ = out.flush();
+}
+
+/// Polls until stdin is closed and nothing is pending, or gives up at the deadline.
+async fn explore_relay(db: &Database, role: ExploreRelayRole) -> Result<()> {
+    let writer_done = Arc::new(AtomicBool::new(false));
+    let flag = writer_done.clone();
+    tokio::spawn(async move {
+        let mut input = Vec::new();
+        let _ = tokio::io::stdin().read_to_end(&mut input).await;
+        flag.store(true, Ordering::SeqCst);
+    });
+    let options = role.relay;
+    let until = Until::Drained {
+        idle: options.config.idle_poll,
+        deadline: options.config.deadline,
+        once: Some(&writer_done),
+    };
+    let ended = match role.stored_watermark {
+        true => {
+            let client = db.connect().await?;
+            let sink = HttpSink::new(&options.sink.url)?;
+            let mut relay = StoredWatermarkRelay::new(client, sink, options.name.clone());
+            drive(&mut relay, until, std::future::pending()).await?
+        }
+        false => {
+            let mut relay = options.connect(&db.config()?).await?;
+            drive(&mut relay, until, std::future::pending()).await?
+        }
+    };
+    ended.or_gave_up(&options.name).map(drop)
+}
+
+/// A consumer child prints `listening URL` once it serves; the parent reads that line.
+fn announce_listening(addr: std::net::SocketAddr) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "listening http://{addr}");
+    let _ = out.flush();
+}
