@@ -449,12 +449,40 @@ fn command_lines_with(needle: &str) -> Vec<String> {
         .collect()
 }
 
+/// How many processes `parent` has right now.
+fn children_of(parent: u32) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            // The parent pid is the second field after the command name.
+            let fields: Vec<&str> = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .collect();
+            fields.get(1) == Some(&parent.to_string().as_str())
+        })
+        .count()
+}
+
 /// A password given in OUTBOX_LAB_DATABASE_URL never shows on a command line, although the
 /// scenario's children connect with it; the scan finds an argument that does (the check bites).
 #[test]
 fn children_never_show_a_password() {
     let _turn = one_at_a_time();
-    let secret = "4719386250";
+    // Numeric (a `sleep` argument below) and this run's own: other runs may scan at once.
+    let secret = format!(
+        "{}{:09}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+    );
+    let secret = secret.as_str();
     let mut control = Command::new("sleep").arg(secret).spawn().unwrap();
     assert_eq!(
         command_lines_with(secret).len(),
@@ -485,7 +513,7 @@ fn children_never_show_a_password() {
     while child.try_wait().unwrap().is_none() {
         let shown = command_lines_with(secret);
         assert_eq!(shown, Vec::<String>::new(), "a password on a command line");
-        children_seen = children_seen.max(command_lines_with(" child ").len());
+        children_seen = children_seen.max(children_of(child.id()));
         std::thread::sleep(Duration::from_millis(2));
     }
     let mut stderr = String::new();
