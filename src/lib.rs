@@ -19,6 +19,7 @@
 //! point, `judge` counts the damage with SQL, and `report` prints and stores the result.
 
 pub mod cmd;
+pub mod connect;
 pub mod error;
 pub mod explore;
 pub mod harness;

@@ -583,8 +583,8 @@ fn clean_drops_only_dead_runs_databases() {
     );
     let admin_url = server_url().to_string();
     block_on(async {
-        let config = outbox_lab::harness::db::parse_url(&admin_url).unwrap();
-        let admin = outbox_lab::harness::db::connect(&config).await.unwrap();
+        let config = outbox_lab::connect::parse_url(&admin_url).unwrap();
+        let admin = outbox_lab::connect::postgres(&config).await.unwrap();
         for name in [&dead, &live, &busy, &users] {
             admin
                 .batch_execute(&format!("CREATE DATABASE {name}"))
@@ -601,7 +601,7 @@ fn clean_drops_only_dead_runs_databases() {
         let mut in_dead = config.clone();
         in_dead.dbname(&dead);
         let slot = format!("outboxlab_left_{tag}");
-        outbox_lab::harness::db::connect(&in_dead)
+        outbox_lab::connect::postgres(&in_dead)
             .await
             .unwrap()
             .batch_execute(&format!(
@@ -612,10 +612,10 @@ fn clean_drops_only_dead_runs_databases() {
         // The live run holds its named connection; someone works in the busy one.
         let mut holder = config.clone();
         holder.application_name(format!("outbox-lab run liverun{tag}"));
-        let _holder = outbox_lab::harness::db::connect(&holder).await.unwrap();
+        let _holder = outbox_lab::connect::postgres(&holder).await.unwrap();
         let mut in_busy = config.clone();
         in_busy.dbname(&busy);
-        let _busy = outbox_lab::harness::db::connect(&in_busy).await.unwrap();
+        let _busy = outbox_lab::connect::postgres(&in_busy).await.unwrap();
         // Give the slot's connection time to be gone from pg_stat_activity.
         tokio::time::sleep(Duration::from_millis(200)).await;
 

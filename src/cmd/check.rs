@@ -5,16 +5,16 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 
 use super::outln;
+use crate::connect;
 use crate::error::exit;
 use crate::explore::checker;
 use crate::explore::designs::Invariant;
-use crate::harness::db;
 use crate::judge::counts;
 use crate::outbox::schema;
 use crate::report::Table;
 
 pub async fn run(database_url: &str) -> Result<ExitCode> {
-    let client = db::connect(&db::parse_url(database_url)?).await?;
+    let client = connect::postgres(&connect::parse_url(database_url)?).await?;
     for table in ["outbox", "consumer.shipments"] {
         if !schema::has_table(&client, table).await? {
             bail!("this database has no {table} table: check judges a database with the outbox and the consumer's tables");

@@ -6,8 +6,8 @@ use anyhow::Result;
 use clap::Args;
 
 use super::outln;
+use crate::connect;
 use crate::error::exit;
-use crate::harness::db;
 use crate::ops::partitions::{self, Action, Age};
 
 #[derive(Debug, Args)]
@@ -31,7 +31,7 @@ pub async fn run(args: PruneArgs) -> Result<ExitCode> {
         .older_than
         .parse()
         .map_err(|e| anyhow::anyhow!("--older-than: {e}"))?;
-    let mut client = db::connect(&db::parse_url(&args.database_url)?).await?;
+    let mut client = connect::postgres(&connect::parse_url(&args.database_url)?).await?;
     let pruned = partitions::prune(&mut client, &args.table, older_than, args.dry_run).await?;
     if pruned.is_empty() {
         outln!(

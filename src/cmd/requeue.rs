@@ -5,12 +5,12 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use super::outln;
+use crate::connect;
 use crate::error::exit;
-use crate::harness::db;
 use crate::outbox::relay;
 
 pub async fn run(database_url: &str) -> Result<ExitCode> {
-    let client = db::connect(&db::parse_url(database_url)?).await?;
+    let client = connect::postgres(&connect::parse_url(database_url)?).await?;
     let rows = relay::requeue(&client).await?;
     outln!("requeued {rows} undelivered outbox rows")?;
     Ok(ExitCode::from(exit::OK))

@@ -4,15 +4,13 @@
 //! outbox-lab only ever creates databases named `outboxlab_…` and drops only the ones it created
 //! in this run: the database named in the URL is used for CREATE/DROP DATABASE and nothing else.
 
-use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
-use tokio_postgres::tls::NoTlsStream;
-use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Notification, Socket};
+use anyhow::{bail, Context, Result};
+use tokio_postgres::{Client, Config};
 
+use crate::connect;
 use crate::harness::cluster::{Cluster, PgBinaries};
 
 /// Every database outbox-lab creates starts with this.
@@ -20,8 +18,6 @@ pub const DATABASE_PREFIX: &str = "outboxlab_";
 /// A run holds a connection named `outbox-lab run <id>` while it lives, and comments its
 /// databases with the same words: how `clean` tells a live run's databases from a dead one's.
 const RUN_TAG_PREFIX: &str = "outbox-lab run ";
-/// A server that has not answered in this time is reported unreachable.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// PostgreSQL truncates identifiers to 63 bytes; we stay under it so names stay ours.
 const MAX_NAME_LEN: usize = 63;
 /// Bounds the wait for a stopped relay's walsender to let go of its slot.
@@ -62,13 +58,13 @@ pub struct Database {
 
 impl Database {
     pub fn config(&self) -> Result<Config> {
-        let mut config = parse_url(&self.server_url)?;
+        let mut config = connect::parse_url(&self.server_url)?;
         config.dbname(&self.name);
         Ok(config)
     }
 
     pub async fn connect(&self) -> Result<Client> {
-        connect(&self.config()?).await
+        connect::postgres(&self.config()?).await
     }
 
     /// A `psql`-ready URL, for `--keep`. Only meaningful for URL-form server addresses.
@@ -78,68 +74,6 @@ impl Database {
             _ => format!("{} dbname={}", self.server_url, self.name),
         }
     }
-}
-
-/// Parses a connection string (URL or key=value form) with a message that says what to fix.
-pub fn parse_url(url: &str) -> Result<Config> {
-    Config::from_str(url).map_err(|e| anyhow!("invalid --database-url '{url}': {e}"))
-}
-
-/// Connects, with a bound on the wait, and drives the connection on a task.
-pub async fn connect(config: &Config) -> Result<Client> {
-    let (client, connection) = open(config).await?;
-    tokio::spawn(async move {
-        // The connection ends when the client is dropped, or when the server goes: both expected.
-        let _ = connection.await;
-    });
-    Ok(client)
-}
-
-/// Connects and forwards the connection's notifications (LISTEN/NOTIFY) to the receiver; the
-/// receiver ends when the connection does.
-pub async fn connect_listening(
-    config: &Config,
-) -> Result<(Client, UnboundedReceiver<Notification>)> {
-    let (client, mut connection) = open(config).await?;
-    let (sender, receiver) = unbounded_channel();
-    tokio::spawn(async move {
-        // poll_message drives the connection and hands over what the server sends unasked.
-        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-            match message {
-                Ok(AsyncMessage::Notification(n)) => {
-                    if sender.send(n).is_err() {
-                        break;
-                    }
-                }
-                Ok(_) => {}
-                Err(_) => break,
-            }
-        }
-    });
-    Ok((client, receiver))
-}
-
-async fn open(config: &Config) -> Result<(Client, Connection<Socket, NoTlsStream>)> {
-    let mut config = config.clone();
-    config.connect_timeout(CONNECT_TIMEOUT);
-    tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls))
-        .await
-        .map_err(|_| anyhow!("no answer within {CONNECT_TIMEOUT:?}"))
-        .and_then(|r| r.map_err(anyhow::Error::from))
-        .with_context(|| format!("cannot connect to PostgreSQL at {}", describe(&config)))
-}
-
-fn describe(config: &Config) -> String {
-    let host = config
-        .get_hosts()
-        .first()
-        .map(|h| match h {
-            tokio_postgres::config::Host::Tcp(h) => h.clone(),
-            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
-        })
-        .unwrap_or_else(|| "localhost".into());
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!("{host}:{port} (is the server running? check --database-url)")
 }
 
 /// The server of a run and the databases this run created on it.
@@ -169,7 +103,7 @@ impl PgServer {
     pub async fn open(choice: &ServerChoice<'_>, run_id: &str) -> Result<PgServer> {
         let (url, cluster) = match choice.database_url {
             Some(url) => {
-                parse_url(url)?;
+                connect::parse_url(url)?;
                 (url.to_string(), None)
             }
             None => {
@@ -181,9 +115,9 @@ impl PgServer {
         let run_id = run_id
             .to_lowercase()
             .replace(|c: char| !c.is_ascii_alphanumeric(), "_");
-        let mut config = parse_url(&url)?;
+        let mut config = connect::parse_url(&url)?;
         config.application_name(run_tag(&run_id));
-        let holder = connect(&config).await?;
+        let holder = connect::postgres(&config).await?;
         let version: String = holder.query_one("SHOW server_version", &[]).await?.get(0);
         Ok(PgServer {
             url,
@@ -216,7 +150,7 @@ impl PgServer {
         if self.created.lock().expect("not poisoned").contains(&name) {
             bail!("database {name} was already created in this run");
         }
-        let admin = connect(&parse_url(&self.url)?).await?;
+        let admin = connect::postgres(&connect::parse_url(&self.url)?).await?;
         admin
             .batch_execute(&format!("CREATE DATABASE \"{name}\""))
             .await
@@ -271,7 +205,7 @@ impl PgServer {
         if names.is_empty() {
             return Ok(());
         }
-        let admin = connect(&parse_url(&self.url)?).await?;
+        let admin = connect::postgres(&connect::parse_url(&self.url)?).await?;
         for name in names {
             debug_assert!(name.starts_with(DATABASE_PREFIX));
             drop_slots_of(&admin, &name).await?;
@@ -299,7 +233,7 @@ pub enum CleanedDatabase {
 /// Drops the `outboxlab_` databases (and their replication slots) of runs that are no longer
 /// alive: neither the run that made one holds its connection, nor is anyone connected to it.
 pub async fn clean_databases(url: &str) -> Result<Vec<CleanedDatabase>> {
-    let admin = connect(&parse_url(url)?).await?;
+    let admin = connect::postgres(&connect::parse_url(url)?).await?;
     let mut cleaned = Vec::new();
     for row in admin.query(OUR_DATABASES, &[&RUN_TAG_PREFIX]).await? {
         let name: String = row.get("datname");

@@ -17,6 +17,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::User;
 use tokio::sync::OnceCell;
 
+use crate::connect;
 use crate::harness::throwaway::{self, ProcessId, RunDir, ServerProcess};
 
 /// redis-server answers PING within milliseconds of starting; this bounds a wedged start.
@@ -151,23 +152,9 @@ fn find_redis_server() -> Result<PathBuf> {
 }
 
 async fn ping(url: &str) -> Result<()> {
-    let mut con = connect(url).await?;
+    let mut con = connect::redis(url).await?;
     redis::cmd("PING").query_async::<String>(&mut con).await?;
     Ok(())
-}
-
-/// A connection, with a bound on the wait and a message that says where.
-pub async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnection> {
-    let client =
-        redis::Client::open(url).map_err(|e| anyhow!("invalid --redis-url '{url}': {e}"))?;
-    tokio::time::timeout(
-        Duration::from_secs(5),
-        client.get_multiplexed_async_connection(),
-    )
-    .await
-    .map_err(|_| anyhow!("no answer within 5 s"))
-    .and_then(|r| r.map_err(anyhow::Error::from))
-    .with_context(|| format!("cannot connect to Redis at {url} (is it running? check --redis-url)"))
 }
 
 /// The Redis of a run: external, or private and started when a scenario first needs it.
@@ -235,7 +222,7 @@ impl Redis {
             eprintln!("kept Redis keys {}*", self.key_prefix);
             return Ok(());
         }
-        let mut con = connect(url).await?;
+        let mut con = connect::redis(url).await?;
         let pattern = format!("{}*", self.key_prefix);
         let mut keys: Vec<String> = Vec::new();
         let mut cursor = 0u64;

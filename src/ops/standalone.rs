@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio_postgres::Client;
 use tracing::info;
 
-use crate::harness::db;
+use crate::connect;
 use crate::outbox::consumer::{self, ConsumerKind, Faults};
 use crate::outbox::relay::{drive, sql, RelayOptions, RelayStats, Wakeup};
 use crate::outbox::schema;
@@ -32,8 +32,8 @@ pub async fn run_relay(
     metrics_listen: Option<SocketAddr>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-    let db = relay.connection(&db::parse_url(database_url)?);
-    let client = db::connect(&db).await?;
+    let db = relay.connection(&connect::parse_url(database_url)?);
+    let client = connect::postgres(&db).await?;
     if !schema::has_table(&client, "outbox").await? {
         bail!("this database has no outbox table: create it first (the article's, in outbox-lab's src/outbox/schema.rs)");
     }
@@ -72,8 +72,8 @@ pub async fn run_consumer(
     create_schema: bool,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-    let db = db::parse_url(database_url)?;
-    let client = db::connect(&db).await?;
+    let db = connect::parse_url(database_url)?;
+    let client = connect::postgres(&db).await?;
     if !schema::has_table(&client, "consumer.receipts").await? {
         if !create_schema {
             bail!("this database has no consumer tables (schema consumer): rerun with --create-schema");

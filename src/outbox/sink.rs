@@ -13,7 +13,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::Semaphore;
 
-use crate::harness::redis_server;
+use crate::connect;
 use crate::outbox::event::Event;
 
 /// A delivery that has not been answered in this time counts as failed (and is retried): a
@@ -39,7 +39,7 @@ impl Sink {
         stream_prefix: &str,
     ) -> Result<Sink> {
         if is_redis(url) {
-            let connection = redis_server::connect(url).await?;
+            let connection = connect::redis(url).await?;
             Ok(Sink::Redis(RedisSink {
                 connection,
                 stream_prefix: stream_prefix.to_string(),

@@ -11,8 +11,8 @@ use redis::AsyncCommands;
 use serde::Deserialize;
 
 use super::{Ctx, Outcome, CHILD_TIMEOUT};
+use crate::connect;
 use crate::harness::child::ChildEnd;
-use crate::harness::redis_server;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::relay::RelayConfig;
@@ -64,7 +64,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             }
             "redis" => {
                 let url = ctx.redis_url().await?;
-                let redis = redis_server::connect(&url).await?;
+                let redis = connect::redis(&url).await?;
                 (url, None, Some(redis))
             }
             other => bail!("unknown sink '{other}' in sinks (redis, http)"),

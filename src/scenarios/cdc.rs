@@ -122,7 +122,7 @@ impl<'a> Bench<'a> {
     async fn new(ctx: &'a Ctx<'a>, design: Design) -> Result<Bench<'a>> {
         let db = ctx.database(design.name()).await?;
         let client = db.connect().await?;
-        let slot = cdc::slot_name(&db);
+        let slot = cdc::slot_name(&db.name);
         match design {
             Design::Notify => client.batch_execute(schema::NOTIFY_TRIGGER).await?,
             Design::Cdc => cdc::create_slot(&client, &slot).await?,

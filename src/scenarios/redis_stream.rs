@@ -11,9 +11,9 @@ use redis::AsyncCommands;
 use serde::Deserialize;
 
 use super::{Ctx, Outcome, CHILD_TIMEOUT};
+use crate::connect;
 use crate::harness::child::role::StreamWorkerRole;
 use crate::harness::child::{ChildCommand, ChildEnd};
-use crate::harness::redis_server;
 use crate::judge::counts;
 use crate::outbox::consumer::ConsumerKind;
 use crate::outbox::crash::{CrashPlan, CrashPoint};
@@ -36,7 +36,7 @@ const SECOND_READ: usize = 100;
 
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let redis_url = ctx.redis_url().await?;
-    let mut redis = redis_server::connect(&redis_url).await?;
+    let mut redis = connect::redis(&redis_url).await?;
     let stream = RedisSink::stream_name(ctx.redis_key_prefix(), "orders");
     let mut outcome = Outcome::default();
     let mut kinds = Table::new(

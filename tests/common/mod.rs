@@ -177,10 +177,9 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
 pub fn create_database(name: &str, sql: &str) -> Database {
     let server = server_url();
     block_on(async {
-        let admin =
-            outbox_lab::harness::db::connect(&outbox_lab::harness::db::parse_url(server).unwrap())
-                .await
-                .unwrap();
+        let admin = outbox_lab::connect::postgres(&outbox_lab::connect::parse_url(server).unwrap())
+            .await
+            .unwrap();
         admin
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await

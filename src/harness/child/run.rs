@@ -13,8 +13,8 @@ use super::role::{
     ChildArgs, ChildSpec, ExploreRelayRole, ExploreWriterRole, NaiveAppRole, Role, WriterRole,
     SPEC_ENV,
 };
+use crate::connect;
 use crate::harness::db::Database;
-use crate::harness::redis_server;
 use crate::ops::logging::{self, LogFormat};
 use crate::outbox::consumer;
 use crate::outbox::crash;
@@ -80,7 +80,7 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
         }
         Role::StreamWorker(role) => {
             let mut worker = StreamWorker {
-                redis: redis_server::connect(&role.redis_url).await?,
+                redis: connect::redis(&role.redis_url).await?,
                 db: consumer::pool(db.config()?, 1)?.get().await?,
                 stream: role.stream,
                 name: role.worker,

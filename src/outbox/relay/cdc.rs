@@ -28,7 +28,7 @@ use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationE
 use tokio_postgres::config::Host;
 use tokio_postgres::Client;
 
-use crate::harness::db::{self, Database};
+use crate::connect;
 use crate::outbox::crash::{self, CrashPoint};
 use crate::outbox::event::Event;
 use crate::outbox::relay::pgoutput::{self, Change, Relation};
@@ -89,8 +89,8 @@ const SLOT_POLL: Duration = Duration::from_millis(2);
 const SLOT_WAIT_LIMIT: Duration = Duration::from_secs(10);
 
 /// A slot of ours is named after its database (unique on the server, and ours by its prefix).
-pub fn slot_name(db: &Database) -> String {
-    db.name.clone()
+pub fn slot_name(database: &str) -> String {
+    database.to_string()
 }
 
 /// The publication and the slot; the slot streams what is committed from now on.
@@ -188,7 +188,7 @@ impl CdcRelay {
         config: CdcConfig,
         log_name: Option<String>,
     ) -> Result<CdcRelay> {
-        let db = db::connect(db_config).await?;
+        let db = connect::postgres(db_config).await?;
         wait_until_released(&db, &config.slot).await?;
         let replication = replication_config(db_config, &config.slot)?;
         let mut stream = ReplicationClient::connect(replication)

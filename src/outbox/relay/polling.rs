@@ -16,7 +16,7 @@ use super::sql::{
     fetch_statement, CLAIM_BATCH, MARK_CLAIMED_PUBLISHED, MARK_FAILED, MARK_PUBLISHED, PENDING,
 };
 use super::{OutboxRelay, Pass, Pending, RelayConfig, RelayDesign, RelayStats, Wakeup};
-use crate::harness::db;
+use crate::connect;
 use crate::outbox::crash::{self, CrashPoint};
 use crate::outbox::event::Event;
 use crate::outbox::schema;
@@ -175,9 +175,9 @@ async fn open_connection(
     listen: bool,
 ) -> Result<(Client, Option<UnboundedReceiver<Notification>>)> {
     if !listen {
-        return Ok((db::connect(db).await?, None));
+        return Ok((connect::postgres(db).await?, None));
     }
-    let (client, notifications) = db::connect_listening(db).await?;
+    let (client, notifications) = connect::postgres_listening(db).await?;
     client
         .batch_execute(&format!("LISTEN {}", schema::NOTIFY_CHANNEL))
         .await?;

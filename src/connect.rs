@@ -1,0 +1,90 @@
+//! Connecting to the servers, for every part of outbox-lab: PostgreSQL (a connection string
+//! parsed, a connection opened, one that hands over LISTEN notifications) and Redis — each
+//! bounded in time, each failure saying where it tried and what to check.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio_postgres::tls::NoTlsStream;
+use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Notification, Socket};
+
+/// A server that has not answered in this time is reported unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Parses a connection string (URL or key=value form) with a message that says what to fix.
+pub fn parse_url(url: &str) -> Result<Config> {
+    Config::from_str(url).map_err(|e| anyhow!("invalid --database-url '{url}': {e}"))
+}
+
+/// Connects, with a bound on the wait, and drives the connection on a task.
+pub async fn postgres(config: &Config) -> Result<Client> {
+    let (client, connection) = open(config).await?;
+    tokio::spawn(async move {
+        // The connection ends when the client is dropped, or when the server goes: both expected.
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// Connects and forwards the connection's notifications (LISTEN/NOTIFY) to the receiver; the
+/// receiver ends when the connection does.
+pub async fn postgres_listening(
+    config: &Config,
+) -> Result<(Client, UnboundedReceiver<Notification>)> {
+    let (client, mut connection) = open(config).await?;
+    let (sender, receiver) = unbounded_channel();
+    tokio::spawn(async move {
+        // poll_message drives the connection and hands over what the server sends unasked.
+        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => {
+                    if sender.send(n).is_err() {
+                        break;
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    });
+    Ok((client, receiver))
+}
+
+async fn open(config: &Config) -> Result<(Client, Connection<Socket, NoTlsStream>)> {
+    let mut config = config.clone();
+    config.connect_timeout(CONNECT_TIMEOUT);
+    tokio::time::timeout(CONNECT_TIMEOUT, config.connect(NoTls))
+        .await
+        .map_err(|_| anyhow!("no answer within {CONNECT_TIMEOUT:?}"))
+        .and_then(|r| r.map_err(anyhow::Error::from))
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", describe(&config)))
+}
+
+fn describe(config: &Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .unwrap_or_else(|| "localhost".into());
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port} (is the server running? check --database-url)")
+}
+
+/// A connection, with a bound on the wait and a message that says where.
+pub async fn redis(url: &str) -> Result<redis::aio::MultiplexedConnection> {
+    let client =
+        redis::Client::open(url).map_err(|e| anyhow!("invalid --redis-url '{url}': {e}"))?;
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_multiplexed_async_connection(),
+    )
+    .await
+    .map_err(|_| anyhow!("no answer within 5 s"))
+    .and_then(|r| r.map_err(anyhow::Error::from))
+    .with_context(|| format!("cannot connect to Redis at {url} (is it running? check --redis-url)"))
+}
