@@ -1,7 +1,8 @@
 //! The harness: everything that sets the stage for the system under test and watches it — the
 //! throwaway PostgreSQL [`cluster`] and [`redis_server`] (in [`throwaway`] directories), the
 //! [`db`] server and databases of a run, [`child`] processes that die for real, the network
-//! [`proxy`] between relay and consumer, and bulk [`load`]ing with COPY.
+//! [`proxy`] between relay and consumer, bulk [`load`]ing with COPY,
+//! and the one bounded [`wait`] for something to happen.
 
 pub mod child;
 pub mod cluster;
@@ -10,3 +11,4 @@ pub mod load;
 pub mod proxy;
 pub mod redis_server;
 pub mod throwaway;
+pub mod wait;

@@ -244,10 +244,14 @@ pub const ALL_PUBLISHED: &str = concat!("SELECT NOT EXISTS (", pending!(), ")");
 pub const RECEIVED_AT_LEAST: &str =
     "SELECT count(*) >= $1 FROM consumer.receipts WHERE NOT injected_fault";
 
-/// Whether a relay child (named `outbox-lab relay ...`, pattern $1) is connected.
-pub const RELAY_CONNECTED: &str = "
+/// Whether a relay child (its session named `outbox-lab relay NAME`, pattern $1) is ready: its
+/// session has finished a first statement and waits for the next. That first statement is the
+/// NOTIFY relay's LISTEN, so from then on no commit's notification is missed; the polling
+/// relay is ready once connected. (A fresh session shows an empty `query`.)
+pub const RELAY_READY: &str = "
 SELECT count(*) > 0 FROM pg_stat_activity
- WHERE datname = current_database() AND application_name LIKE $1";
+ WHERE datname = current_database() AND application_name LIKE $1
+   AND state = 'idle' AND query <> ''";
 
 /// Events delivered whose outbox row no longer exists (the Debezium-style outbox deletes them).
 pub const DELIVERED_WITHOUT_ROW: &str = "

@@ -22,6 +22,7 @@ use tokio_postgres::Client;
 use super::{Ctx, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::{ChildCommand, ChildEnd, ConsumerProcess, RunningChild};
 use crate::harness::db::Database;
+use crate::harness::wait;
 use crate::judge::counts;
 use crate::judge::latency;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -143,12 +144,13 @@ impl<'a> Bench<'a> {
         })
     }
 
-    fn relay_command(&mut self) -> ChildCommand {
+    /// The next relay process: its name, and its command.
+    fn relay_command(&mut self) -> (String, ChildCommand) {
         let name = self.started.to_string();
         self.started += 1;
         let (ctx, db, sink) = (self.ctx, &self.db, &self.consumer.url);
         let config = RelayConfig::default();
-        match self.design {
+        let command = match self.design {
             Design::Poll100 => ctx
                 .relay(db, sink, &name, &config)
                 .arg("follow", Wakeup::Poll(POLL_EVERY)),
@@ -159,17 +161,20 @@ impl<'a> Bench<'a> {
                 },
             ),
             Design::Cdc => ctx.cdc_relay(db, sink, &name, &self.slot, &config),
-        }
+        };
+        (name, command)
     }
 
-    /// Starts the following relay and waits until it is connected (streaming, for the slot).
+    /// Starts the following relay and waits until it is ready (streaming, for the slot;
+    /// listening, for the NOTIFY relay: see `counts::RELAY_READY`).
     async fn start_relay(&mut self) -> Result<()> {
-        self.relay = Some(self.relay_command().spawn()?);
+        let (name, command) = self.relay_command();
+        self.relay = Some(command.spawn()?);
         let ready = match self.design {
             Design::Cdc => wait_until(&self.client, cdc::SLOT_ACTIVE, &[&self.slot]).await?,
             Design::Poll100 | Design::Notify => {
-                let pattern = format!("{RELAY_APPLICATION_NAME}%");
-                wait_until(&self.client, counts::RELAY_CONNECTED, &[&pattern]).await?
+                let session = format!("{RELAY_APPLICATION_NAME} {name}");
+                wait_until(&self.client, counts::RELAY_READY, &[&session]).await?
             }
         };
         if !ready {
@@ -352,6 +357,7 @@ async fn crash_and_restart(
     let crash = CrashPlan::new(bench.design.crash_point(), params.crash_after);
     let crashed = bench
         .relay_command()
+        .1
         .crash_at(Some(crash))
         .run(CHILD_TIMEOUT)
         .await?
@@ -480,21 +486,15 @@ async fn slot_retained(bench: &Bench<'_>) -> Result<(i64, i64)> {
 
 /// Polls a one-boolean query until it says true; false if it did not within the limit.
 async fn wait_until(client: &Client, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<bool> {
-    let started = tokio::time::Instant::now();
-    loop {
-        if client
+    let answer = wait::up_to(DELIVERY_LIMIT, WAIT_POLL, async || {
+        Ok(client
             .query_one(sql, params)
             .await?
             .get::<_, Option<bool>>(0)
-            == Some(true)
-        {
-            return Ok(true);
-        }
-        if started.elapsed() > DELIVERY_LIMIT {
-            return Ok(false);
-        }
-        tokio::time::sleep(WAIT_POLL).await;
-    }
+            == Some(true))
+    })
+    .await?;
+    Ok(answer.is_some())
 }
 
 /// Milliseconds to 0.1 ms.

@@ -3,7 +3,7 @@
 //! never delivers it; the `published_at IS NULL` relay delivers both; so does a watermark over
 //! the writing transaction's id (xid8) that only advances past finished transactions.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Result;
 use serde::Deserialize;
@@ -11,6 +11,7 @@ use serde_json::json;
 use tokio_postgres::Client;
 
 use super::{Ctx, Outcome};
+use crate::harness::wait;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::relay::{Relay, RelayConfig, WatermarkRelay, XidWatermarkRelay};
@@ -116,15 +117,14 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
         let seen: i64 = client.query_one(counts::LAST_RECEIPT, &[]).await?.get(0);
         // A relay polls on: give each one the same time to catch up. (The xid8 watermark also
         // waits for every older transaction of the cluster, in any database, to finish.)
-        let catch_up_until = Instant::now() + CATCH_UP;
-        loop {
+        // Running out of time is the result here: what is still missing then counts as lost.
+        wait::up_to(CATCH_UP, POLL_INTERVAL, async || {
             relay.pass(&client, &sink).await?;
-            let missing = counts::ids(&client, counts::LOST_IDS, &[]).await?;
-            if missing.is_empty() || Instant::now() > catch_up_until {
-                break;
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
+            Ok(counts::ids(&client, counts::LOST_IDS, &[])
+                .await?
+                .is_empty())
+        })
+        .await?;
         let second = counts::ids(&client, counts::RECEIVED_AFTER, &[&seen]).await?;
         consumer.stop().await?;
 
