@@ -159,6 +159,23 @@ fn unanswered_attempt_is_info_and_the_idempotent_consumer_holds() {
         .any(|p| p["end"] == "crashed at consumer-after-commit-before-reply"));
 }
 
+/// Liveness bites: a writer that dies before every COMMIT, in each of the 20 processes a run
+/// may start, never finishes; the run is stuck, a claim of outbox-idempotent broken (exit 1).
+#[test]
+fn a_run_that_cannot_drain_violates_liveness() {
+    let schedule = vec!["writer:after-insert@1"; 20].join(",");
+    let (run, results) = explore(
+        "liveness",
+        &["--design", "outbox-idempotent", "--schedule", &schedule],
+    );
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(run.metric("outbox-idempotent.liveness.violating"), 1);
+    assert_eq!(run.metric("outbox-idempotent.lost.violating"), 0);
+    let history = &histories(&results, "outbox-idempotent")[0];
+    let why = history["violations"]["liveness"][0].as_str().unwrap();
+    assert!(why.contains("the writer did not finish"), "{why}");
+}
+
 /// A schedule with a typo, or naming a crash point the design never passes, is one line on
 /// stderr and exit 2, before any server is started.
 #[test]

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use common::{outbox_lab, scratch_dir, Run};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use outbox_lab::harness::wait;
 
 /// Cluster directories created by the outbox-lab process `pid`.
 fn cluster_dirs_of(pid: u32) -> Vec<PathBuf> {
@@ -42,8 +43,15 @@ fn alive(pid: i32) -> bool {
             .starts_with('Z')
 }
 
+/// The cluster directory's name (`outbox-lab-pg-PID-...`): it appears, unencoded, in the
+/// address the run's children are given.
+fn run_tag(dir: &Path) -> String {
+    dir.file_name().unwrap().to_string_lossy().into_owned()
+}
+
 /// Processes whose environment mentions `needle` (our children are handed the cluster's
-/// address, in its socket directory, in theirs).
+/// address, its socket directory, in theirs: percent-encoded in a URL, so look for the
+/// directory's name, see [`run_tag`]).
 fn processes_mentioning(needle: &str) -> Vec<i32> {
     std::fs::read_dir("/proc")
         .unwrap()
@@ -87,8 +95,11 @@ fn start_long_run_with(stderr: Stdio) -> (Child, PathBuf, i32) {
         }
         if let Some(dir) = cluster_dirs_of(child.id()).pop() {
             if let Some(postmaster) = ready_postmaster(&dir) {
-                // Let the scenario get under way: children running, databases created.
-                std::thread::sleep(Duration::from_millis(800));
+                // Let the scenario get under way: a child of the run running (so its databases
+                // are created), however slow the machine.
+                wait::blocking_up_to(Duration::from_secs(30), Duration::from_millis(20), || {
+                    !processes_mentioning(&run_tag(&dir)).is_empty()
+                });
                 return (child, dir, postmaster);
             }
         }
@@ -160,8 +171,7 @@ fn failing_check_exits_1_and_removes_its_cluster() {
 #[test]
 fn sigint_cleans_up_cluster_and_children() {
     let (mut child, dir, postmaster) = start_long_run();
-    // The directory's name, as it stands (percent-encoded around it) in the children's URL.
-    let address = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let address = run_tag(&dir);
     assert!(
         !processes_mentioning(&address).is_empty(),
         "no child of the run found: the check below would prove nothing"

@@ -2,62 +2,12 @@
 //! kind, the crash points on its path, the invariants it claims, and (for the deliberately broken
 //! ones) the flaw the checker is expected to catch.
 
-use std::fmt;
-
 use crate::outbox::consumer::ConsumerKind;
 use crate::outbox::crash::CrashPoint;
 use crate::outbox::writer::DualWriteOrder;
 
-/// What a design may guarantee, judged by the checker on the database after recovery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Invariant {
-    /// No shipment for an order that never committed.
-    Ghost,
-    /// Every committed event has its side effect.
-    Lost,
-    /// No event has its side effect twice.
-    Duplicate,
-    /// Per aggregate, first side effects follow outbox order.
-    Order,
-    /// The run drains within its bounds (restarts and time).
-    Liveness,
-}
-
-impl Invariant {
-    pub const ALL: [Invariant; 5] = [
-        Invariant::Ghost,
-        Invariant::Lost,
-        Invariant::Duplicate,
-        Invariant::Order,
-        Invariant::Liveness,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Invariant::Ghost => "ghost",
-            Invariant::Lost => "lost",
-            Invariant::Duplicate => "duplicate",
-            Invariant::Order => "order",
-            Invariant::Liveness => "liveness",
-        }
-    }
-
-    pub fn meaning(self) -> &'static str {
-        match self {
-            Invariant::Ghost => "no shipment for an order that never committed",
-            Invariant::Lost => "every committed event has its side effect",
-            Invariant::Duplicate => "no event has its side effect twice",
-            Invariant::Order => "per aggregate, first side effects follow outbox order",
-            Invariant::Liveness => "the run drains within its bounds",
-        }
-    }
-}
-
-impl fmt::Display for Invariant {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// The invariants are the judge's words, defined once.
+pub use crate::judge::invariants::Invariant;
 
 /// How the business side writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,13 +10,14 @@ use std::fs;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::User;
 
 use crate::harness::throwaway::{self, ProcessId, RunDir, ServerProcess};
+use crate::harness::wait;
 
 /// The superuser initdb creates; it connects through the private socket only, so no password.
 pub const SUPERUSER: &str = "postgres";
@@ -237,8 +238,7 @@ impl Cluster {
         self.postmaster = Some(child);
         self.write_marker()?;
         let limit = throwaway::start_timeout(START_TIMEOUT);
-        let started = Instant::now();
-        loop {
+        let ready = wait::up_to(limit, Duration::from_millis(20), async || {
             let child = self.postmaster.as_mut().expect("just spawned");
             if let Some(status) = child.try_wait()? {
                 self.postmaster = None;
@@ -249,21 +249,20 @@ impl Cluster {
             }
             // The server user writes this file: read it without following a link.
             let pid_file = throwaway::read_no_follow(&self.data_dir().join("postmaster.pid"));
-            if pid_file.lines().nth(7).map(str::trim) == Some("ready") {
-                return Ok(());
+            Ok(pid_file.lines().nth(7).map(str::trim) == Some("ready"))
+        })
+        .await?;
+        if ready.is_none() {
+            if let Some(mut child) = self.postmaster.take() {
+                throwaway::kill_group(&mut child);
             }
-            if started.elapsed() > limit {
-                if let Some(mut child) = self.postmaster.take() {
-                    throwaway::kill_group(&mut child);
-                }
-                bail!(
-                    "postgres did not become ready within {limit:?} (set OUTBOX_LAB_START_TIMEOUT_S \
-                     on a slow machine): {}",
-                    throwaway::last_line(&fs::read_to_string(self.dir().join(LOG))?)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            bail!(
+                "postgres did not become ready within {limit:?} (set OUTBOX_LAB_START_TIMEOUT_S \
+                 on a slow machine): {}",
+                throwaway::last_line(&fs::read_to_string(self.dir().join(LOG))?)
+            );
         }
+        Ok(())
     }
 
     fn write_marker(&self) -> Result<()> {

@@ -12,6 +12,7 @@ use tokio_postgres::{Client, Config};
 
 use crate::connect;
 use crate::harness::cluster::{Cluster, PgBinaries};
+use crate::harness::wait;
 
 /// Every database outbox-lab creates starts with this.
 pub const DATABASE_PREFIX: &str = "outboxlab_";
@@ -255,20 +256,22 @@ pub async fn clean_databases(url: &str) -> Result<Vec<CleanedDatabase>> {
 
 /// Drops every replication slot of database `name`, ending the walsenders that hold them.
 async fn drop_slots_of(admin: &Client, name: &str) -> Result<()> {
-    let started = std::time::Instant::now();
-    loop {
+    let mut left = 0;
+    let dropped = wait::up_to(SLOT_RELEASE_LIMIT, Duration::from_millis(20), async || {
         admin.query_one(END_SLOT_WALSENDERS, &[&name]).await?;
         admin
             .query_one(DROP_RELEASED_SLOTS, &[&name])
             .await
             .with_context(|| format!("cannot drop the replication slots of {name}"))?;
-        let left: i64 = admin.query_one(SLOTS_LEFT, &[&name]).await?.get(0);
-        if left == 0 {
-            return Ok(());
-        }
-        if started.elapsed() > SLOT_RELEASE_LIMIT {
-            bail!("{left} replication slots of {name} still in use after {SLOT_RELEASE_LIMIT:?}: drop them with pg_drop_replication_slot");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        left = admin
+            .query_one(SLOTS_LEFT, &[&name])
+            .await?
+            .get::<_, i64>(0);
+        Ok(left == 0)
+    })
+    .await?;
+    if dropped.is_none() {
+        bail!("{left} replication slots of {name} still in use after {SLOT_RELEASE_LIMIT:?}: drop them with pg_drop_replication_slot");
     }
+    Ok(())
 }

@@ -1,8 +1,8 @@
 //! The harness: everything that sets the stage for the system under test and watches it — the
 //! throwaway PostgreSQL [`cluster`] and [`redis_server`] (in [`throwaway`] directories), the
 //! [`db`] server and databases of a run, the [`run`]'s life around them (its id, Ctrl-C), [`child`]
-//! processes that die for real, the network [`proxy`] between relay and consumer, and bulk
-//! [`load`]ing with COPY.
+//! processes that die for real, the network [`proxy`] between relay and consumer, bulk
+//! [`load`]ing with COPY, and the one bounded [`wait`] for something to happen.
 
 pub mod child;
 pub mod cluster;
@@ -12,3 +12,4 @@ pub mod proxy;
 pub mod redis_server;
 pub mod run;
 pub mod throwaway;
+pub mod wait;

@@ -10,7 +10,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use nix::sys::signal::Signal;
@@ -19,6 +19,7 @@ use tokio::sync::OnceCell;
 
 use crate::connect;
 use crate::harness::throwaway::{self, ProcessId, RunDir, ServerProcess};
+use crate::harness::wait;
 
 /// redis-server answers PING within milliseconds of starting; this bounds a wedged start.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
@@ -81,8 +82,8 @@ impl RedisServer {
         );
         self.write_marker()?;
         let limit = throwaway::start_timeout(START_TIMEOUT);
-        let started = Instant::now();
-        loop {
+        let url = self.url();
+        let answered = wait::up_to(limit, Duration::from_millis(10), async || {
             let process = self.process.as_mut().expect("just spawned");
             if let Some(status) = process.try_wait()? {
                 self.process = None;
@@ -92,20 +93,19 @@ impl RedisServer {
                     throwaway::last_line(&log)
                 );
             }
-            if ping(&self.url()).await.is_ok() {
-                return Ok(());
+            Ok(ping(&url).await.is_ok())
+        })
+        .await?;
+        if answered.is_none() {
+            if let Some(mut process) = self.process.take() {
+                throwaway::kill_group(&mut process);
             }
-            if started.elapsed() > limit {
-                if let Some(mut process) = self.process.take() {
-                    throwaway::kill_group(&mut process);
-                }
-                bail!(
-                    "redis-server did not answer PING within {limit:?} (set \
-                     OUTBOX_LAB_START_TIMEOUT_S on a slow machine)"
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            bail!(
+                "redis-server did not answer PING within {limit:?} (set \
+                 OUTBOX_LAB_START_TIMEOUT_S on a slow machine)"
+            );
         }
+        Ok(())
     }
 
     fn url(&self) -> String {

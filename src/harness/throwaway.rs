@@ -18,12 +18,14 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::{chown, geteuid, Pid, User};
 use serde::{Deserialize, Serialize};
+
+use crate::harness::wait;
 
 /// Every throwaway directory's name starts with this.
 const DIR_PREFIX: &str = "outbox-lab-";
@@ -302,11 +304,11 @@ fn remove_found(dir: &Path, marker: &Marker) -> std::result::Result<(), String> 
     fs::remove_dir_all(dir).map_err(|e| format!("cannot remove it: {e}"))
 }
 
+/// Gives a signalled process up to [`STOP_TIMEOUT`] to end (whether it did, the caller sees).
 fn wait_gone(process: &ProcessId) {
-    let started = Instant::now();
-    while process.is_running() && started.elapsed() < STOP_TIMEOUT {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait::blocking_up_to(STOP_TIMEOUT, Duration::from_millis(5), || {
+        !process.is_running()
+    });
 }
 
 /// Removes directories whose owning run died without cleaning up (kept ones stay).

@@ -1,33 +1,47 @@
-//! What happened, counted from the database with SQL, as the article counts it.
+//! What happened, counted from the database with SQL, as the article counts it. Figures that
+//! speak of ghosts, lost events, duplicates or reordering are counted over the one definition
+//! of each in [`super::invariants`], never redefined here.
 
 use anyhow::{Context, Result};
 use tokio_postgres::{Client, Row};
 
-/// Deliveries as the consumer saw them, and what is missing at the consumer.
-pub const DELIVERIES: &str = "
+use super::invariants::{duplicates, ghosts, lost, out_of_order, pending};
+
+/// Deliveries as the consumer saw them (receipts), and what the invariants say of them:
+/// orders with an event shipped more than once, the shipments beyond each event's first, and
+/// the events lost.
+pub const DELIVERIES: &str = concat!(
+    "
+WITH duplicate AS (",
+    duplicates!(),
+    "),
+lost AS (",
+    lost!(),
+    ")
 SELECT (SELECT count(*) FROM consumer.receipts WHERE NOT injected_fault) AS received,
        (SELECT count(DISTINCT event_id) FROM consumer.receipts WHERE NOT injected_fault)
          AS distinct_events,
        (SELECT count(*) FROM consumer.shipments) AS shipments,
-       (SELECT count(*) FROM (SELECT order_id FROM consumer.shipments
-                               GROUP BY order_id HAVING count(*) > 1) twice)
-         AS orders_shipped_twice,
-       (SELECT count(*) - count(DISTINCT event_id) FROM consumer.shipments)
-         AS duplicate_shipments,
-       (SELECT count(*) FROM outbox o
-         WHERE NOT EXISTS (SELECT 1 FROM consumer.receipts r
-                            WHERE r.event_id = o.event_id AND NOT r.injected_fault)) AS lost";
+       (SELECT count(DISTINCT order_id) FROM duplicate) AS orders_shipped_twice,
+       (SELECT COALESCE(sum(shipments - 1), 0)::bigint FROM duplicate) AS duplicate_shipments,
+       (SELECT count(*) FROM lost) AS lost"
+);
 
-/// The article's dual-write table.
-pub const DUAL_WRITE: &str = "
+/// The article's dual-write table: ghost shipments, and the orders (the dual write has no
+/// outbox row) whose event was lost.
+pub const DUAL_WRITE: &str = concat!(
+    "
+WITH ghost AS (",
+    ghosts!(),
+    "),
+lost AS (",
+    lost!(),
+    ")
 SELECT (SELECT count(*) FROM orders) AS orders,
        (SELECT count(*) FROM consumer.shipments) AS shipments,
-       (SELECT count(*) FROM consumer.shipments s
-         WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.id::text = s.order_id))
-         AS ghost_shipments,
-       (SELECT count(*) FROM orders o
-         WHERE NOT EXISTS (SELECT 1 FROM consumer.shipments s WHERE s.order_id = o.id::text))
-         AS orders_without_shipment";
+       (SELECT count(*) FROM ghost) AS ghost_shipments,
+       (SELECT count(*) FROM lost WHERE outbox_id IS NULL) AS orders_without_shipment"
+);
 
 /// What one naive-app path left behind: its order (by customer) and its shipment (by event).
 pub const DUAL_WRITE_PATH: &str = "
@@ -75,12 +89,12 @@ SELECT outbox_id FROM consumer.receipts WHERE seq > $1 AND NOT injected_fault OR
 /// The highest receipt so far (0 when none).
 pub const LAST_RECEIPT: &str = "SELECT COALESCE(max(seq), 0) FROM consumer.receipts";
 
-/// Committed outbox rows the consumer never received.
-pub const LOST_IDS: &str = "
-SELECT o.id FROM outbox o
- WHERE NOT EXISTS (SELECT 1 FROM consumer.receipts r
-                    WHERE r.event_id = o.event_id AND NOT r.injected_fault)
- ORDER BY o.id";
+/// The outbox ids of the lost events.
+pub const LOST_IDS: &str = concat!(
+    "SELECT outbox_id FROM (",
+    lost!(),
+    ") lost WHERE outbox_id IS NOT NULL ORDER BY outbox_id"
+);
 
 /// claim-vs-lock: relay 0 held the first $1 rows and died right after delivering $2 of them.
 /// From that last delivery (its crash point follows it at once) until every row of its batch had
@@ -185,15 +199,13 @@ SELECT COALESCE(string_agg('order' || o.aggregate_id || '#' || o.n, ',' ORDER BY
           FROM outbox) o ON o.id = r.outbox_id
  WHERE NOT r.injected_fault";
 
-/// Per aggregate, how often the consumer received an event after a later one of the same
-/// aggregate (its outbox id went backwards), and how many aggregates that happened to.
-pub const REVERSALS: &str = "
-SELECT count(*) AS reversals, count(DISTINCT order_id) AS orders_out_of_order
-  FROM (SELECT order_id, outbox_id,
-               lag(outbox_id) OVER (PARTITION BY order_id ORDER BY seq) AS previous_id
-          FROM consumer.receipts
-         WHERE NOT injected_fault) r
- WHERE outbox_id < previous_id";
+/// Per aggregate, how often an event took effect right after a later one of the same
+/// aggregate (the order invariant's reversals), and how many aggregates that happened to.
+pub const REVERSALS: &str = concat!(
+    "SELECT count(*) AS reversals, count(DISTINCT order_id) AS orders_out_of_order FROM (",
+    out_of_order!(),
+    ") reversal"
+);
 
 /// Commit-to-receipt latency per event as the article measures it: the consumer's received_at
 /// minus the outbox row's created_at (one server clock for both).
@@ -218,24 +230,28 @@ pub const RELAY_FAILURES: &str = "
 SELECT (COALESCE(sum(attempts), 0) - count(*) FILTER (WHERE published_at IS NOT NULL))::bigint
   FROM outbox";
 
-/// Whether every outbox row has reached the consumer (answered 200) at least once.
-pub const ALL_RECEIVED: &str = "
-SELECT NOT EXISTS (SELECT 1 FROM outbox o
-                    WHERE NOT EXISTS (SELECT 1 FROM consumer.receipts r
-                                       WHERE r.event_id = o.event_id AND NOT r.injected_fault))";
+/// Whether every outbox row has taken effect at the consumer: none is (yet) lost.
+pub const ALL_RECEIVED: &str = concat!(
+    "SELECT NOT EXISTS (SELECT 1 FROM (",
+    lost!(),
+    ") lost WHERE outbox_id IS NOT NULL)"
+);
 
-/// Whether the relay has marked every outbox row published.
-pub const ALL_PUBLISHED: &str =
-    "SELECT NOT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL)";
+/// Whether the relay has marked every outbox row published: nothing is pending.
+pub const ALL_PUBLISHED: &str = concat!("SELECT NOT EXISTS (", pending!(), ")");
 
 /// Whether the consumer has received (answered 200) at least $1 deliveries.
 pub const RECEIVED_AT_LEAST: &str =
     "SELECT count(*) >= $1 FROM consumer.receipts WHERE NOT injected_fault";
 
-/// Whether a relay child (named `outbox-lab relay ...`, pattern $1) is connected.
-pub const RELAY_CONNECTED: &str = "
+/// Whether a relay child (its session named `outbox-lab relay NAME`, pattern $1) is ready: its
+/// session has finished a first statement and waits for the next. That first statement is the
+/// NOTIFY relay's LISTEN, so from then on no commit's notification is missed; the polling
+/// relay is ready once connected. (A fresh session shows an empty `query`.)
+pub const RELAY_READY: &str = "
 SELECT count(*) > 0 FROM pg_stat_activity
- WHERE datname = current_database() AND application_name LIKE $1";
+ WHERE datname = current_database() AND application_name LIKE $1
+   AND state = 'idle' AND query <> ''";
 
 /// Events delivered whose outbox row no longer exists (the Debezium-style outbox deletes them).
 pub const DELIVERED_WITHOUT_ROW: &str = "
@@ -243,17 +259,19 @@ SELECT count(DISTINCT r.event_id) FROM consumer.receipts r
  WHERE NOT r.injected_fault
    AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = r.event_id)";
 
-/// Orders whose event never reached the consumer.
-pub const ORDERS_WITHOUT_EVENT: &str = "
-SELECT count(*) FROM orders o
- WHERE NOT EXISTS (SELECT 1 FROM consumer.receipts r
-                    WHERE r.order_id = o.id::text AND NOT r.injected_fault)";
+/// Orders without an outbox row (their rows deleted as written) whose event was lost.
+pub const ORDERS_WITHOUT_EVENT: &str = concat!(
+    "SELECT count(*) FROM (",
+    lost!(),
+    ") lost WHERE outbox_id IS NULL"
+);
 
 pub const OUTBOX_ROWS: &str = "SELECT count(*) FROM outbox";
 
 pub const RECEIVED: &str = "SELECT count(*) FROM consumer.receipts WHERE NOT injected_fault";
 pub const PUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
-pub const UNPUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NULL";
+/// The backlog: outbox rows the relays still owe (see [`super::invariants::PENDING`]).
+pub const UNPUBLISHED: &str = concat!("SELECT count(*) FROM (", pending!(), ") pending");
 
 pub async fn count(client: &Client, sql: &str) -> Result<i64> {
     Ok(client.query_one(sql, &[]).await?.get(0))

@@ -22,6 +22,7 @@ use tokio_postgres::Client;
 use super::{Ctx, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::{ChildCommand, ChildEnd, ConsumerProcess, Role, RunningChild};
 use crate::harness::db::Database;
+use crate::harness::wait;
 use crate::judge::counts;
 use crate::judge::latency;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -143,12 +144,13 @@ impl<'a> Bench<'a> {
         })
     }
 
-    fn relay_command(&mut self) -> ChildCommand<Role> {
+    /// The next relay process: its name, and its command.
+    fn relay_command(&mut self) -> (String, ChildCommand<Role>) {
         let name = self.started.to_string();
         self.started += 1;
         let (ctx, db, sink) = (self.ctx, &self.db, &self.consumer.url);
         let config = RelayConfig::default();
-        match self.design {
+        let command = match self.design {
             Design::Poll100 => ctx
                 .relay(db, sink, &name, &config)
                 .with(|relay| relay.follow = Some(Wakeup::Poll(POLL_EVERY)))
@@ -164,17 +166,20 @@ impl<'a> Bench<'a> {
             Design::Cdc => ctx
                 .cdc_relay(db, sink, &name, &self.slot, &config)
                 .any_role(),
-        }
+        };
+        (name, command)
     }
 
-    /// Starts the following relay and waits until it is connected (streaming, for the slot).
+    /// Starts the following relay and waits until it is ready (streaming, for the slot;
+    /// listening, for the NOTIFY relay: see `counts::RELAY_READY`).
     async fn start_relay(&mut self) -> Result<()> {
-        self.relay = Some(self.relay_command().spawn()?);
+        let (name, command) = self.relay_command();
+        self.relay = Some(command.spawn()?);
         let ready = match self.design {
             Design::Cdc => wait_until(&self.client, cdc::SLOT_ACTIVE, &[&self.slot]).await?,
             Design::Poll100 | Design::Notify => {
-                let pattern = format!("{RELAY_APPLICATION_NAME}%");
-                wait_until(&self.client, counts::RELAY_CONNECTED, &[&pattern]).await?
+                let session = format!("{RELAY_APPLICATION_NAME} {name}");
+                wait_until(&self.client, counts::RELAY_READY, &[&session]).await?
             }
         };
         if !ready {
@@ -235,15 +240,15 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         let gap_order = watermark_gap(&bench).await?;
         crash_and_restart(&mut bench, params, &mut outcome).await?;
         let row = counts::one_row(&bench.client, counts::DELIVERIES).await?;
-        let (received, distinct, lost) = (
+        let (received, duplicates, lost) = (
             row.get::<_, i64>("received"),
-            row.get::<_, i64>("distinct_events"),
+            row.get::<_, i64>("duplicate_shipments"),
             row.get::<_, i64>("lost"),
         );
         let m = &mut outcome.metrics;
         m.set(format!("{name}.received"), received);
         m.set(format!("{name}.lost"), lost);
-        m.set(format!("{name}.duplicates"), received - distinct);
+        m.set(format!("{name}.duplicates"), duplicates);
         m.set(format!("{name}.p50_ms"), round(p50_ms));
         m.set(format!("{name}.p99_ms"), round(p99_ms));
         m.set(format!("{name}.idle_xacts"), idle_xacts);
@@ -252,7 +257,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             name.into(),
             received.to_string(),
             lost.to_string(),
-            (received - distinct).to_string(),
+            duplicates.to_string(),
             format!("{:.1}", p50_ms),
             format!("{:.1}", p99_ms),
             idle_xacts.to_string(),
@@ -357,6 +362,7 @@ async fn crash_and_restart(
     let crash = CrashPlan::new(bench.design.crash_point(), params.crash_after);
     let crashed = bench
         .relay_command()
+        .1
         .crash_at(Some(crash))
         .run(CHILD_TIMEOUT)
         .await?
@@ -485,21 +491,15 @@ async fn slot_retained(bench: &Bench<'_>) -> Result<(i64, i64)> {
 
 /// Polls a one-boolean query until it says true; false if it did not within the limit.
 async fn wait_until(client: &Client, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<bool> {
-    let started = tokio::time::Instant::now();
-    loop {
-        if client
+    let answer = wait::up_to(DELIVERY_LIMIT, WAIT_POLL, async || {
+        Ok(client
             .query_one(sql, params)
             .await?
             .get::<_, Option<bool>>(0)
-            == Some(true)
-        {
-            return Ok(true);
-        }
-        if started.elapsed() > DELIVERY_LIMIT {
-            return Ok(false);
-        }
-        tokio::time::sleep(WAIT_POLL).await;
-    }
+            == Some(true))
+    })
+    .await?;
+    Ok(answer.is_some())
 }
 
 /// Milliseconds to 0.1 ms.

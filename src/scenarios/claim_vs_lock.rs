@@ -14,6 +14,7 @@ use tokio_postgres::Client;
 use super::{Ctx, Outcome};
 use crate::harness::child::ChildEnd;
 use crate::harness::db::Database;
+use crate::harness::wait;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::crash::{CrashPlan, CrashPoint};
@@ -54,6 +55,8 @@ impl Params {
 const SAMPLE_EVERY: Duration = Duration::from_millis(10);
 /// Bounds on waits for the children (they take seconds at most).
 const WAIT_LIMIT: Duration = Duration::from_secs(30);
+/// How often the database is looked at while waiting.
+const WAIT_POLL: Duration = Duration::from_millis(5);
 
 const DESIGNS: [RelayDesign; 2] = [RelayDesign::Lock, RelayDesign::Claim];
 
@@ -208,35 +211,35 @@ fn slow_faults(params: &Params) -> Faults {
 }
 
 async fn wait_for_first_receipt(client: &Client) -> Result<()> {
-    let started = tokio::time::Instant::now();
-    while client
-        .query_one(counts::LAST_RECEIPT, &[])
-        .await?
-        .get::<_, i64>(0)
-        == 0
-    {
-        if started.elapsed() > WAIT_LIMIT {
-            bail!("relay 0 delivered nothing within {WAIT_LIMIT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok(())
+    wait::until(
+        "relay 0's first delivery",
+        WAIT_LIMIT,
+        WAIT_POLL,
+        async || {
+            Ok(client
+                .query_one(counts::LAST_RECEIPT, &[])
+                .await?
+                .get::<_, i64>(0)
+                > 0)
+        },
+    )
+    .await
 }
 
 async fn wait_until_relays_gone(client: &Client, relays: &str) -> Result<()> {
-    let started = tokio::time::Instant::now();
-    while client
-        .query_one(counts::RELAY_SESSIONS, &[&relays])
-        .await?
-        .get::<_, i64>("sessions")
-        > 0
-    {
-        if started.elapsed() > WAIT_LIMIT {
-            bail!("the relay's session did not end within {WAIT_LIMIT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok(())
+    wait::until(
+        "the relay's session to end",
+        WAIT_LIMIT,
+        WAIT_POLL,
+        async || {
+            let sessions: i64 = client
+                .query_one(counts::RELAY_SESSIONS, &[&relays])
+                .await?
+                .get("sessions");
+            Ok(sessions == 0)
+        },
+    )
+    .await
 }
 
 /// Milliseconds to 0.1 ms.

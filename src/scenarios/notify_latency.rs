@@ -4,17 +4,19 @@
 //! poll). Then what each costs the database while nothing happens (transactions in idle
 //! seconds), and what the NOTIFY trigger costs writers (notifying commits queue up).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Result};
 use serde::Deserialize;
+use tokio::task::JoinHandle;
 
 use super::{Ctx, Outcome, CHILD_TIMEOUT};
-use crate::harness::child::ChildEnd;
+use crate::harness::child::{ChildEnd, ChildRun};
+use crate::harness::wait;
 use crate::judge::counts;
 use crate::judge::latency;
 use crate::outbox::consumer::{ConsumerKind, Faults};
-use crate::outbox::relay::{RelayConfig, Wakeup};
+use crate::outbox::relay::{RelayConfig, Wakeup, RELAY_APPLICATION_NAME};
 use crate::outbox::schema;
 use crate::outbox::writer::Ending;
 use crate::report::Table;
@@ -40,8 +42,10 @@ pub struct Params {
 const RELAY_LIFETIME: Duration = Duration::from_secs(600);
 /// Time for ended sessions to report their statistics before idle transactions are counted.
 const STATS_SETTLE: Duration = Duration::from_millis(1500);
-/// Time for a relay to connect (and LISTEN) before the first order is written.
-const RELAY_STARTUP: Duration = Duration::from_millis(500);
+/// Bounds the wait for a relay to connect (and LISTEN) before the first order is written.
+const RELAY_STARTUP_LIMIT: Duration = Duration::from_secs(30);
+/// How often the database is looked at while waiting for the relay or its deliveries.
+const WAIT_POLL: Duration = Duration::from_millis(5);
 
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let mut outcome = Outcome::default();
@@ -103,7 +107,25 @@ async fn measure_mode(
         .relay(&db, &consumer.url, "0", &RelayConfig::default())
         .with(|relay| relay.follow = Some(wakeup));
     let relay = tokio::spawn(relay.run(RELAY_LIFETIME));
-    tokio::time::sleep(RELAY_STARTUP).await;
+    // Ready once its session waits after its first statement, the LISTEN for the NOTIFY relay.
+    let session = format!("{RELAY_APPLICATION_NAME} 0");
+    let ready = wait::up_to(RELAY_STARTUP_LIMIT, WAIT_POLL, async || {
+        if relay.is_finished() {
+            return Ok(Some(false));
+        }
+        let ready: bool = client
+            .query_one(counts::RELAY_READY, &[&session])
+            .await?
+            .get(0);
+        Ok(ready.then_some(true))
+    })
+    .await?;
+    if ready != Some(true) {
+        bail!(
+            "the {name} relay was not ready within {RELAY_STARTUP_LIMIT:?}: {}",
+            relay_end(relay).await
+        );
+    }
 
     ctx.writer(&db, params.orders, 1, Ending::Commit)
         .with(|writer| {
@@ -113,17 +135,19 @@ async fn measure_mode(
         .run(CHILD_TIMEOUT)
         .await?
         .expect(|e| *e == ChildEnd::Ok, "the writer")?;
-    let deadline = Instant::now() + CHILD_TIMEOUT;
-    while counts::count(&client, counts::RECEIVED).await? < i64::from(params.orders) {
-        if relay.is_finished() || Instant::now() > deadline {
-            let ended = match relay.await {
-                Ok(Ok(run)) => run.end.to_string(),
-                Ok(Err(e)) => format!("{e:#}"),
-                Err(e) => e.to_string(),
-            };
-            bail!("the {name} relay did not deliver every order: {ended}");
+    let delivered = wait::up_to(CHILD_TIMEOUT, WAIT_POLL, async || {
+        if relay.is_finished() {
+            return Ok(Some(false));
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let received = counts::count(&client, counts::RECEIVED).await?;
+        Ok((received >= i64::from(params.orders)).then_some(true))
+    })
+    .await?;
+    if delivered != Some(true) {
+        bail!(
+            "the {name} relay did not deliver every order: {}",
+            relay_end(relay).await
+        );
     }
 
     let latency = latency::measure(&client).await?;
@@ -168,6 +192,19 @@ async fn measure_mode(
         format!("{max:.2}"),
         idle_xacts_10s.to_string(),
     ])
+}
+
+/// How the relay's task ended, for an error; a relay still running is stopped.
+async fn relay_end(relay: JoinHandle<Result<ChildRun>>) -> String {
+    if !relay.is_finished() {
+        relay.abort(); // drops the child, which kills it
+        return "it was still running".into();
+    }
+    match relay.await {
+        Ok(Ok(run)) => run.end.to_string(),
+        Ok(Err(e)) => format!("{e:#}"),
+        Err(e) => e.to_string(),
+    }
 }
 
 /// Writers committing as fast as they can, with and without the NOTIFY trigger.

@@ -1,0 +1,255 @@
+//! The invariants, defined once: what *ghost*, *lost*, *duplicate*, *order* and *liveness*
+//! mean, for the scenarios' figures ([`super::counts`] builds them on these statements),
+//! explore's checker and `outbox-lab check` alike.
+//!
+//! Each is judged from the database the run left behind — the orders, the outbox and the
+//! consumer's shipments — never from a process's own account of what it did. A delivery is its
+//! effect: a row in `consumer.shipments`, which the consumer writes in the transaction that
+//! records the receipt, so "the consumer has it" means "its effect committed".
+//!
+//! - **ghost**: a shipment for an order that is not in `orders` — the naive app sent its event
+//!   before a COMMIT that never came. One row per ghost shipment; offending: the order.
+//! - **lost**: a committed event without any shipment. The committed events are the outbox
+//!   rows; an order without an outbox row (the naive app's dual write, or an outbox whose rows
+//!   are deleted as they are written) is its own event, found by its order id. One row per
+//!   event. Judged *after recovery*: see below.
+//! - **duplicate**: an event with more than one shipment (applied twice). One row per event,
+//!   with its number of shipments.
+//! - **order**: per aggregate, an event that took effect after a later event of the same
+//!   aggregate (higher outbox id). Each event counts by its *first* shipment, in the order the
+//!   consumer applied them (shipment ids are taken inside its transaction); a redelivery that
+//!   changes nothing is a duplicate, not a reordering. One row per reversal (an event applied
+//!   right after a later one); offending: the aggregate.
+//! - **liveness**: the system drains — the relays reach "nothing left to deliver" within their
+//!   bounds (restarts, time). Explore's supervisor judges it (a run that does not drain in
+//!   time, or needs more processes than allowed, is stuck: [`liveness`]). A live database
+//!   cannot tell slow from stuck; there, the outbox rows no relay has marked published are
+//!   [`PENDING`]: the backlog the relays still owe.
+//!
+//! ## Unknown outcomes (Jepsen's `info`)
+//!
+//! A sender that died, or lost the connection after its request went out, does not know what
+//! happened (`info` in explore's history): the event *may* have been applied. No invariant
+//! reads the history, so `info` is never taken for "no": whether the consumer applied the event
+//! is read from its shipments. Likewise a writer that died after sending COMMIT: its order is
+//! committed if and only if it is in `orders`.
+//!
+//! ## After recovery, or live
+//!
+//! An outbox row without a shipment whose relay has not marked it (`published_at IS NULL`) is
+//! still owed: the relay, or its restart, will send it — maybe again. That is a "maybe", so on
+//! a live database ([`Moment::Live`], `outbox-lab check`) such a row is *pending*, not lost;
+//! only an undelivered event that no relay owes any more (marked published, or with no outbox
+//! row) is lost. Explore and the scenarios judge after recovery ([`Moment::AfterRecovery`]:
+//! the relays have drained, so nothing is owed), where every undelivered event is lost — also
+//! the ones a broken relay left unmarked behind its watermark.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use anyhow::Result;
+use tokio_postgres::Client;
+
+/// What a design may guarantee; the words of every verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Invariant {
+    /// No shipment for an order that never committed.
+    Ghost,
+    /// Every committed event has its side effect.
+    Lost,
+    /// No event has its side effect twice.
+    Duplicate,
+    /// Per aggregate, first side effects follow outbox order.
+    Order,
+    /// The run drains within its bounds (restarts and time).
+    Liveness,
+}
+
+impl Invariant {
+    pub const ALL: [Invariant; 5] = [
+        Invariant::Ghost,
+        Invariant::Lost,
+        Invariant::Duplicate,
+        Invariant::Order,
+        Invariant::Liveness,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Invariant::Ghost => "ghost",
+            Invariant::Lost => "lost",
+            Invariant::Duplicate => "duplicate",
+            Invariant::Order => "order",
+            Invariant::Liveness => "liveness",
+        }
+    }
+
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Invariant::Ghost => "no shipment for an order that never committed",
+            Invariant::Lost => "every committed event has its side effect",
+            Invariant::Duplicate => "no event has its side effect twice",
+            Invariant::Order => "per aggregate, first side effects follow outbox order",
+            Invariant::Liveness => "the run drains within its bounds",
+        }
+    }
+
+    /// The statement that finds its violations in the database (`None`: liveness, judged by
+    /// the supervisor). Every one has an `offending` column naming what broke it.
+    pub fn statement(self) -> Option<&'static str> {
+        match self {
+            Invariant::Ghost => Some(GHOSTS),
+            Invariant::Lost => Some(LOST),
+            Invariant::Duplicate => Some(DUPLICATES),
+            Invariant::Order => Some(OUT_OF_ORDER),
+            Invariant::Liveness => None,
+        }
+    }
+}
+
+impl fmt::Display for Invariant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+// Each statement is written once, in a macro, so that the figures of `counts` can be built on
+// it with `concat!` (`WITH lost AS (...) SELECT count(*) FROM lost`), and as a constant.
+
+/// Ghost shipments: one row per shipment whose order never committed.
+macro_rules! ghosts {
+    () => {
+        "
+SELECT 'order ' || s.order_id AS offending, s.id AS shipment_id, s.order_id
+  FROM consumer.shipments s
+ WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.id::text = s.order_id)"
+    };
+}
+
+/// Lost events: one row per committed event without a shipment. `pending`: its outbox row is
+/// not marked published, so a relay still owes it (on a live database: not lost yet).
+macro_rules! lost {
+    () => {
+        "
+SELECT 'outbox ' || o.id AS offending, o.id AS outbox_id, o.aggregate_id AS order_id,
+       o.published_at IS NULL AS pending
+  FROM outbox o
+ WHERE NOT EXISTS (SELECT 1 FROM consumer.shipments s WHERE s.event_id = o.event_id)
+UNION ALL
+SELECT 'order ' || ord.id, NULL, ord.id::text, false
+  FROM orders ord
+ WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.aggregate_id = ord.id::text)
+   AND NOT EXISTS (SELECT 1 FROM consumer.shipments s WHERE s.order_id = ord.id::text)"
+    };
+}
+
+/// Duplicates: one row per event with more than one shipment, and how many it has.
+macro_rules! duplicates {
+    () => {
+        "
+SELECT COALESCE('outbox ' || o.id, 'event ' || s.event_id) AS offending,
+       min(s.order_id) AS order_id, count(*) AS shipments
+  FROM consumer.shipments s
+  LEFT JOIN outbox o ON o.event_id = s.event_id
+ GROUP BY s.event_id, o.id
+HAVING count(*) > 1"
+    };
+}
+
+/// Reversals: per aggregate, in the order the consumer first applied its events, one row per
+/// event applied right after a later one.
+macro_rules! out_of_order {
+    () => {
+        "
+WITH first_effect AS (
+  SELECT o.aggregate_id, o.id AS outbox_id, min(s.id) AS shipment_id
+    FROM consumer.shipments s
+    JOIN outbox o ON o.event_id = s.event_id
+   GROUP BY o.aggregate_id, o.id),
+applied AS (
+  SELECT aggregate_id, outbox_id,
+         lag(outbox_id) OVER (PARTITION BY aggregate_id ORDER BY shipment_id) AS previous_id
+    FROM first_effect)
+SELECT 'order ' || aggregate_id AS offending, aggregate_id AS order_id, outbox_id, previous_id
+  FROM applied
+ WHERE outbox_id < previous_id"
+    };
+}
+
+/// The backlog: outbox rows no relay has marked published yet (it still owes them).
+macro_rules! pending {
+    () => {
+        "
+SELECT 'outbox ' || id AS offending, id AS outbox_id
+  FROM outbox
+ WHERE published_at IS NULL"
+    };
+}
+
+pub(crate) use {duplicates, ghosts, lost, out_of_order, pending};
+
+pub const GHOSTS: &str = ghosts!();
+pub const LOST: &str = lost!();
+pub const DUPLICATES: &str = duplicates!();
+pub const OUT_OF_ORDER: &str = out_of_order!();
+pub const PENDING: &str = pending!();
+
+/// When the database is judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Moment {
+    /// The relays have drained (explore, the scenarios): nothing is owed any more, every
+    /// undelivered event is lost.
+    AfterRecovery,
+    /// The relays may still be working (`outbox-lab check`): a row not marked published is
+    /// pending, not lost.
+    Live,
+}
+
+/// What one run broke: offending ids per violated invariant (absent = held).
+pub type Violations = BTreeMap<Invariant, Vec<String>>;
+
+/// The distinct offending ids of a database invariant, sorted.
+pub async fn offending(
+    client: &Client,
+    invariant: Invariant,
+    moment: Moment,
+) -> Result<Vec<String>> {
+    let Some(statement) = invariant.statement() else {
+        return Ok(Vec::new());
+    };
+    let live_filter = if invariant == Invariant::Lost && moment == Moment::Live {
+        " WHERE NOT pending"
+    } else {
+        ""
+    };
+    let sql =
+        format!("SELECT DISTINCT offending FROM ({statement}) violation{live_filter} ORDER BY 1");
+    Ok(client
+        .query(&sql, &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// Liveness after recovery, as explore's supervisor judged it: `stuck` says which bound a run
+/// hit (`None`: it drained).
+pub fn liveness(stuck: Option<&str>) -> Option<Vec<String>> {
+    stuck.map(|why| vec![why.to_string()])
+}
+
+/// Every invariant: the database ones by their statements, liveness by `stuck` (the
+/// supervisor's verdict; `None` on a live database, which cannot tell slow from stuck).
+pub async fn judge(client: &Client, moment: Moment, stuck: Option<&str>) -> Result<Violations> {
+    let mut violations = Violations::new();
+    for invariant in Invariant::ALL {
+        let ids = match invariant {
+            Invariant::Liveness => liveness(stuck).unwrap_or_default(),
+            _ => offending(client, invariant, moment).await?,
+        };
+        if !ids.is_empty() {
+            violations.insert(invariant, ids);
+        }
+    }
+    Ok(violations)
+}
