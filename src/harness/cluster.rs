@@ -9,15 +9,15 @@
 use std::fs;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::User;
 
-use crate::harness::throwaway::{self, ProcessId, RunDir, ServerProcess};
-use crate::harness::wait;
+use crate::harness::server::Server;
+use crate::harness::throwaway;
 
 /// The superuser initdb creates; it connects through the private socket only, so no password.
 pub const SUPERUSER: &str = "postgres";
@@ -101,112 +101,25 @@ impl PgBinaries {
 /// the server user) can enter, so no other local user can connect to it.
 #[derive(Debug)]
 pub struct Cluster {
-    run: RunDir,
-    postmaster: Option<Child>,
-    keep: bool,
+    server: Server,
 }
 
 impl Cluster {
     /// initdb + start. Anything half-made is removed again if this fails.
     pub async fn start(bins: &PgBinaries, keep: bool) -> Result<Cluster> {
-        throwaway::remove_orphans();
         let run_as = throwaway::server_user()?;
         // From here on, Drop cleans up whatever exists.
-        let mut cluster = Cluster {
-            run: RunDir::create("pg", run_as.as_ref())?,
-            postmaster: None,
-            keep: false,
-        };
-        cluster.initdb(bins, run_as.as_ref()).await?;
-        // No retry: a private socket has no port to lose, and a start that timed out would only
-        // time out again.
-        cluster.launch(bins, run_as.as_ref()).await?;
-        cluster.keep = keep;
-        cluster.write_marker()?;
-        Ok(cluster)
-    }
-
-    /// The superuser URL of the `postgres` maintenance database, through the socket (its
-    /// directory percent-encoded as the host, as libpq and psql read it).
-    pub fn url(&self) -> String {
-        let socket_dir = self.run.server_dir();
-        let host: String = socket_dir
-            .as_os_str()
-            .as_encoded_bytes()
-            .iter()
-            .map(|&b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                    char::from(b).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
-        format!("postgresql://{SUPERUSER}@{host}:{PORT}/postgres")
-    }
-
-    pub fn dir(&self) -> &Path {
-        self.run.path()
-    }
-
-    /// The server is still running (a kept cluster is only kept if so).
-    pub fn is_running(&mut self) -> bool {
-        matches!(
-            self.postmaster.as_mut().map(|c| c.try_wait()),
-            Some(Ok(None))
-        )
-    }
-
-    /// Whether dropping it leaves it in place (`--keep`); a cluster that stopped is not kept.
-    pub fn set_kept(&mut self, kept: bool) {
-        self.keep = kept;
-    }
-
-    fn data_dir(&self) -> PathBuf {
-        self.run.server_dir().join("data")
-    }
-
-    async fn initdb(&self, bins: &PgBinaries, run_as: Option<&User>) -> Result<()> {
-        let mut cmd = Command::new(&bins.initdb);
-        cmd.arg("-D")
-            .arg(self.data_dir())
-            .args([
-                "-U",
-                SUPERUSER,
-                // Only the socket is ever opened, in a directory no one else can enter.
-                "--auth-local=trust",
-                "--auth-host=reject",
-                "--encoding=UTF8",
-                "--locale=C",
-                "--no-sync",
-            ])
-            .current_dir(self.run.server_dir())
-            .stdin(Stdio::null());
-        as_user(&mut cmd, run_as);
-        let out = tokio::process::Command::from(cmd)
-            .kill_on_drop(true)
-            .output()
-            .await
-            .with_context(|| format!("cannot run {}", bins.initdb.display()))?;
-        if !out.status.success() {
-            bail!(
-                "initdb failed ({}): {}",
-                out.status,
-                throwaway::last_line(&String::from_utf8_lossy(&out.stderr))
-            );
-        }
-        Ok(())
-    }
-
-    async fn launch(&mut self, bins: &PgBinaries, run_as: Option<&User>) -> Result<()> {
-        // Ours, in our directory: the server writes to it through the descriptor it inherits.
-        let log = self.run.create_file(LOG)?;
-        let mut cmd = Command::new(&bins.postgres);
-        cmd.arg("-D")
-            .arg(self.data_dir())
+        let mut server = Server::prepare("pg", "postgres", Signal::SIGINT, LOG, run_as.as_ref())?;
+        let data_dir = server.run_dir().server_dir().join("data");
+        initdb(bins, &data_dir, run_as.as_ref()).await?;
+        let mut postgres = Command::new(&bins.postgres);
+        postgres
+            .arg("-D")
+            .arg(&data_dir)
             .arg("-p")
             .arg(PORT.to_string())
             .arg("-k")
-            .arg(self.run.server_dir())
+            .arg(server.run_dir().server_dir())
             .args([
                 "-c",
                 "listen_addresses=",
@@ -224,74 +137,91 @@ impl Cluster {
                 // notify-latency splits each delivery's latency at its commit time.
                 "-c",
                 "track_commit_timestamp=on",
-            ])
-            .current_dir(self.run.server_dir())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            // Its own process group: a Ctrl-C at the terminal reaches us, and we stop it in order.
-            .process_group(0);
-        as_user(&mut cmd, run_as);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start {}", bins.postgres.display()))?;
-        self.postmaster = Some(child);
-        self.write_marker()?;
-        let limit = throwaway::start_timeout(START_TIMEOUT);
-        let ready = wait::up_to(limit, Duration::from_millis(20), async || {
-            let child = self.postmaster.as_mut().expect("just spawned");
-            if let Some(status) = child.try_wait()? {
-                self.postmaster = None;
-                bail!(
-                    "postgres exited during start ({status}): {}",
-                    throwaway::last_line(&fs::read_to_string(self.dir().join(LOG))?)
-                );
-            }
+            ]);
+        let pid_file = data_dir.join("postmaster.pid");
+        let ready = async || {
             // The server user writes this file: read it without following a link.
-            let pid_file = throwaway::read_no_follow(&self.data_dir().join("postmaster.pid"));
+            let pid_file = throwaway::read_no_follow(&pid_file);
             Ok(pid_file.lines().nth(7).map(str::trim) == Some("ready"))
-        })
-        .await?;
-        if ready.is_none() {
-            if let Some(mut child) = self.postmaster.take() {
-                throwaway::kill_group(&mut child);
-            }
-            bail!(
-                "postgres did not become ready within {limit:?} (set OUTBOX_LAB_START_TIMEOUT_S \
-                 on a slow machine): {}",
-                throwaway::last_line(&fs::read_to_string(self.dir().join(LOG))?)
-            );
-        }
-        Ok(())
-    }
-
-    fn write_marker(&self) -> Result<()> {
-        let marker = throwaway::Marker {
-            owner: ProcessId::own(),
-            kept: self.keep,
-            server: self
-                .postmaster
-                .as_ref()
-                .map(ServerProcess::spawned)
-                .transpose()?,
         };
-        self.run.write_marker(&marker)
+        let every = Duration::from_millis(20);
+        server
+            .start(postgres, run_as.as_ref(), START_TIMEOUT, every, ready)
+            .await?;
+        server.set_kept(keep)?;
+        Ok(Cluster { server })
+    }
+
+    /// The superuser URL of the `postgres` maintenance database, through the socket (its
+    /// directory percent-encoded as the host, as libpq and psql read it).
+    pub fn url(&self) -> String {
+        let socket_dir = self.server.run_dir().server_dir();
+        let host: String = socket_dir
+            .as_os_str()
+            .as_encoded_bytes()
+            .iter()
+            .map(|&b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    char::from(b).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        format!("postgresql://{SUPERUSER}@{host}:{PORT}/postgres")
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.server.run_dir().path()
+    }
+
+    /// The server is still running (a kept cluster is only kept if so).
+    pub fn is_running(&mut self) -> bool {
+        self.server.is_running()
+    }
+
+    /// Whether dropping it leaves it in place (`--keep`); a cluster that stopped is not kept.
+    pub fn set_kept(&mut self, kept: bool) -> Result<()> {
+        self.server.set_kept(kept)
     }
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if !self.keep {
-            // SIGINT: a fast shutdown.
-            self.run.remove(self.postmaster.take(), Signal::SIGINT);
-        }
-    }
-}
-
-fn as_user(cmd: &mut Command, user: Option<&User>) {
-    if let Some(user) = user {
+/// initdb, as the server user: trust on the socket only (it is in a directory no one else can
+/// enter), no TCP.
+async fn initdb(bins: &PgBinaries, data_dir: &Path, run_as: Option<&User>) -> Result<()> {
+    let mut cmd = Command::new(&bins.initdb);
+    cmd.arg("-D")
+        .arg(data_dir)
+        .args([
+            "-U",
+            SUPERUSER,
+            "--auth-local=trust",
+            "--auth-host=reject",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-sync",
+        ])
+        .current_dir(
+            data_dir
+                .parent()
+                .expect("data lies in the server directory"),
+        )
+        .stdin(Stdio::null());
+    if let Some(user) = run_as {
         cmd.uid(user.uid.as_raw())
             .gid(user.gid.as_raw())
             .env("HOME", &user.dir);
     }
+    let out = tokio::process::Command::from(cmd)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .with_context(|| format!("cannot run {}", bins.initdb.display()))?;
+    if !out.status.success() {
+        bail!(
+            "initdb failed ({}): {}",
+            out.status,
+            throwaway::last_line(&String::from_utf8_lossy(&out.stderr))
+        );
+    }
+    Ok(())
 }

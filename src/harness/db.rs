@@ -188,7 +188,7 @@ impl PgServer {
                     );
                 } else {
                     // Dropped unkept: its directory goes.
-                    cluster.set_kept(false);
+                    cluster.set_kept(false)?;
                     eprintln!("the throwaway cluster stopped during the run: nothing was kept");
                     return Ok(());
                 }

@@ -11,5 +11,6 @@ pub mod load;
 pub mod proxy;
 pub mod redis_server;
 pub mod run;
+pub mod server;
 pub mod throwaway;
 pub mod wait;

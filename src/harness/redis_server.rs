@@ -6,20 +6,18 @@
 //! external one every key is prefixed with `outboxlab:<run>:` and those keys alone are deleted at
 //! the end, so nothing of the user's is touched.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Result};
 use nix::sys::signal::Signal;
-use nix::unistd::User;
 use tokio::sync::OnceCell;
 
 use crate::connect;
-use crate::harness::throwaway::{self, ProcessId, RunDir, ServerProcess};
-use crate::harness::wait;
+use crate::harness::server::Server;
+use crate::harness::throwaway::{self, RunDir};
 
 /// redis-server answers PING within milliseconds of starting; this bounds a wedged start.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
@@ -30,108 +28,55 @@ const LOG: &str = "redis.log";
 /// unprivileged server user when we are root; dropping it stops it and removes its directory,
 /// unless kept.
 struct RedisServer {
-    run: RunDir,
-    process: Option<Child>,
-    keep: bool,
+    server: Server,
 }
 
 impl RedisServer {
     async fn start(keep: bool) -> Result<RedisServer> {
         let binary = find_redis_server()?;
-        throwaway::remove_orphans();
         let run_as = throwaway::server_user()?;
-        let mut server = RedisServer {
-            run: RunDir::create("redis", run_as.as_ref())?,
-            process: None,
-            keep: false,
-        };
-        // No retry: a private socket has no port to lose.
-        server.launch(&binary, run_as.as_ref()).await?;
-        server.keep = keep;
-        server.write_marker()?;
-        Ok(server)
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.run.server_dir().join("redis.sock")
-    }
-
-    async fn launch(&mut self, binary: &Path, run_as: Option<&User>) -> Result<()> {
-        let log = self.run.create_file(LOG)?;
-        let mut cmd = Command::new(binary);
+        let mut server = Server::prepare(
+            "redis",
+            "redis-server",
+            Signal::SIGTERM,
+            LOG,
+            run_as.as_ref(),
+        )?;
+        let socket = socket_in(server.run_dir());
+        let mut cmd = Command::new(&binary);
         cmd.args(["--port", "0", "--unixsocketperm", "700"])
             .arg("--unixsocket")
-            .arg(self.socket())
+            .arg(&socket)
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             // An empty logfile is standard output: our log file, through the inherited descriptor.
             .args(["--logfile", ""])
             .arg("--dir")
-            .arg(self.run.server_dir())
-            .current_dir(self.run.server_dir())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            // Its own process group: a Ctrl-C at the terminal reaches us, and we stop it in order.
-            .process_group(0);
-        if let Some(user) = run_as {
-            cmd.uid(user.uid.as_raw()).gid(user.gid.as_raw());
-        }
-        self.process = Some(
-            cmd.spawn()
-                .with_context(|| format!("cannot start {}", binary.display()))?,
-        );
-        self.write_marker()?;
-        let limit = throwaway::start_timeout(START_TIMEOUT);
-        let url = self.url();
-        let answered = wait::up_to(limit, Duration::from_millis(10), async || {
-            let process = self.process.as_mut().expect("just spawned");
-            if let Some(status) = process.try_wait()? {
-                self.process = None;
-                let log = std::fs::read_to_string(self.run.path().join(LOG)).unwrap_or_default();
-                bail!(
-                    "redis-server exited during start ({status}): {}",
-                    throwaway::last_line(&log)
-                );
-            }
-            Ok(ping(&url).await.is_ok())
-        })
-        .await?;
-        if answered.is_none() {
-            if let Some(mut process) = self.process.take() {
-                throwaway::kill_group(&mut process);
-            }
-            bail!(
-                "redis-server did not answer PING within {limit:?} (set \
-                 OUTBOX_LAB_START_TIMEOUT_S on a slow machine)"
-            );
-        }
-        Ok(())
+            .arg(server.run_dir().server_dir());
+        let url = url_of(&socket);
+        let every = Duration::from_millis(10);
+        let ready = async || Ok(ping(&url).await.is_ok());
+        server
+            .start(cmd, run_as.as_ref(), START_TIMEOUT, every, ready)
+            .await?;
+        server.set_kept(keep)?;
+        Ok(RedisServer { server })
+    }
+
+    fn socket(&self) -> PathBuf {
+        socket_in(self.server.run_dir())
     }
 
     fn url(&self) -> String {
-        format!("redis+unix://{}", self.socket().display())
-    }
-
-    fn write_marker(&self) -> Result<()> {
-        let marker = throwaway::Marker {
-            owner: ProcessId::own(),
-            kept: self.keep,
-            server: self
-                .process
-                .as_ref()
-                .map(ServerProcess::spawned)
-                .transpose()?,
-        };
-        self.run.write_marker(&marker)
+        url_of(&self.socket())
     }
 }
 
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        if !self.keep {
-            self.run.remove(self.process.take(), Signal::SIGTERM);
-        }
-    }
+fn socket_in(run: &RunDir) -> PathBuf {
+    run.server_dir().join("redis.sock")
+}
+
+fn url_of(socket: &Path) -> String {
+    format!("redis+unix://{}", socket.display())
 }
 
 fn find_redis_server() -> Result<PathBuf> {
@@ -204,11 +149,11 @@ impl Redis {
     pub async fn close(self) -> Result<()> {
         let Some(url) = &self.external else {
             if let Some(server) = self.private.get() {
-                if server.keep {
+                if server.server.is_kept() {
                     eprintln!(
                         "kept the private Redis server running in {}: redis-cli -s {}; remove it \
                          with `outbox-lab clean`",
-                        server.run.path().display(),
+                        server.server.run_dir().path().display(),
                         server.socket().display()
                     );
                 }

@@ -187,16 +187,6 @@ impl RunDir {
         fs::rename(&temp, self.path.join(MARKER))
             .with_context(|| format!("cannot write the marker in {}", self.path.display()))
     }
-
-    /// Stops `server` (which we started: `signal` to it, then SIGKILL to its process group) and
-    /// removes the directory.
-    pub fn remove(&self, server: Option<std::process::Child>, signal: Signal) {
-        if let Some(mut child) = server {
-            stop(Pid::from_raw(child.id() as i32), signal);
-            let _ = child.wait();
-        }
-        let _ = fs::remove_dir_all(&self.path);
-    }
 }
 
 /// Creates `path` as a new file, mode 0600: fails on anything already there, links included.
@@ -305,7 +295,7 @@ fn remove_found(dir: &Path, marker: &Marker) -> std::result::Result<(), String> 
 }
 
 /// Gives a signalled process up to [`STOP_TIMEOUT`] to end (whether it did, the caller sees).
-fn wait_gone(process: &ProcessId) {
+pub(crate) fn wait_gone(process: &ProcessId) {
     wait::blocking_up_to(STOP_TIMEOUT, Duration::from_millis(5), || {
         !process.is_running()
     });
@@ -351,38 +341,6 @@ pub fn clean() -> Vec<Cleaned> {
             },
         })
         .collect()
-}
-
-/// Asks a server we started to stop with `signal`; after STOP_TIMEOUT kills its whole process
-/// group (it leads one: see `process_group(0)` where servers are spawned).
-pub fn stop(pid: Pid, signal: Signal) {
-    let Some(process) = ProcessId::of(pid.as_raw()) else {
-        return;
-    };
-    if kill(pid, signal).is_err() {
-        return;
-    }
-    wait_gone(&process);
-    if process.is_running() {
-        let _ = killpg(pid, Signal::SIGKILL);
-    }
-}
-
-/// Kills the process group of a server we started that never got ready.
-pub fn kill_group(child: &mut std::process::Child) {
-    let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
-    let _ = child.wait();
-}
-
-/// How long a throwaway server may take to get ready: `OUTBOX_LAB_START_TIMEOUT_S` seconds
-/// (for slow machines), else `default`.
-pub fn start_timeout(default: Duration) -> Duration {
-    std::env::var("OUTBOX_LAB_START_TIMEOUT_S")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| *s > 0.0)
-        .map(Duration::from_secs_f64)
-        .unwrap_or(default)
 }
 
 /// The last non-empty line of a log or an error output.
