@@ -272,7 +272,7 @@ pub async fn run(
         Params::ReplyLost(p) => reply_lost::run(&ctx, p).await,
     }
     .map_err(|e| anyhow!("scenario {} did not run: {e:#}", prepared.scenario.name()))?;
-    let checks = expectations::evaluate(&prepared.spec, &prepared.params, &outcome.metrics)?;
+    let checks = expectations::evaluate(&prepared.spec.checks, &prepared.params, &outcome.metrics)?;
     Ok(Report {
         scenario: prepared.scenario.name().to_string(),
         section: prepared.spec.section.clone(),
