@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use tokio_postgres::{Client, Row};
 
 use super::invariants::{duplicates, ghosts, lost, out_of_order, pending};
+use crate::report::Table;
 
 /// Deliveries as the consumer saw them (receipts), and what the invariants say of them:
 /// orders with an event shipped more than once, the shipments beyond each event's first, and
@@ -26,6 +27,54 @@ SELECT (SELECT count(*) FROM consumer.receipts WHERE NOT injected_fault) AS rece
        (SELECT COALESCE(sum(shipments - 1), 0)::bigint FROM duplicate) AS duplicate_shipments,
        (SELECT count(*) FROM lost) AS lost"
 );
+
+/// The consumer kinds side by side (naive vs idempotent): a row per kind with its name, the
+/// scenario's own figures, then columns of its [`DELIVERIES`] row.
+pub struct ConsumerComparison {
+    table: Table,
+    /// Headers of the scenario's own figures come first.
+    own: usize,
+    /// The [`DELIVERIES`] columns shown after them.
+    deliveries: Vec<&'static str>,
+}
+
+impl ConsumerComparison {
+    /// A table headed `consumer`, the `own` figures' headers, then the `deliveries` columns'
+    /// names (see [`ConsumerComparison::heading`]).
+    pub fn new(title: &str, own: &[&str], deliveries: &[&'static str]) -> ConsumerComparison {
+        let columns = [&["consumer"], own, deliveries].concat();
+        ConsumerComparison {
+            table: Table::new(title, &columns),
+            own: own.len(),
+            deliveries: deliveries.to_vec(),
+        }
+    }
+
+    /// Heads the [`DELIVERIES`] column `column` with `heading` instead of its name.
+    pub fn heading(mut self, column: &str, heading: &str) -> ConsumerComparison {
+        if let Some(i) = self.deliveries.iter().position(|c| *c == column) {
+            self.table.columns[1 + self.own + i] = heading.to_string();
+        }
+        self
+    }
+
+    /// The row of `consumer`: its own figures, then from its [`DELIVERIES`] row.
+    pub fn push(&mut self, consumer: &str, own: Vec<String>, deliveries: &Row) {
+        let counted = self
+            .deliveries
+            .iter()
+            .map(|c| deliveries.get::<_, i64>(*c).to_string());
+        let row = std::iter::once(consumer.to_string())
+            .chain(own)
+            .chain(counted)
+            .collect();
+        self.table.push(row);
+    }
+
+    pub fn table(self) -> Table {
+        self.table
+    }
+}
 
 /// The article's dual-write table: ghost shipments, and the orders (the dual write has no
 /// outbox row) whose event was lost.

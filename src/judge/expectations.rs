@@ -1,26 +1,74 @@
-//! Checks: what was measured against what the article reports.
+//! Checks: what was measured against what the article reports. A check as a scenario file
+//! states it ([`CheckSpec`]) is judged here into the report's [`CheckResult`].
 
-use anyhow::Result;
+use anyhow::{anyhow, bail, Result};
 use evalexpr::{ContextWithMutableVariables, DefaultNumericTypes, HashMapContext, Value};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
+pub use crate::report::CheckResult;
 use crate::report::Metrics;
-use crate::scenarios::spec::{CheckSpec, Spec};
 
-/// One judged expectation, as it appears in the output and in JSON.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CheckResult {
+/// An expectation. Bounds are expressions over the parameters and the measured metrics
+/// (`events + crash_after`, `without_index.buffers * 0.01`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckSpec {
+    /// What the check verifies, in words.
     pub name: String,
+    /// The measured metric it judges.
     pub metric: String,
-    pub expected: String,
-    pub actual: String,
-    /// The article's own figure, where it printed one.
-    pub article: Option<String>,
-    pub pass: bool,
+    /// The article's figure, shown beside the measured one.
+    pub article: Option<toml::Value>,
+    /// Exact: the metric must equal this (figures that do not depend on timing).
+    pub equals: Option<String>,
+    /// Shape: lower and upper bounds (timing-dependent figures).
+    pub at_least: Option<String>,
+    pub at_most: Option<String>,
 }
 
-/// Judges every check of the spec against the measured metrics.
-pub fn evaluate(spec: &Spec, params: &toml::Table, metrics: &Metrics) -> Result<Vec<CheckResult>> {
+impl CheckSpec {
+    /// The article's figure as shown beside the measured one.
+    pub fn article_text(&self) -> Option<String> {
+        self.article.as_ref().map(|figure| match figure {
+            toml::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        })
+    }
+
+    /// Refuses a check without a bound, or with an expression that cannot be read.
+    pub fn validate(&self) -> Result<()> {
+        match (&self.equals, &self.at_least, &self.at_most) {
+            (None, None, None) => bail!("needs equals, at_least or at_most"),
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+                bail!("equals cannot be combined with at_least/at_most")
+            }
+            _ => {}
+        }
+        for expr in [&self.equals, &self.at_least, &self.at_most]
+            .into_iter()
+            .flatten()
+        {
+            // Some mistakes ("events +") only show on evaluation: try it with every name = 1.
+            let tree = evalexpr::build_operator_tree::<DefaultNumericTypes>(expr);
+            let mut names = HashMapContext::<DefaultNumericTypes>::new();
+            tree.and_then(|tree| {
+                for name in tree.iter_variable_identifiers() {
+                    names.set_value(name.to_string(), evalexpr::Value::Int(1))?;
+                }
+                tree.eval_with_context(&names)
+            })
+            .map_err(|e| anyhow!("cannot read expression '{expr}': {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Judges every check against the measured metrics.
+pub fn evaluate(
+    checks: &[CheckSpec],
+    params: &toml::Table,
+    metrics: &Metrics,
+) -> Result<Vec<CheckResult>> {
     let mut context = HashMapContext::<DefaultNumericTypes>::new();
     for (name, value) in params {
         if let Some(value) = toml_to_value(value) {
@@ -32,8 +80,7 @@ pub fn evaluate(spec: &Spec, params: &toml::Table, metrics: &Metrics) -> Result<
             context.set_value(name.clone(), value)?;
         }
     }
-    Ok(spec
-        .checks
+    Ok(checks
         .iter()
         .map(|check| judge(check, &context, metrics))
         .collect())

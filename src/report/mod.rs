@@ -1,7 +1,8 @@
 //! The result of a scenario run: metrics, tables, checks, and how they are shown (psql-like
 //! tables on a terminal, one JSON document with `--format json`, the summary of a run), stored
 //! (`results/<run-id>/<scenario>.json` and one CSV per table) and read back from a run's
-//! directory (`outbox-lab report`, `outbox-lab compare`).
+//! directory (`outbox-lab report`, `outbox-lab compare`). This model is the bottom layer: the
+//! judge, the scenarios and explore fill it in, and it imports none of them.
 
 pub mod compare;
 pub mod html;
@@ -16,8 +17,6 @@ use comfy_table::{CellAlignment, ContentArrangement};
 use serde::{Deserialize, Serialize};
 use tokio_postgres::types::Type;
 use tokio_postgres::Row;
-
-use crate::judge::expectations::CheckResult;
 
 /// psql's look: `|` between columns, `-+-` under the header, no outer border.
 const PSQL_STYLE: &str = "     -+ |          ";
@@ -60,6 +59,19 @@ impl Metrics {
     pub fn iter(&self) -> impl Iterator<Item = (&String, &serde_json::Value)> {
         self.0.iter()
     }
+}
+
+/// One judged expectation, as it appears in the output and in JSON (judged by
+/// [`crate::judge::expectations`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckResult {
+    pub name: String,
+    pub metric: String,
+    pub expected: String,
+    pub actual: String,
+    /// The article's own figure, where it printed one.
+    pub article: Option<String>,
+    pub pass: bool,
 }
 
 /// A table as printed, stored as CSV and put in JSON.

@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 use serde::Deserialize;
 use tokio::task::JoinHandle;
 
-use super::{Ctx, Outcome, CHILD_TIMEOUT};
+use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::{ChildEnd, ChildRun};
 use crate::harness::wait;
 use crate::judge::counts;
@@ -36,6 +36,12 @@ pub struct Params {
     /// Concurrent writers for the trigger's cost, and how long they write.
     pub tps_writers: u32,
     pub tps_duration_ms: u64,
+}
+
+impl Experiment for Params {
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
+    }
 }
 
 /// A follow-mode relay runs until the scenario stops it; this only bounds a hang.

@@ -10,7 +10,7 @@ use redis::streams::{
 use redis::AsyncCommands;
 use serde::Deserialize;
 
-use super::{Ctx, Outcome, CHILD_TIMEOUT};
+use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::connect;
 use crate::harness::child::role::StreamWorkerRole;
 use crate::harness::child::{ChildCommand, ChildEnd};
@@ -31,6 +31,12 @@ pub struct Params {
     pub first_read: usize,
 }
 
+impl Experiment for Params {
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
+    }
+}
+
 /// worker-2 reads up to this many at a time: all there is.
 const SECOND_READ: usize = 100;
 
@@ -39,16 +45,17 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let mut redis = connect::redis(&redis_url).await?;
     let stream = RedisSink::stream_name(ctx.redis_key_prefix(), "orders");
     let mut outcome = Outcome::default();
-    let mut kinds = Table::new(
+    let mut kinds = counts::ConsumerComparison::new(
         "the same crash, per consumer kind",
+        &[],
         &[
-            "consumer",
-            "deliveries applied",
+            "received",
             "distinct_events",
             "shipments",
             "duplicate_shipments",
         ],
-    );
+    )
+    .heading("received", "deliveries applied");
     for kind in [ConsumerKind::Idempotent, ConsumerKind::Naive] {
         let name = kind.name();
         // Each kind starts from an empty stream of the article's name.
@@ -94,13 +101,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
 
         let deliveries = counts::one_row(&client, counts::DELIVERIES).await?;
         outcome.metrics.set_row(name, &deliveries);
-        kinds.push(vec![
-            name.into(),
-            deliveries.get::<_, i64>("received").to_string(),
-            deliveries.get::<_, i64>("distinct_events").to_string(),
-            deliveries.get::<_, i64>("shipments").to_string(),
-            deliveries.get::<_, i64>("duplicate_shipments").to_string(),
-        ]);
+        kinds.push(name, vec![], &deliveries);
         if kind != ConsumerKind::Idempotent {
             continue;
         }
@@ -153,6 +154,6 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         }
         outcome.tables.push(groups);
     }
-    outcome.tables.push(kinds);
+    outcome.tables.push(kinds.table());
     Ok(outcome)
 }

@@ -5,7 +5,7 @@
 use anyhow::{bail, Result};
 use serde::Deserialize;
 
-use super::{Ctx, Outcome};
+use super::{Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -25,8 +25,8 @@ pub struct Params {
     pub batch: u32,
 }
 
-impl Params {
-    pub fn validate(&self) -> Result<()> {
+impl Experiment for Params {
+    fn validate(&self) -> Result<()> {
         if self.events == 0 {
             bail!("--events must be at least 1");
         }
@@ -46,21 +46,26 @@ impl Params {
         }
         Ok(())
     }
+
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
+    }
 }
 
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let mut outcome = Outcome::default();
-    let mut summary = Table::new(
+    let mut summary = counts::ConsumerComparison::new(
         "naive vs idempotent",
+        &[],
         &[
-            "consumer",
-            "http_received",
+            "received",
             "distinct_events",
             "shipments",
             "orders_shipped_twice",
             "lost",
         ],
-    );
+    )
+    .heading("received", "http_received");
     let mut lost_total = 0i64;
     for kind in [ConsumerKind::Naive, ConsumerKind::Idempotent] {
         let name = kind.name();
@@ -110,16 +115,9 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         let row = counts::one_row(&client, counts::DELIVERIES).await?;
         outcome.metrics.set_row(name, &row);
         lost_total += row.get::<_, i64>("lost");
-        summary.push(vec![
-            name.into(),
-            row.get::<_, i64>("received").to_string(),
-            row.get::<_, i64>("distinct_events").to_string(),
-            row.get::<_, i64>("shipments").to_string(),
-            row.get::<_, i64>("orders_shipped_twice").to_string(),
-            row.get::<_, i64>("lost").to_string(),
-        ]);
+        summary.push(name, vec![], &row);
     }
     outcome.metrics.set("lost", lost_total);
-    outcome.tables.insert(0, summary);
+    outcome.tables.insert(0, summary.table());
     Ok(outcome)
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use serde::Deserialize;
 
-use super::{Ctx, Outcome};
+use super::{Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
 use crate::harness::proxy::{FaultPlan, Proxy, ProxyFaults};
 use crate::judge::counts;
@@ -31,8 +31,8 @@ pub struct Params {
     pub request_timeout_ms: u64,
 }
 
-impl Params {
-    pub fn validate(&self) -> Result<()> {
+impl Experiment for Params {
+    fn validate(&self) -> Result<()> {
         // A fault on a first delivery hits one event once: the damage it does is countable.
         if let Some(plan) = self.faults.iter().find(|p| p.on_request > self.events) {
             bail!(
@@ -49,23 +49,18 @@ impl Params {
         }
         Ok(())
     }
+
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
+    }
 }
 
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let mut outcome = Outcome::default();
-    let mut summary = Table::new(
+    let mut summary = counts::ConsumerComparison::new(
         "naive vs idempotent behind the faulty network",
-        &[
-            "consumer",
-            "requests",
-            "replies_lost",
-            "resets",
-            "relay_failures",
-            "received",
-            "shipments",
-            "duplicate_shipments",
-            "lost",
-        ],
+        &["requests", "replies_lost", "resets", "relay_failures"],
+        &["received", "shipments", "duplicate_shipments", "lost"],
     );
     let faults = ProxyFaults {
         latency: Duration::from_millis(params.latency_ms),
@@ -110,19 +105,15 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         m.set(format!("{name}.resets"), proxied.resets);
         m.set(format!("{name}.relay_failures"), failures);
         lost_total += row.get::<_, i64>("lost");
-        summary.push(vec![
-            name.into(),
+        let own = vec![
             proxied.requests.to_string(),
             proxied.replies_lost.to_string(),
             proxied.resets.to_string(),
             failures.to_string(),
-            row.get::<_, i64>("received").to_string(),
-            row.get::<_, i64>("shipments").to_string(),
-            row.get::<_, i64>("duplicate_shipments").to_string(),
-            row.get::<_, i64>("lost").to_string(),
-        ]);
+        ];
+        summary.push(name, own, &row);
     }
     outcome.metrics.set("lost", lost_total);
-    outcome.tables.insert(0, summary);
+    outcome.tables.insert(0, summary.table());
     Ok(outcome)
 }

@@ -5,8 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use evalexpr::{ContextWithMutableVariables, DefaultNumericTypes, HashMapContext};
 use serde::Deserialize;
+
+use crate::judge::expectations::CheckSpec;
 
 /// One scenario file.
 #[derive(Debug, Clone, Deserialize)]
@@ -29,24 +30,6 @@ pub struct Spec {
     /// Where it was read from, for error messages.
     #[serde(skip)]
     pub source: String,
-}
-
-/// An expectation. Bounds are expressions over the parameters and the measured metrics
-/// (`events + crash_after`, `without_index.buffers * 0.01`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CheckSpec {
-    /// What the check verifies, in words.
-    pub name: String,
-    /// The measured metric it judges.
-    pub metric: String,
-    /// The article's figure, shown beside the measured one.
-    pub article: Option<toml::Value>,
-    /// Exact: the metric must equal this (figures that do not depend on timing).
-    pub equals: Option<String>,
-    /// Shape: lower and upper bounds (timing-dependent figures).
-    pub at_least: Option<String>,
-    pub at_most: Option<String>,
 }
 
 impl Spec {
@@ -108,41 +91,5 @@ impl Spec {
                     e.message().trim()
                 )
             })
-    }
-}
-
-impl CheckSpec {
-    /// The article's figure as shown beside the measured one.
-    pub fn article_text(&self) -> Option<String> {
-        self.article.as_ref().map(|figure| match figure {
-            toml::Value::String(text) => text.clone(),
-            other => other.to_string(),
-        })
-    }
-
-    fn validate(&self) -> Result<()> {
-        match (&self.equals, &self.at_least, &self.at_most) {
-            (None, None, None) => bail!("needs equals, at_least or at_most"),
-            (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
-                bail!("equals cannot be combined with at_least/at_most")
-            }
-            _ => {}
-        }
-        for expr in [&self.equals, &self.at_least, &self.at_most]
-            .into_iter()
-            .flatten()
-        {
-            // Some mistakes ("events +") only show on evaluation: try it with every name = 1.
-            let tree = evalexpr::build_operator_tree::<DefaultNumericTypes>(expr);
-            let mut names = HashMapContext::<DefaultNumericTypes>::new();
-            tree.and_then(|tree| {
-                for name in tree.iter_variable_identifiers() {
-                    names.set_value(name.to_string(), evalexpr::Value::Int(1))?;
-                }
-                tree.eval_with_context(&names)
-            })
-            .map_err(|e| anyhow!("cannot read expression '{expr}': {e}"))?;
-        }
-        Ok(())
     }
 }
