@@ -254,13 +254,33 @@ fn server_marker(server: ServerProcess) -> String {
     .unwrap()
 }
 
+/// What a planting test leaves, taken away however the test ends (a panic included): planted
+/// directories would otherwise confuse every later run on the machine.
+#[derive(Default)]
+struct Planted {
+    victims: Vec<Child>,
+    dirs: Vec<PathBuf>,
+}
+
+impl Drop for Planted {
+    fn drop(&mut self) {
+        for victim in &mut self.victims {
+            let _ = victim.kill();
+            let _ = victim.wait();
+        }
+        for dir in &self.dirs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
 /// Markers anyone could plant in the temp dir make `clean` (and every run's orphan sweep) kill
 /// nothing; a directory of ours whose server is proven ours is cleaned (the check bites).
 #[test]
 fn planted_markers_get_no_process_killed() {
     let _turn = one_at_a_time();
-    let mut victims = Vec::new();
-    let mut planted = Vec::new();
+    let mut planted = Planted::default();
+    let (victims, planted_dirs) = (&mut planted.victims, &mut planted.dirs);
 
     // Ours by owner, but the pid is not a server it started: the old format named any pid...
     let scratch = scratch_dir("security-victims");
@@ -276,13 +296,13 @@ fn planted_markers_get_no_process_killed() {
         format!("{}\n", old.id()),
     )
     .unwrap();
-    planted.push(old_dir);
+    planted_dirs.push(old_dir);
 
     // ...and the new one names a live process that is not PostgreSQL.
     let stranger = victim(&scratch);
     let mut wrong_exe = ServerProcess::spawned(&stranger).unwrap();
     wrong_exe.exe = PathBuf::from("/usr/lib/postgresql/15/bin/postgres");
-    planted.push(plant("wrong-exe", &server_marker(wrong_exe), None));
+    planted_dirs.push(plant("wrong-exe", &server_marker(wrong_exe), None));
 
     // Owned by another user, with a marker that would otherwise prove its server.
     if is_root() {
@@ -298,7 +318,7 @@ fn planted_markers_get_no_process_killed() {
         ] {
             nix::unistd::chown(&path, Some(nobody.uid), Some(nobody.gid)).unwrap();
         }
-        planted.push(dir);
+        planted_dirs.push(dir);
         victims.push(perfect);
     }
     victims.push(old);
@@ -322,7 +342,7 @@ fn planted_markers_get_no_process_killed() {
         "clean stalled for {:?}",
         started.elapsed()
     );
-    for victim in &mut victims {
+    for victim in victims.iter_mut() {
         assert!(
             victim.try_wait().unwrap().is_none(),
             "a planted marker got pid {} killed:\n{}",
@@ -330,7 +350,7 @@ fn planted_markers_get_no_process_killed() {
             cleaned.stdout
         );
     }
-    for dir in &planted {
+    for dir in planted_dirs.iter() {
         assert!(dir.exists(), "{} removed", dir.display());
         assert!(
             cleaned.stdout.contains(&format!("left {}", dir.display())),
@@ -343,14 +363,6 @@ fn planted_markers_get_no_process_killed() {
     let ended = control.wait().unwrap();
     assert!(!ended.success(), "the control server was not signalled");
     assert!(!control_dir.exists(), "{}", cleaned.stdout);
-
-    for mut victim in victims {
-        let _ = victim.kill();
-        let _ = victim.wait();
-    }
-    for dir in planted {
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }
 
 /// A file of ours is never created through a link, nor over a file already there.
