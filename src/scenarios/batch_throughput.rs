@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 use redis::AsyncCommands;
 use serde::Deserialize;
 
-use super::{Ctx, Outcome, CHILD_TIMEOUT};
+use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::ChildEnd;
 use crate::harness::redis_server;
 use crate::judge::counts;
@@ -32,6 +32,12 @@ pub struct Params {
     pub runs: u32,
     /// Aggregates the relay delivers to at once over HTTP (every event here is its own aggregate).
     pub http_in_flight: u32,
+}
+
+impl Experiment for Params {
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
+    }
 }
 
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {

@@ -21,7 +21,7 @@ use serde_json::json;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Client;
 
-use super::{Ctx, Outcome, CHILD_TIMEOUT};
+use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::{ChildCommand, ChildEnd, ConsumerProcess, RunningChild};
 use crate::harness::db::Database;
 use crate::judge::counts;
@@ -53,8 +53,8 @@ pub struct Params {
     pub retention_events: u32,
 }
 
-impl Params {
-    pub fn validate(&self) -> Result<()> {
+impl Experiment for Params {
+    fn validate(&self) -> Result<()> {
         if self.latency_events == 0 || self.crash_events == 0 {
             bail!("latency_events and crash_events must be at least 1");
         }
@@ -66,6 +66,10 @@ impl Params {
             );
         }
         Ok(())
+    }
+
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
     }
 }
 

@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use serde::Deserialize;
 use tokio_postgres::Client;
 
-use super::{Ctx, Outcome};
+use super::{Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
 use crate::harness::db::Database;
 use crate::judge::counts;
@@ -37,8 +37,8 @@ pub struct Params {
     pub lease_ms: u64,
 }
 
-impl Params {
-    pub fn validate(&self) -> Result<()> {
+impl Experiment for Params {
+    fn validate(&self) -> Result<()> {
         if self.crash_after == 0 || self.crash_after >= self.batch {
             bail!(
                 "crash_after {} must be between 1 and batch - 1 ({}): the crash falls mid-batch",
@@ -47,6 +47,10 @@ impl Params {
             );
         }
         Ok(())
+    }
+
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
     }
 }
 

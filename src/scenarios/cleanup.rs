@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use chrono::{NaiveTime, TimeDelta, Utc};
 use serde::Deserialize;
 
-use super::{Ctx, Outcome};
+use super::{Ctx, Experiment, Outcome};
 use crate::harness::load::{self, OutboxRows};
 use crate::judge::counts;
 use crate::ops::partitions::{self, Action, Age};
@@ -29,6 +29,12 @@ pub struct Params {
     pub payload_padding: usize,
     /// Partitions whose whole day is older than this many days are pruned.
     pub retention_days: i64,
+}
+
+impl Experiment for Params {
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
+    }
 }
 
 /// The article's cleanup statement.

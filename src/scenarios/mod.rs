@@ -1,6 +1,12 @@
-//! The article's experiments, one file each, and what they share: loading a scenario's file and
-//! parameters, the per-scenario databases and child processes, and turning an outcome into a
-//! [`Report`] with its checks.
+//! The article's experiments, one file each, and what they share: the registry below (from
+//! which the list of scenarios, their names, their built-in scenario files, preparing and
+//! running derive), loading a scenario's file and parameters ([`spec`]), what a scenario
+//! gets to work with ([`Ctx`]), and turning an outcome into a [`Report`] with its checks.
+//!
+//! A scenario is its file here, `src/scenarios/MODULE.rs` (MODULE: NAME with underscores),
+//! whose `Params` implement [`Experiment`]; its scenario file, `scenarios/NAME.toml`; and its
+//! line in `registry!` below, with its `pub mod` beside the others (declared outside the macro,
+//! where rustfmt sees it; a test finds a file missing from the registry).
 
 pub mod batch_throughput;
 pub mod cdc;
@@ -22,10 +28,14 @@ pub mod watermark_gap;
 
 pub use ctx::{Ctx, Outcome};
 
+use std::fmt;
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
+use serde::de::DeserializeOwned;
 
 use crate::harness::db::PgServer;
 use crate::harness::redis_server::Redis;
@@ -34,95 +44,84 @@ use crate::report::progress::Progress;
 use crate::report::{Environment, Report};
 use crate::scenarios::spec::Spec;
 
+// Every scenario, in the article's order: its module (`src/scenarios/MODULE.rs`), and its name
+// (that of its scenario file, `scenarios/NAME.toml`).
+registry! {
+    dual_write => "dual-write",
+    outbox_atomicity => "outbox-atomicity",
+    partial_index => "partial-index",
+    retry_backoff => "retry-backoff",
+    relay_crash => "relay-crash",
+    multi_relay_ordering => "multi-relay-ordering",
+    ordering_on_failure => "ordering-on-failure",
+    notify_latency => "notify-latency",
+    batch_throughput => "batch-throughput",
+    redis_stream => "redis-stream",
+    watermark_gap => "watermark-gap",
+    claim_vs_lock => "claim-vs-lock",
+    cleanup => "cleanup",
+    cdc => "cdc",
+    reply_lost => "reply-lost",
+}
+
 /// No child of these scenarios needs more than a few seconds; this bounds a hang.
 pub const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The scenarios outbox-lab implements, in the article's order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scenario {
-    DualWrite,
-    OutboxAtomicity,
-    PartialIndex,
-    RetryBackoff,
-    RelayCrash,
-    MultiRelayOrdering,
-    OrderingOnFailure,
-    NotifyLatency,
-    BatchThroughput,
-    RedisStream,
-    WatermarkGap,
-    ClaimVsLock,
-    Cleanup,
-    Cdc,
-    ReplyLost,
+/// What a scenario's file implements, on its `Params` (read from its scenario file and the
+/// command line): the experiment, ready to run once its parameters are.
+pub trait Experiment: DeserializeOwned + 'static {
+    /// Relations between the parameters (not only their types), checked before anything starts.
+    fn validate(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Runs the experiment: what it measured (the checks are judged afterwards, from its file).
+    fn run(&self, ctx: &Ctx<'_>) -> impl Future<Output = Result<Outcome>>;
+}
+
+/// Builds [`Scenario::ALL`] from the table: each line's scenario file built in, and its module's
+/// `Params` (which must implement [`Experiment`]) read, validated and run.
+macro_rules! registry {
+    ($($module:ident => $name:literal,)*) => {
+        impl Scenario {
+            /// Every scenario, in the article's order.
+            pub const ALL: &[Scenario] = &[$(Scenario(&Entry {
+                name: $name,
+                builtin_spec: include_str!(concat!("../../scenarios/", $name, ".toml")),
+                prepare: prepare_as::<$module::Params>,
+            }),)*];
+        }
+    };
+}
+// Lets the table at the top of this file use the macro defined below it.
+use registry;
+
+/// A scenario of the registry.
+#[derive(Clone, Copy)]
+pub struct Scenario(&'static Entry);
+
+/// A line of the registry.
+struct Entry {
+    name: &'static str,
+    /// The scenario file in the repository, built into the binary.
+    builtin_spec: &'static str,
+    /// Reads the parameters into the scenario's `Params` and validates them.
+    prepare: fn(&Spec, &toml::Table) -> Result<Box<dyn Ready>>,
 }
 
 impl Scenario {
-    /// In the article's order.
-    pub const ALL: &[Scenario] = &[
-        Scenario::DualWrite,
-        Scenario::OutboxAtomicity,
-        Scenario::PartialIndex,
-        Scenario::RetryBackoff,
-        Scenario::RelayCrash,
-        Scenario::MultiRelayOrdering,
-        Scenario::OrderingOnFailure,
-        Scenario::NotifyLatency,
-        Scenario::BatchThroughput,
-        Scenario::RedisStream,
-        Scenario::WatermarkGap,
-        Scenario::ClaimVsLock,
-        Scenario::Cleanup,
-        Scenario::Cdc,
-        Scenario::ReplyLost,
-    ];
-
     pub fn name(self) -> &'static str {
-        match self {
-            Scenario::DualWrite => "dual-write",
-            Scenario::OutboxAtomicity => "outbox-atomicity",
-            Scenario::RetryBackoff => "retry-backoff",
-            Scenario::RelayCrash => "relay-crash",
-            Scenario::WatermarkGap => "watermark-gap",
-            Scenario::OrderingOnFailure => "ordering-on-failure",
-            Scenario::RedisStream => "redis-stream",
-            Scenario::NotifyLatency => "notify-latency",
-            Scenario::BatchThroughput => "batch-throughput",
-            Scenario::MultiRelayOrdering => "multi-relay-ordering",
-            Scenario::PartialIndex => "partial-index",
-            Scenario::Cleanup => "cleanup",
-            Scenario::ClaimVsLock => "claim-vs-lock",
-            Scenario::Cdc => "cdc",
-            Scenario::ReplyLost => "reply-lost",
-        }
+        self.0.name
     }
 
-    /// The scenario file in the repository, built into the binary.
-    fn builtin_spec(self) -> &'static str {
-        match self {
-            Scenario::DualWrite => include_str!("../../scenarios/dual-write.toml"),
-            Scenario::OutboxAtomicity => include_str!("../../scenarios/outbox-atomicity.toml"),
-            Scenario::RetryBackoff => include_str!("../../scenarios/retry-backoff.toml"),
-            Scenario::RelayCrash => include_str!("../../scenarios/relay-crash.toml"),
-            Scenario::WatermarkGap => include_str!("../../scenarios/watermark-gap.toml"),
-            Scenario::OrderingOnFailure => include_str!("../../scenarios/ordering-on-failure.toml"),
-            Scenario::RedisStream => include_str!("../../scenarios/redis-stream.toml"),
-            Scenario::NotifyLatency => include_str!("../../scenarios/notify-latency.toml"),
-            Scenario::BatchThroughput => include_str!("../../scenarios/batch-throughput.toml"),
-            Scenario::MultiRelayOrdering => {
-                include_str!("../../scenarios/multi-relay-ordering.toml")
-            }
-            Scenario::PartialIndex => include_str!("../../scenarios/partial-index.toml"),
-            Scenario::Cleanup => include_str!("../../scenarios/cleanup.toml"),
-            Scenario::ClaimVsLock => include_str!("../../scenarios/claim-vs-lock.toml"),
-            Scenario::Cdc => include_str!("../../scenarios/cdc.toml"),
-            Scenario::ReplyLost => include_str!("../../scenarios/reply-lost.toml"),
-        }
+    /// The scenario of this name, if there is one.
+    pub fn find(name: &str) -> Option<Scenario> {
+        Scenario::ALL.iter().copied().find(|s| s.name() == name)
     }
 
     pub fn from_name(name: &str) -> Result<Scenario> {
-        if let Some(found) = Scenario::ALL.iter().find(|s| s.name() == name) {
-            return Ok(*found);
+        if let Some(found) = Scenario::find(name) {
+            return Ok(found);
         }
         let known: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
         let known = known.join(", ");
@@ -130,7 +129,21 @@ impl Scenario {
     }
 
     pub fn spec(self, dir: Option<&Path>) -> Result<Spec> {
-        Spec::load(self.name(), self.builtin_spec(), dir)
+        Spec::load(self.name(), self.0.builtin_spec, dir)
+    }
+}
+
+impl PartialEq for Scenario {
+    fn eq(&self, other: &Scenario) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl Eq for Scenario {}
+
+impl fmt::Debug for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Scenario").field(&self.name()).finish()
     }
 }
 
@@ -151,25 +164,29 @@ pub struct Prepared {
     scenario: Scenario,
     spec: Spec,
     params: toml::Table,
-    typed: Params,
+    typed: Box<dyn Ready>,
 }
 
-enum Params {
-    DualWrite(dual_write::Params),
-    OutboxAtomicity(outbox_atomicity::Params),
-    RetryBackoff(retry_backoff::Params),
-    RelayCrash(relay_crash::Params),
-    MultiRelayOrdering(multi_relay_ordering::Params),
-    OrderingOnFailure(ordering_on_failure::Params),
-    BatchThroughput(batch_throughput::Params),
-    RedisStream(redis_stream::Params),
-    NotifyLatency(notify_latency::Params),
-    WatermarkGap(watermark_gap::Params),
-    PartialIndex(partial_index::Params),
-    Cleanup(cleanup::Params),
-    ClaimVsLock(claim_vs_lock::Params),
-    Cdc(cdc::Params),
-    ReplyLost(reply_lost::Params),
+/// A scenario's typed and validated `Params`, behind a pointer: the experiment, ready to run.
+trait Ready {
+    fn start<'a>(&'a self, ctx: &'a Ctx<'a>)
+        -> Pin<Box<dyn Future<Output = Result<Outcome>> + 'a>>;
+}
+
+impl<P: Experiment> Ready for P {
+    fn start<'a>(
+        &'a self,
+        ctx: &'a Ctx<'a>,
+    ) -> Pin<Box<dyn Future<Output = Result<Outcome>> + 'a>> {
+        Box::pin(self.run(ctx))
+    }
+}
+
+/// The registry's `prepare` of a scenario whose parameters are `P`.
+fn prepare_as<P: Experiment>(spec: &Spec, params: &toml::Table) -> Result<Box<dyn Ready>> {
+    let typed: P = spec.params(params)?;
+    typed.validate()?;
+    Ok(Box::new(typed))
 }
 
 /// Reads the file and validates the parameters before anything is started.
@@ -192,44 +209,13 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
             None => {}
         }
     }
-    let typed = match scenario {
-        Scenario::DualWrite => Params::DualWrite(spec.params(&params)?),
-        Scenario::OutboxAtomicity => Params::OutboxAtomicity(spec.params(&params)?),
-        Scenario::RetryBackoff => Params::RetryBackoff(spec.params(&params)?),
-        Scenario::RelayCrash => Params::RelayCrash(validated(
-            spec.params(&params)?,
-            relay_crash::Params::validate,
-        )?),
-        Scenario::WatermarkGap => Params::WatermarkGap(spec.params(&params)?),
-        Scenario::OrderingOnFailure => Params::OrderingOnFailure(spec.params(&params)?),
-        Scenario::RedisStream => Params::RedisStream(spec.params(&params)?),
-        Scenario::NotifyLatency => Params::NotifyLatency(spec.params(&params)?),
-        Scenario::BatchThroughput => Params::BatchThroughput(spec.params(&params)?),
-        Scenario::MultiRelayOrdering => Params::MultiRelayOrdering(spec.params(&params)?),
-        Scenario::PartialIndex => Params::PartialIndex(spec.params(&params)?),
-        Scenario::Cleanup => Params::Cleanup(spec.params(&params)?),
-        Scenario::ClaimVsLock => Params::ClaimVsLock(validated(
-            spec.params(&params)?,
-            claim_vs_lock::Params::validate,
-        )?),
-        Scenario::Cdc => Params::Cdc(validated(spec.params(&params)?, cdc::Params::validate)?),
-        Scenario::ReplyLost => Params::ReplyLost(validated(
-            spec.params(&params)?,
-            reply_lost::Params::validate,
-        )?),
-    };
+    let typed = (scenario.0.prepare)(&spec, &params)?;
     Ok(Prepared {
         scenario,
         spec,
         params,
         typed,
     })
-}
-
-/// Parameters whose relations (not only types) need checking before anything starts.
-fn validated<P>(params: P, validate: impl Fn(&P) -> Result<()>) -> Result<P> {
-    validate(&params)?;
-    Ok(params)
 }
 
 impl Prepared {
@@ -254,24 +240,11 @@ pub async fn run(
         spec: &prepared.spec,
         progress,
     };
-    let outcome = match &prepared.typed {
-        Params::DualWrite(p) => dual_write::run(&ctx, p).await,
-        Params::OutboxAtomicity(p) => outbox_atomicity::run(&ctx, p).await,
-        Params::RetryBackoff(p) => retry_backoff::run(&ctx, p).await,
-        Params::RelayCrash(p) => relay_crash::run(&ctx, p).await,
-        Params::WatermarkGap(p) => watermark_gap::run(&ctx, p).await,
-        Params::OrderingOnFailure(p) => ordering_on_failure::run(&ctx, p).await,
-        Params::RedisStream(p) => redis_stream::run(&ctx, p).await,
-        Params::NotifyLatency(p) => notify_latency::run(&ctx, p).await,
-        Params::BatchThroughput(p) => batch_throughput::run(&ctx, p).await,
-        Params::MultiRelayOrdering(p) => multi_relay_ordering::run(&ctx, p).await,
-        Params::PartialIndex(p) => partial_index::run(&ctx, p).await,
-        Params::Cleanup(p) => cleanup::run(&ctx, p).await,
-        Params::ClaimVsLock(p) => claim_vs_lock::run(&ctx, p).await,
-        Params::Cdc(p) => cdc::run(&ctx, p).await,
-        Params::ReplyLost(p) => reply_lost::run(&ctx, p).await,
-    }
-    .map_err(|e| anyhow!("scenario {} did not run: {e:#}", prepared.scenario.name()))?;
+    let outcome = prepared
+        .typed
+        .start(&ctx)
+        .await
+        .map_err(|e| anyhow!("scenario {} did not run: {e:#}", prepared.scenario.name()))?;
     let checks = expectations::evaluate(&prepared.spec.checks, &prepared.params, &outcome.metrics)?;
     Ok(Report {
         scenario: prepared.scenario.name().to_string(),
@@ -289,4 +262,62 @@ pub async fn run(
             server: server.kind().to_string(),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every line of the registry has a distinct name, a scenario file naming it, and defaults
+    /// (quick or not) that its `Params` read and validate.
+    #[test]
+    fn every_scenario_prepares_from_its_builtin_file() {
+        let mut names: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), Scenario::ALL.len(), "a name is listed twice");
+        for &scenario in Scenario::ALL {
+            for quick in [false, true] {
+                let overrides = Overrides {
+                    quick,
+                    ..Overrides::default()
+                };
+                let prepared = prepare(scenario, None, &overrides)
+                    .unwrap_or_else(|e| panic!("{}: {e:#}", scenario.name()));
+                assert_eq!(prepared.scenario(), scenario);
+                assert_eq!(Scenario::from_name(scenario.name()).unwrap(), scenario);
+            }
+        }
+    }
+
+    /// Every scenario file and every scenario module is in the registry: the compiler checks
+    /// only that what the registry names exists.
+    #[test]
+    fn every_scenario_file_is_registered() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let stems = |dir: &str, extension: &str| -> Vec<String> {
+            let entries = std::fs::read_dir(root.join(dir)).unwrap();
+            let paths = entries.map(|entry| entry.unwrap().path());
+            paths
+                .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == extension))
+                .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+                .collect()
+        };
+        let registered = |name: &str| Scenario::find(name).is_some();
+        for name in stems("scenarios", "toml") {
+            assert!(
+                registered(&name),
+                "scenarios/{name}.toml is not in the registry"
+            );
+        }
+        for module in stems("src/scenarios", "rs") {
+            if ["mod", "ctx", "spec"].contains(&module.as_str()) {
+                continue;
+            }
+            assert!(
+                registered(&module.replace('_', "-")),
+                "src/scenarios/{module}.rs is not in the registry"
+            );
+        }
+    }
 }

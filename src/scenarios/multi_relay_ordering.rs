@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use serde::Deserialize;
 
-use super::{Ctx, Outcome, CHILD_TIMEOUT};
+use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::ChildEnd;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -25,6 +25,12 @@ pub struct Params {
     pub relays: Vec<u32>,
     /// Rows per fetch: an order split across two batches is what two relays can reorder.
     pub batch: i64,
+}
+
+impl Experiment for Params {
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
+    }
 }
 
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {

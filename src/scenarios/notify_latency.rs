@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use serde::Deserialize;
 
-use super::{Ctx, Outcome, CHILD_TIMEOUT};
+use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::ChildEnd;
 use crate::judge::counts;
 use crate::judge::latency;
@@ -34,6 +34,12 @@ pub struct Params {
     /// Concurrent writers for the trigger's cost, and how long they write.
     pub tps_writers: u32,
     pub tps_duration_ms: u64,
+}
+
+impl Experiment for Params {
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
+    }
 }
 
 /// A follow-mode relay runs until the scenario stops it; this only bounds a hang.

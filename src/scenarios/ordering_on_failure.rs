@@ -5,7 +5,7 @@
 use anyhow::Result;
 use serde::Deserialize;
 
-use super::{Ctx, Outcome};
+use super::{Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -18,6 +18,12 @@ use crate::report::Table;
 pub struct Params {
     pub orders: u32,
     pub events_per_order: u32,
+}
+
+impl Experiment for Params {
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
+    }
 }
 
 /// The first row written: order1's first event, the one that fails once.

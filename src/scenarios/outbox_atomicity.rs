@@ -4,7 +4,7 @@
 use anyhow::Result;
 use serde::Deserialize;
 
-use super::{Ctx, Outcome};
+use super::{Ctx, Experiment, Outcome};
 use crate::judge::counts;
 use crate::outbox::crash::{CrashPlan, CrashPoint};
 use crate::outbox::writer::Ending;
@@ -13,6 +13,12 @@ use crate::report::Table;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Params {}
+
+impl Experiment for Params {
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
+    }
+}
 
 pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
     let db = ctx.database("writer").await?;

@@ -9,7 +9,7 @@ use chrono::{TimeDelta, Utc};
 use serde::Deserialize;
 use tokio_postgres::Client;
 
-use super::{Ctx, Outcome};
+use super::{Ctx, Experiment, Outcome};
 use crate::harness::load::{self, OutboxRows};
 use crate::judge::counts;
 use crate::judge::explain::{self, Plan};
@@ -26,6 +26,12 @@ pub struct Params {
     pub unpublished: i64,
     /// Payload padding, sizing the table like the article's (~62 MB for 200,000 rows).
     pub payload_padding: usize,
+}
+
+impl Experiment for Params {
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
+    }
 }
 
 /// The article's partial index, as `schema::CREATE_OUTBOX` names it.

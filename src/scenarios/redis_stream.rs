@@ -10,7 +10,7 @@ use redis::streams::{
 use redis::AsyncCommands;
 use serde::Deserialize;
 
-use super::{Ctx, Outcome, CHILD_TIMEOUT};
+use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::{ChildCommand, ChildEnd};
 use crate::harness::redis_server;
 use crate::judge::counts;
@@ -28,6 +28,12 @@ pub struct Params {
     pub events: u32,
     /// Entries worker-1 reads (and leaves pending) before it dies.
     pub first_read: usize,
+}
+
+impl Experiment for Params {
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
+    }
 }
 
 /// worker-2 reads up to this many at a time: all there is.

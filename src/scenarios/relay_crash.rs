@@ -5,7 +5,7 @@
 use anyhow::{bail, Result};
 use serde::Deserialize;
 
-use super::{Ctx, Outcome};
+use super::{Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -25,8 +25,8 @@ pub struct Params {
     pub batch: u32,
 }
 
-impl Params {
-    pub fn validate(&self) -> Result<()> {
+impl Experiment for Params {
+    fn validate(&self) -> Result<()> {
         if self.events == 0 {
             bail!("--events must be at least 1");
         }
@@ -45,6 +45,10 @@ impl Params {
             );
         }
         Ok(())
+    }
+
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
     }
 }
 

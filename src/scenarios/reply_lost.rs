@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use serde::Deserialize;
 
-use super::{Ctx, Outcome};
+use super::{Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
 use crate::harness::proxy::{FaultPlan, Proxy, ProxyFaults};
 use crate::judge::counts;
@@ -31,8 +31,8 @@ pub struct Params {
     pub request_timeout_ms: u64,
 }
 
-impl Params {
-    pub fn validate(&self) -> Result<()> {
+impl Experiment for Params {
+    fn validate(&self) -> Result<()> {
         // A fault on a first delivery hits one event once: the damage it does is countable.
         if let Some(plan) = self.faults.iter().find(|p| p.on_request > self.events) {
             bail!(
@@ -48,6 +48,10 @@ impl Params {
             );
         }
         Ok(())
+    }
+
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
     }
 }
 

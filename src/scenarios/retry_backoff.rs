@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::Deserialize;
 
-use super::{Ctx, Outcome};
+use super::{Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -23,6 +23,12 @@ pub struct Params {
     pub fail_next: u32,
     pub backoff_ms: u64,
     pub max_attempts: i32,
+}
+
+impl Experiment for Params {
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
+    }
 }
 
 /// "Always fails", for the dead-letter part: more requests than the relay will ever make.

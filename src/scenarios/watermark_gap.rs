@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio_postgres::Client;
 
-use super::{Ctx, Outcome};
+use super::{Ctx, Experiment, Outcome};
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::relay::{Relay, RelayConfig, WatermarkRelay, XidWatermarkRelay};
@@ -22,6 +22,12 @@ use crate::report::Table;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Params {}
+
+impl Experiment for Params {
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        run(ctx, self).await
+    }
+}
 
 /// How long each relay keeps polling after A commits before what it missed counts as lost.
 const CATCH_UP: Duration = Duration::from_secs(1);
