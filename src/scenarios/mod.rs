@@ -1,6 +1,6 @@
 //! The article's experiments, one file each, and what they share: the registry below (from
-//! which the list of scenarios, their names, their built-in scenario files, preparing and
-//! running derive), loading a scenario's file and parameters ([`spec`]), what a scenario
+//! which the list of scenarios, their names, their built-in scenario files, preparing, running
+//! and plotting derive), loading a scenario's file and parameters ([`spec`]), what a scenario
 //! gets to work with ([`Ctx`]), and turning an outcome into a [`Report`] with its checks.
 //!
 //! A scenario is its file here, `src/scenarios/MODULE.rs` (MODULE: NAME with underscores),
@@ -34,12 +34,13 @@ use std::path::Path;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::de::DeserializeOwned;
 
 use crate::harness::db::PgServer;
 use crate::harness::redis_server::Redis;
 use crate::judge::expectations;
+use crate::report::plots::Plot;
 use crate::report::progress::Progress;
 use crate::report::{Environment, Report};
 use crate::scenarios::spec::Spec;
@@ -77,10 +78,17 @@ pub trait Experiment: DeserializeOwned + 'static {
 
     /// Runs the experiment: what it measured (the checks are judged afterwards, from its file).
     fn run(&self, ctx: &Ctx<'_>) -> impl Future<Output = Result<Outcome>>;
+
+    /// Its plots on the report page, drawn from the result's tables and metrics with the helpers
+    /// of [`crate::report::plots`]; none where the result lacks them (saved by an older
+    /// outbox-lab).
+    fn plots(_report: &Report) -> Result<Vec<Plot>> {
+        Ok(Vec::new())
+    }
 }
 
 /// Builds [`Scenario::ALL`] from the table: each line's scenario file built in, and its module's
-/// `Params` (which must implement [`Experiment`]) read, validated and run.
+/// `Params` (which must implement [`Experiment`]) read, validated, run and asked for plots.
 macro_rules! registry {
     ($($module:ident => $name:literal,)*) => {
         impl Scenario {
@@ -89,6 +97,7 @@ macro_rules! registry {
                 name: $name,
                 builtin_spec: include_str!(concat!("../../scenarios/", $name, ".toml")),
                 prepare: prepare_as::<$module::Params>,
+                plots: <$module::Params as Experiment>::plots,
             }),)*];
         }
     };
@@ -107,6 +116,7 @@ struct Entry {
     builtin_spec: &'static str,
     /// Reads the parameters into the scenario's `Params` and validates them.
     prepare: fn(&Spec, &toml::Table) -> Result<Box<dyn Ready>>,
+    plots: fn(&Report) -> Result<Vec<Plot>>,
 }
 
 impl Scenario {
@@ -130,6 +140,12 @@ impl Scenario {
 
     pub fn spec(self, dir: Option<&Path>) -> Result<Spec> {
         Spec::load(self.name(), self.0.builtin_spec, dir)
+    }
+
+    /// The plots of one of its results, for the report page.
+    pub fn plots(self, report: &Report) -> Result<Vec<Plot>> {
+        (self.0.plots)(report)
+            .with_context(|| format!("cannot plot the results of {}", self.name()))
     }
 }
 
