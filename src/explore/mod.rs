@@ -11,6 +11,7 @@
 pub mod checker;
 pub mod designs;
 pub mod history;
+pub mod plots;
 pub mod schedule;
 pub mod supervisor;
 

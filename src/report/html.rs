@@ -1,14 +1,18 @@
 //! The report page, `results/<run-id>/report.html`: one self-contained file (inline CSS and SVG;
 //! no script, no font or anything else fetched) with the run's summary and, per scenario, its
-//! plots, tables, checks, notes and parameters. Every piece of text is escaped here.
+//! plots, tables, checks, notes and parameters. Every piece of text is escaped here. The page
+//! sits above what makes the results: each result's plots are drawn by its maker (a scenario
+//! of the registry, or explore), this module only lays them out.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::report::plots;
+use crate::explore;
+use crate::report::plots::Plot;
 use crate::report::{self, Report, Table};
+use crate::scenarios::Scenario;
 
 /// The page's file name inside a run's directory.
 pub const PAGE_FILE: &str = "report.html";
@@ -47,6 +51,15 @@ details { margin: .4rem 0; }
 summary { cursor: pointer; color: #333; }
 pre { background: #f6f6f6; padding: .6rem; overflow-x: auto; font-size: .8rem; }
 ";
+
+/// A result's plots, drawn by what made it: its scenario, or explore (the one result that is
+/// no scenario's).
+fn plots(report: &Report) -> Result<Vec<Plot>> {
+    match Scenario::find(&report.scenario) {
+        Some(scenario) => scenario.plots(report),
+        None => explore::plots::for_report(report),
+    }
+}
 
 /// Writes the page of `reports` into `dir` (a run's directory, whose name is the run id).
 pub fn write(dir: &Path, reports: &[Report]) -> Result<PathBuf> {
@@ -145,7 +158,7 @@ fn scenario(out: &mut String, report: &Report) -> Result<()> {
         report.checks.len(),
         report.environment.elapsed_ms
     );
-    for plot in plots::for_report(report)? {
+    for plot in plots(report)? {
         let _ = writeln!(
             out,
             "<figure class=\"plot\" data-plot=\"{}\">\n<figcaption>{}</figcaption>\n{}\n</figure>",

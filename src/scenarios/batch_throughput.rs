@@ -19,7 +19,8 @@ use crate::outbox::relay::RelayConfig;
 use crate::outbox::schema;
 use crate::outbox::sink::RedisSink;
 use crate::outbox::writer;
-use crate::report::Table;
+use crate::report::plots::{self, Axes, Plot};
+use crate::report::{Report, Table};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -37,6 +38,10 @@ pub struct Params {
 impl Experiment for Params {
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
+    }
+
+    fn plots(report: &Report) -> Result<Vec<Plot>> {
+        throughput_by_batch(report)
     }
 }
 
@@ -151,4 +156,20 @@ fn median(values: &[f64]) -> f64 {
         n if n % 2 == 1 => sorted[n / 2],
         n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
     }
+}
+
+/// Events per second against batch size, a line per sink, from the table of cells.
+fn throughput_by_batch(report: &Report) -> Result<Vec<Plot>> {
+    let Some(cells) = plots::table_with(report, &["sink", "batch", "events_per_s"]) else {
+        return Ok(Vec::new());
+    };
+    let axes = Axes {
+        x: "batch size (rows per fetch, log scale)",
+        y: "events per second",
+    };
+    Ok(vec![Plot {
+        id: "throughput-by-batch",
+        title: "Throughput against batch size, per sink".into(),
+        svg: plots::log_x_lines(cells, "sink", "batch", "events_per_s", axes)?,
+    }])
 }

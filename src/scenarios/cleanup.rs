@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use chrono::{NaiveTime, TimeDelta, Utc};
 use serde::Deserialize;
 
@@ -16,7 +16,8 @@ use crate::harness::load::{self, OutboxRows};
 use crate::judge::counts;
 use crate::ops::partitions::{self, Action, Age};
 use crate::outbox::schema;
-use crate::report::Table;
+use crate::report::plots::{self, Bar, Plot};
+use crate::report::{Report, Table};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -34,6 +35,10 @@ pub struct Params {
 impl Experiment for Params {
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
+    }
+
+    fn plots(report: &Report) -> Result<Vec<Plot>> {
+        table_size(report)
     }
 }
 
@@ -261,4 +266,42 @@ async fn drop_partitions(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome) 
     m.set("dead_tuples_after_drop", dead);
     m.set("old_unpublished_kept", old_unpublished);
     Ok(())
+}
+
+/// The outbox table's file size after each step (before, after DELETE, after VACUUM, after
+/// VACUUM FULL), from the metrics `size_<step>_bytes`.
+fn table_size(report: &Report) -> Result<Vec<Plot>> {
+    let steps = [
+        ("after loading", "size_before_bytes"),
+        ("after DELETE", "size_after_delete_bytes"),
+        ("after VACUUM", "size_after_vacuum_bytes"),
+        ("after VACUUM FULL", "size_after_vacuum_full_bytes"),
+    ];
+    let bars = steps
+        .iter()
+        .map(|(label, metric)| {
+            let bytes = report
+                .metrics
+                .get(metric)
+                .and_then(serde_json::Value::as_f64)
+                .ok_or_else(|| anyhow!("metric {metric} missing"))?;
+            let mb = bytes / 1_048_576.0;
+            let text = if mb < 1.0 {
+                format!("{:.0} kB", bytes / 1024.0)
+            } else {
+                format!("{mb:.1} MB")
+            };
+            Ok(Bar {
+                label: label.to_string(),
+                value: mb,
+                text,
+                colour: plots::SERIES_COLOURS[0],
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(vec![Plot {
+        id: "cleanup-table-size",
+        title: "Size of the outbox table's file through the cleanup steps".into(),
+        svg: plots::horizontal_bars(&bars, "table file size (MB)")?,
+    }])
 }

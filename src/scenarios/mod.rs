@@ -1,13 +1,30 @@
 //! The article's experiments, one file each, and what they share: the registry below (from
-//! which the list of scenarios, their names, their built-in scenario files, preparing and
-//! running derive), loading a scenario's file and parameters ([`spec`]), what a scenario
+//! which the list of scenarios, their names, their built-in scenario files, preparing, running
+//! and plotting derive), loading a scenario's file and parameters ([`spec`]), what a scenario
 //! gets to work with ([`Ctx`]), and turning an outcome into a [`Report`] with its checks.
 //!
-//! A scenario is its file here, `src/scenarios/MODULE.rs`, whose `Params` implement
-//! [`Experiment`]; its scenario file, `scenarios/NAME.toml`; and one line in `registry!` below.
+//! A scenario is its file here, `src/scenarios/MODULE.rs` (MODULE: NAME with underscores),
+//! whose `Params` implement [`Experiment`]; its scenario file, `scenarios/NAME.toml`; and its
+//! line in `registry!` below, with its `pub mod` beside the others (declared outside the macro,
+//! where rustfmt sees it; a test finds a file missing from the registry).
 
+pub mod batch_throughput;
+pub mod cdc;
+pub mod claim_vs_lock;
+pub mod cleanup;
 mod ctx;
+pub mod dual_write;
+pub mod multi_relay_ordering;
+pub mod notify_latency;
+pub mod ordering_on_failure;
+pub mod outbox_atomicity;
+pub mod partial_index;
+pub mod redis_stream;
+pub mod relay_crash;
+pub mod reply_lost;
+pub mod retry_backoff;
 pub mod spec;
+pub mod watermark_gap;
 
 pub use ctx::{Ctx, Outcome};
 
@@ -17,12 +34,13 @@ use std::path::Path;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::de::DeserializeOwned;
 
 use crate::harness::db::PgServer;
 use crate::harness::redis_server::Redis;
 use crate::judge::expectations;
+use crate::report::plots::Plot;
 use crate::report::progress::Progress;
 use crate::report::{Environment, Report};
 use crate::scenarios::spec::Spec;
@@ -60,20 +78,26 @@ pub trait Experiment: DeserializeOwned + 'static {
 
     /// Runs the experiment: what it measured (the checks are judged afterwards, from its file).
     fn run(&self, ctx: &Ctx<'_>) -> impl Future<Output = Result<Outcome>>;
+
+    /// Its plots on the report page, drawn from the result's tables and metrics with the helpers
+    /// of [`crate::report::plots`]; none where the result lacks them (saved by an older
+    /// outbox-lab).
+    fn plots(_report: &Report) -> Result<Vec<Plot>> {
+        Ok(Vec::new())
+    }
 }
 
-/// Declares each scenario's module and builds [`Scenario::ALL`] from the same list: a scenario
-/// cannot be declared and left out of it, and its `Params` must implement [`Experiment`].
+/// Builds [`Scenario::ALL`] from the table: each line's scenario file built in, and its module's
+/// `Params` (which must implement [`Experiment`]) read, validated, run and asked for plots.
 macro_rules! registry {
     ($($module:ident => $name:literal,)*) => {
-        $(pub mod $module;)*
-
         impl Scenario {
             /// Every scenario, in the article's order.
             pub const ALL: &[Scenario] = &[$(Scenario(&Entry {
                 name: $name,
                 builtin_spec: include_str!(concat!("../../scenarios/", $name, ".toml")),
                 prepare: prepare_as::<$module::Params>,
+                plots: <$module::Params as Experiment>::plots,
             }),)*];
         }
     };
@@ -92,6 +116,7 @@ struct Entry {
     builtin_spec: &'static str,
     /// Reads the parameters into the scenario's `Params` and validates them.
     prepare: fn(&Spec, &toml::Table) -> Result<Box<dyn Ready>>,
+    plots: fn(&Report) -> Result<Vec<Plot>>,
 }
 
 impl Scenario {
@@ -115,6 +140,12 @@ impl Scenario {
 
     pub fn spec(self, dir: Option<&Path>) -> Result<Spec> {
         Spec::load(self.name(), self.0.builtin_spec, dir)
+    }
+
+    /// The plots of one of its results, for the report page.
+    pub fn plots(self, report: &Report) -> Result<Vec<Plot>> {
+        (self.0.plots)(report)
+            .with_context(|| format!("cannot plot the results of {}", self.name()))
     }
 }
 
@@ -272,6 +303,37 @@ mod tests {
                 assert_eq!(prepared.scenario(), scenario);
                 assert_eq!(Scenario::from_name(scenario.name()).unwrap(), scenario);
             }
+        }
+    }
+
+    /// Every scenario file and every scenario module is in the registry: the compiler checks
+    /// only that what the registry names exists.
+    #[test]
+    fn every_scenario_file_is_registered() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let stems = |dir: &str, extension: &str| -> Vec<String> {
+            let entries = std::fs::read_dir(root.join(dir)).unwrap();
+            let paths = entries.map(|entry| entry.unwrap().path());
+            paths
+                .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == extension))
+                .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+                .collect()
+        };
+        let registered = |name: &str| Scenario::find(name).is_some();
+        for name in stems("scenarios", "toml") {
+            assert!(
+                registered(&name),
+                "scenarios/{name}.toml is not in the registry"
+            );
+        }
+        for module in stems("src/scenarios", "rs") {
+            if ["mod", "ctx", "spec"].contains(&module.as_str()) {
+                continue;
+            }
+            assert!(
+                registered(&module.replace('_', "-")),
+                "src/scenarios/{module}.rs is not in the registry"
+            );
         }
     }
 }

@@ -14,7 +14,8 @@ use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::relay::{Partition, RelayConfig};
 use crate::outbox::writer::Ending;
-use crate::report::Table;
+use crate::report::plots::{self, Bar, Plot};
+use crate::report::{Report, Table};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -30,6 +31,10 @@ pub struct Params {
 impl Experiment for Params {
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
+    }
+
+    fn plots(report: &Report) -> Result<Vec<Plot>> {
+        ordering_violations(report)
     }
 }
 
@@ -107,4 +112,45 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     }
     outcome.tables.push(table);
     Ok(outcome)
+}
+
+/// Orders delivered out of order per relay configuration, a bar each (reversals beside), from
+/// the table of configurations.
+fn ordering_violations(report: &Report) -> Result<Vec<Plot>> {
+    let columns = ["relays", "partitioned", "orders_out_of_order"];
+    let Some(configurations) = plots::table_with(report, &columns) else {
+        return Ok(Vec::new());
+    };
+    let relays = plots::column(configurations, "relays")?;
+    let partitioned = plots::column(configurations, "partitioned")?;
+    let out_of_order = plots::column(configurations, "orders_out_of_order")?;
+    let reversals = configurations.column("reversals");
+    let mut bars = Vec::new();
+    for row in &configurations.rows {
+        let count = plots::number(&row[out_of_order])?;
+        let layout = match row[partitioned].as_str() {
+            "true" | "t" => "partitioned",
+            _ => "unpartitioned",
+        };
+        let plural = if row[relays] == "1" {
+            "relay"
+        } else {
+            "relays"
+        };
+        let mut value = format!("{count:.0} orders");
+        if let Some(reversals) = reversals {
+            value.push_str(&format!(" ({} reversals)", row[reversals]));
+        }
+        bars.push(Bar {
+            label: format!("{} {plural}, {layout}", row[relays]),
+            value: count,
+            text: value,
+            colour: if count > 0.0 { plots::BAD } else { plots::GOOD },
+        });
+    }
+    Ok(vec![Plot {
+        id: "ordering-violations",
+        title: "Orders whose events arrived out of order, per relay configuration".into(),
+        svg: plots::horizontal_bars(&bars, "orders with an event overtaken by a later one")?,
+    }])
 }

@@ -19,7 +19,8 @@ use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::relay::{RelayConfig, Wakeup, RELAY_APPLICATION_NAME};
 use crate::outbox::schema;
 use crate::outbox::writer::Ending;
-use crate::report::Table;
+use crate::report::plots::{self, Axes, Plot};
+use crate::report::{Report, Table};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -41,6 +42,10 @@ pub struct Params {
 impl Experiment for Params {
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
+    }
+
+    fn plots(report: &Report) -> Result<Vec<Plot>> {
+        latency_cdf(report)
     }
 }
 
@@ -246,4 +251,20 @@ async fn writer_throughput(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome
     }
     outcome.tables.push(table);
     Ok(())
+}
+
+/// The distribution of every event's latency, one line per relay mode, from the detail table.
+fn latency_cdf(report: &Report) -> Result<Vec<Plot>> {
+    let Some(samples) = plots::table_with(report, &["mode", "latency_ms"]) else {
+        return Ok(Vec::new());
+    };
+    let axes = Axes {
+        x: "latency, created_at to received_at (ms, log scale)",
+        y: "share of events",
+    };
+    Ok(vec![Plot {
+        id: "latency-cdf",
+        title: "Latency distribution per relay mode (cumulative)".into(),
+        svg: plots::cdf(samples, "mode", "latency_ms", axes, "events")?,
+    }])
 }
