@@ -16,6 +16,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::OnceCell;
 
 use crate::connect;
+use crate::error::Error;
 use crate::harness::server::Server;
 use crate::harness::throwaway::{self, RunDir};
 
@@ -133,11 +134,13 @@ impl Redis {
         if let Some(url) = &self.external {
             return Ok(url.clone());
         }
-        Ok(self
+        // Found only once a scenario asks: still the environment's fault, not the harness's.
+        let server = self
             .private
             .get_or_try_init(|| RedisServer::start(self.keep))
-            .await?
-            .url())
+            .await
+            .map_err(|e| anyhow::Error::from(Error::Usage(e)))?;
+        Ok(server.url())
     }
 
     /// What every key of this run starts with.

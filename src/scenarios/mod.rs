@@ -34,7 +34,7 @@ use std::path::Path;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use serde::de::DeserializeOwned;
 
 use crate::harness::db::PgServer;
@@ -260,7 +260,7 @@ pub async fn run(
         .typed
         .start(&ctx)
         .await
-        .map_err(|e| anyhow!("scenario {} did not run: {e:#}", prepared.scenario.name()))?;
+        .with_context(|| format!("scenario {} did not run", prepared.scenario.name()))?;
     let checks = expectations::evaluate(&prepared.spec.checks, &prepared.params, &outcome.metrics)?;
     Ok(Report {
         scenario: prepared.scenario.name().to_string(),
