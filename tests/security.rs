@@ -496,10 +496,15 @@ fn children_never_show_a_password() {
     );
     let secret = secret.as_str();
     let mut control = Command::new("sleep").arg(secret).spawn().unwrap();
+    let started = Instant::now();
+    while command_lines_with(secret).is_empty() && started.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(
         command_lines_with(secret).len(),
         1,
-        "the scan misses a plain argument"
+        "the scan misses a plain argument (control: {:?})",
+        control.try_wait()
     );
     let _ = control.kill();
     let _ = control.wait();
