@@ -13,7 +13,8 @@
 //! - [`ops`]: the actors as long-running processes, and outbox housekeeping.
 //! - [`cmd`]: the command line, one file per subcommand.
 //! - [`error`]: the typed errors that end a command, and every exit status.
-//! - [`connect`]: connecting to PostgreSQL and Redis, for every part of the house.
+//! - [`connect`]: connecting to PostgreSQL and Redis, for every part of the house; [`wait`]: the
+//!   one bounded wait.
 //!
 //! One scenario's path: `cmd` parses `scenario relay-crash`; `scenarios` loads its TOML, asks
 //! `harness` for a database, starts `outbox` actors as child processes that die at a crash
@@ -29,3 +30,4 @@ pub mod ops;
 pub mod outbox;
 pub mod report;
 pub mod scenarios;
+pub mod wait;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::{outbox_lab, scratch_dir, Run};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use outbox_lab::harness::wait;
+use outbox_lab::wait;
 
 /// Cluster directories created by the outbox-lab process `pid`.
 fn cluster_dirs_of(pid: u32) -> Vec<PathBuf> {

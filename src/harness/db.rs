@@ -12,7 +12,7 @@ use tokio_postgres::{Client, Config};
 
 use crate::connect;
 use crate::harness::cluster::{Cluster, PgBinaries};
-use crate::harness::wait;
+use crate::wait;
 
 /// Every database outbox-lab creates starts with this.
 pub const DATABASE_PREFIX: &str = "outboxlab_";

@@ -2,7 +2,7 @@
 //! throwaway PostgreSQL [`cluster`] and [`redis_server`] (in [`throwaway`] directories), the
 //! [`db`] server and databases of a run, the [`run`]'s life around them (its id, Ctrl-C), [`child`]
 //! processes that die for real, the network [`proxy`] between relay and consumer, bulk
-//! [`load`]ing with COPY, and the one bounded [`wait`] for something to happen.
+//! [`load`]ing with COPY.
 
 pub mod child;
 pub mod cluster;
@@ -13,4 +13,3 @@ pub mod redis_server;
 pub mod run;
 pub mod server;
 pub mod throwaway;
-pub mod wait;

@@ -12,7 +12,7 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::{Pid, User};
 
 use crate::harness::throwaway::{self, Marker, ProcessId, RunDir, ServerProcess};
-use crate::harness::wait;
+use crate::wait;
 
 #[derive(Debug)]
 pub struct Server {

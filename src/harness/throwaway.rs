@@ -25,7 +25,7 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::{chown, geteuid, Pid, User};
 use serde::{Deserialize, Serialize};
 
-use crate::harness::wait;
+use crate::wait;
 
 /// Every throwaway directory's name starts with this.
 const DIR_PREFIX: &str = "outbox-lab-";

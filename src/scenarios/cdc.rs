@@ -24,7 +24,6 @@ use tokio_postgres::Client;
 use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::{ChildCommand, ChildEnd, ConsumerProcess, Role, RunningChild};
 use crate::harness::db::Database;
-use crate::harness::wait;
 use crate::judge::counts;
 use crate::judge::latency;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -34,6 +33,7 @@ use crate::outbox::relay::{RelayConfig, Wakeup, RELAY_APPLICATION_NAME};
 use crate::outbox::schema;
 use crate::outbox::writer::{event_type, Ending, INSERT_OUTBOX};
 use crate::report::Table;
+use crate::wait;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

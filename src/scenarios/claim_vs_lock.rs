@@ -14,7 +14,6 @@ use tokio_postgres::Client;
 use super::{Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
 use crate::harness::db::Database;
-use crate::harness::wait;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::crash::{CrashPlan, CrashPoint};
@@ -22,6 +21,7 @@ use crate::outbox::relay::{RelayConfig, RelayDesign, RELAY_APPLICATION_NAME};
 use crate::outbox::schema;
 use crate::outbox::writer::Ending;
 use crate::report::{Metrics, Table};
+use crate::wait;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

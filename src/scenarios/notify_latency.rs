@@ -12,7 +12,6 @@ use tokio::task::JoinHandle;
 
 use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::{ChildEnd, ChildRun};
-use crate::harness::wait;
 use crate::judge::counts;
 use crate::judge::latency;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -21,6 +20,7 @@ use crate::outbox::schema;
 use crate::outbox::writer::Ending;
 use crate::report::plots::{self, Axes, Plot};
 use crate::report::{Report, Table};
+use crate::wait;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

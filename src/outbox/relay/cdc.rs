@@ -21,7 +21,7 @@
 //! `outbox.event.<aggregate_type>` (Debezium's Outbox Event Router names its topics that way).
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
@@ -33,6 +33,7 @@ use crate::outbox::crash::{self, CrashPoint};
 use crate::outbox::event::Event;
 use crate::outbox::relay::pgoutput::{self, Change, Relation};
 use crate::outbox::sink::Sink;
+use crate::wait;
 
 /// The publication the slot streams: only the outbox, only its INSERTs.
 pub const PUBLICATION: &str = "outboxlab_outbox";
@@ -122,32 +123,25 @@ pub async fn drop_slot(client: &Client, slot: &str) -> Result<()> {
 
 /// Waits until no walsender holds the slot: a relay just stopped leaves it a moment later.
 async fn wait_until_released(client: &Client, slot: &str) -> Result<()> {
-    let started = Instant::now();
-    loop {
-        let active = client.query_opt(SLOT_ACTIVE, &[&slot]).await?;
-        match active {
+    let what = format!("replication slot {slot} to be released");
+    wait::until(what, SLOT_WAIT_LIMIT, SLOT_POLL, async || {
+        match client.query_opt(SLOT_ACTIVE, &[&slot]).await? {
             None => bail!("replication slot {slot} does not exist"),
-            Some(row) if !row.get::<_, bool>(0) => return Ok(()),
-            Some(_) if started.elapsed() > SLOT_WAIT_LIMIT => {
-                bail!("replication slot {slot} still in use after {SLOT_WAIT_LIMIT:?}")
-            }
-            Some(_) => tokio::time::sleep(SLOT_POLL).await,
+            Some(row) => Ok(!row.get::<_, bool>(0)),
         }
-    }
+    })
+    .await
 }
 
 /// Writes a mark into the WAL and waits until the relay has confirmed it: by then every
 /// transaction committed before has been delivered.
 pub async fn wait_caught_up(client: &Client, slot: &str, limit: Duration) -> Result<()> {
     let mark: String = client.query_one(EMIT_MARK, &[&MARK_PREFIX]).await?.get(0);
-    let started = Instant::now();
-    while !confirmed_at_least(client, slot, &mark).await? {
-        if started.elapsed() > limit {
-            bail!("the CDC relay did not confirm {mark} within {limit:?}");
-        }
-        tokio::time::sleep(SLOT_POLL).await;
-    }
-    Ok(())
+    let what = format!("the CDC relay to confirm {mark}");
+    wait::until(what, limit, SLOT_POLL, async || {
+        confirmed_at_least(client, slot, &mark).await
+    })
+    .await
 }
 
 async fn confirmed_at_least(client: &Client, slot: &str, lsn: &str) -> Result<bool> {
@@ -294,16 +288,11 @@ impl CdcRelay {
     async fn confirm(&self, lsn: Lsn) -> Result<()> {
         self.stream.update_applied_lsn(lsn);
         let lsn = lsn.to_pg_string();
-        let started = Instant::now();
-        while !confirmed_at_least(&self.db, &self.config.slot, &lsn).await? {
-            if started.elapsed() > SLOT_WAIT_LIMIT {
-                bail!(
-                    "the server did not take the confirmation of {lsn} within {SLOT_WAIT_LIMIT:?}"
-                );
-            }
-            tokio::time::sleep(SLOT_POLL).await;
-        }
-        Ok(())
+        let what = format!("the server to take the confirmation of {lsn}");
+        wait::until(what, SLOT_WAIT_LIMIT, SLOT_POLL, async || {
+            confirmed_at_least(&self.db, &self.config.slot, &lsn).await
+        })
+        .await
     }
 
     fn log(&self, line: std::fmt::Arguments<'_>) {
