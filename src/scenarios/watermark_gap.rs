@@ -1,9 +1,10 @@
 //! watermark-gap (よくある落とし穴): session A inserts and holds its transaction open, session B
 //! inserts a later id and commits. A relay that fetches `id > last_seen` moves past A's id and
 //! never delivers it; the `published_at IS NULL` relay delivers both; so does a watermark over
-//! the writing transaction's id (xid8) that only advances past finished transactions.
+//! the writing transaction's id (xid8) that only advances past finished transactions — and
+//! therefore waits behind any transaction left open in the cluster, measured here too.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use serde::Deserialize;
@@ -34,6 +35,8 @@ impl Experiment for Params {
 /// How long each relay keeps polling after A commits before what it missed counts as lost.
 const CATCH_UP: Duration = Duration::from_secs(1);
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// How long a transaction stays open in another database while the xid8 relay waits behind it.
+const IDLE_ELSEWHERE: Duration = Duration::from_secs(2);
 
 pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
     let mut outcome = Outcome::default();
@@ -83,7 +86,64 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
         outcome.metrics.set(format!("{design}.lost"), lost);
     }
     outcome.tables.push(table);
+    stall_behind_idle_transaction(ctx, &mut outcome).await?;
     Ok(outcome)
+}
+
+/// The price of the xid8 watermark: it only moves past transactions older than every one still
+/// running in the cluster, in any database. A transaction left open in another database holds
+/// back an event committed after it began, for as long as it stays open.
+async fn stall_behind_idle_transaction(ctx: &Ctx<'_>, outcome: &mut Outcome) -> Result<()> {
+    let db = ctx.database("xid8_stall").await?;
+    let client = db.connect().await?;
+    client.batch_execute(schema::ADD_WRITER_XID).await?;
+    let elsewhere = ctx.database("idle_elsewhere").await?.connect().await?;
+    let consumer = ctx
+        .start_consumer(&db, ConsumerKind::Naive, &Faults::default())
+        .await?;
+    let mut relay = XidWatermarkRelay::new(db.connect().await?, HttpSink::new(&consumer.url)?);
+    // An idle transaction with a transaction id of its own, as an application might leave one.
+    elsewhere
+        .batch_execute("BEGIN; SELECT pg_current_xact_id();")
+        .await?;
+    client
+        .query_one(
+            INSERT_OUTBOX,
+            &[&"C", &event_type(1), &json!({"session": "C"})],
+        )
+        .await?;
+    let committed = Instant::now();
+    let close_elsewhere = async {
+        tokio::time::sleep(IDLE_ELSEWHERE).await;
+        elsewhere.batch_execute("COMMIT").await
+    };
+    let until = Until::Drained {
+        idle: POLL_INTERVAL,
+        deadline: IDLE_ELSEWHERE * 5,
+        once: None,
+    };
+    let (drained, closed) = tokio::join!(
+        drive(&mut relay, until, std::future::pending()),
+        close_elsewhere
+    );
+    closed?;
+    drained?.or_gave_up("xid8")?;
+    let stall_ms = committed.elapsed().as_secs_f64() * 1000.0;
+    consumer.stop().await?;
+    outcome.metrics.set("xid8.stall_ms", stall_ms);
+    let mut table = Table::new(
+        "the xid8 watermark behind a transaction left open in another database",
+        &[
+            "open elsewhere for (ms)",
+            "event committed after it began, delivered after (ms)",
+        ],
+    );
+    table.push(vec![
+        IDLE_ELSEWHERE.as_millis().to_string(),
+        format!("{stall_ms:.0}"),
+    ]);
+    outcome.tables.push(table);
+    Ok(())
 }
 
 /// A inserts and stays open while B commits; one pass of `relay`; A commits; the relay polls on
