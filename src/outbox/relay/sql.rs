@@ -99,9 +99,16 @@ SELECT id, attempts, last_error
    AND attempts >= $1
  ORDER BY id";
 
-/// The article's way back from the dead letter, once the cause is fixed.
+/// The article's way back from the dead letter, once the cause is fixed: only rows that used up
+/// their attempts ($1, the relays' limit), so a row under retry keeps its backoff, and only rows
+/// no relay holds right now (a locked row is skipped, not waited for).
 pub const REQUEUE: &str = "
-UPDATE outbox SET attempts = 0, next_attempt_at = clock_timestamp() WHERE published_at IS NULL";
+UPDATE outbox SET attempts = 0, next_attempt_at = clock_timestamp()
+ WHERE id IN (SELECT id
+                FROM outbox
+               WHERE published_at IS NULL
+                 AND attempts >= $1
+                 FOR UPDATE SKIP LOCKED)";
 
 /// Fetch "everything after the last id seen": the design that loses events.
 pub const FETCH_AFTER_WATERMARK: &str = "
