@@ -1,13 +1,76 @@
-//! The relay's SQL statements run on their own against a fresh outbox: `requeue` (dead letters
-//! only, never a row under retry or a row a relay holds).
+//! The relay's SQL statements run on their own against a fresh outbox: the partition filter
+//! for every aggregate id, and `requeue` (dead letters only, never a row under retry or a row
+//! a relay holds).
 
 mod common;
 
 use std::time::Duration;
 
 use common::{block_on, create_database};
-use outbox_lab::outbox::relay;
+use outbox_lab::outbox::relay::{self, sql};
 use outbox_lab::outbox::schema;
+use tokio_postgres::types::ToSql;
+
+/// An aggregate id whose `hashtext` is -2^31 (i32::MIN), the one value `abs()` cannot take.
+/// Found once by a search over "agg-1", "agg-2", ... (4.2 billion strings) with a Rust copy of PostgreSQL's
+/// `hash_bytes` (lookup3), checked against `SELECT hashtext(...)` on PostgreSQL 15; the test
+/// asserts it again below.
+const MIN_HASH_AGGREGATE: &str = "agg-4206553701";
+
+/// The partitioned fetch takes every row, the one whose hash is -2^31 included: before, while
+/// that row was undelivered, every fetch of a partitioned relay that scanned it failed with
+/// "integer out of range" (abs(-2^31)), whichever partition the relay had.
+#[test]
+fn partitioned_fetch_takes_the_aggregate_hashing_to_i32_min() {
+    let db = create_database("relay_sql_partition_min_hash", schema::CREATE_OUTBOX);
+    block_on(async {
+        let client = db.connect().await.unwrap();
+        let hash: i32 = client
+            .query_one("SELECT hashtext($1)", &[&MIN_HASH_AGGREGATE])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            hash,
+            i32::MIN,
+            "{MIN_HASH_AGGREGATE} no longer hashes to -2^31"
+        );
+        client
+            .batch_execute(&format!(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+                 SELECT 'orders', 'order-' || g, 'OrderCreated', '{{}}' FROM generate_series(1, 50) g;
+                 INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+                 VALUES ('orders', '{MIN_HASH_AGGREGATE}', 'OrderCreated', '{{}}')"
+            ))
+            .await
+            .unwrap();
+        let fetch = sql::fetch_statement(true, false);
+        let count = 3i32;
+        let mut taken: Vec<i64> = Vec::new();
+        for index in 0..count {
+            let params: [&(dyn ToSql + Sync); 4] = [&5i32, &1000i64, &index, &count];
+            let rows = client
+                .query(&fetch, &params)
+                .await
+                .unwrap_or_else(|e| panic!("partition {index}/{count}: {e:?}"));
+            taken.extend(rows.iter().map(|r| r.get::<_, i64>("id")));
+        }
+        taken.sort();
+        // Every row in exactly one partition.
+        assert_eq!(taken, (1..=51).collect::<Vec<i64>>());
+        // Non-negative hashes keep their partition (x & 0x7fffffff = x = abs(x)).
+        let moved: i64 = client
+            .query_one(
+                "SELECT count(*) FROM outbox WHERE hashtext(aggregate_id) >= 0
+                    AND (hashtext(aggregate_id) & 2147483647) % 3 <> abs(hashtext(aggregate_id)) % 3",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(moved, 0);
+    });
+}
 
 /// Requeue gives dead letters (attempts >= the relay's limit) their attempts back, and only
 /// them: a row under retry keeps its attempts and its backoff. Before, every unpublished row

@@ -14,8 +14,12 @@ SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload
  FOR UPDATE SKIP LOCKED";
 
 /// The article's partitioning, added to the fetch: relay $3 of $4 takes only its aggregates.
+/// The article writes `abs(hashtext(aggregate_id)) % $4`, but `abs()` of the one hash -2^31 is
+/// out of integer range: while such a row is undelivered, every partitioned fetch that scans it
+/// fails. Masking the sign bit keeps every non-negative hash's partition and gives each
+/// negative one a partition just as fixed (not always abs()'s).
 pub const PARTITION_FILTER: &str = "
-   AND abs(hashtext(aggregate_id)) % $4 = $3";
+   AND (hashtext(aggregate_id) & 2147483647) % $4 = $3";
 
 /// The article's head-of-line guard, added to the fetch: no event overtakes an undelivered
 /// earlier event of its aggregate (at the price of blocking the aggregate behind it).
