@@ -170,6 +170,51 @@ fn external_redis_keeps_user_keys_and_loses_ours() {
     );
 }
 
+/// The Redis sink marks exactly what Redis acknowledged: in a batch across two streams, where
+/// one stream key holds a string (every XADD to it answers WRONGTYPE), the other stream's
+/// events are delivered (and appended) and only the bad stream's events fail. Before, the
+/// pipeline counted as "whole or nothing": all failed, although the good XADDs landed.
+#[test]
+fn redis_sink_marks_each_acknowledged_xadd() {
+    use outbox_lab::outbox::event::Event;
+    use outbox_lab::outbox::sink::Sink;
+    use std::sync::Mutex;
+
+    let redis = ExternalRedis::start();
+    assert_eq!(redis.cli(&["SET", "outbox.event.payments", "x"]), "OK");
+    let event = |n: i64, aggregate_type: &str| Event {
+        event_id: uuid::Uuid::new_v4(),
+        outbox_id: Some(n),
+        aggregate_type: aggregate_type.to_string(),
+        aggregate_id: format!("agg-{n}"),
+        event_type: "Created".to_string(),
+        payload: serde_json::json!({ "n": n }),
+    };
+    let events = vec![
+        event(1, "orders"),
+        event(2, "payments"),
+        event(3, "orders"),
+        event(4, "payments"),
+    ];
+    let seen = Mutex::new(Vec::new());
+    let results = common::block_on(async {
+        let sink = Sink::connect(&redis.url, 1, Duration::from_secs(5), "")
+            .await
+            .unwrap();
+        sink.deliver(&events, |e| seen.lock().unwrap().push(e.outbox_id))
+            .await
+    });
+    let delivered: Vec<bool> = results.iter().map(|r| r.is_ok()).collect();
+    assert_eq!(delivered, vec![true, false, true, false], "{results:?}");
+    for failed in [&results[1], &results[3]] {
+        let error = failed.as_ref().unwrap_err().to_string();
+        assert!(error.contains("WRONGTYPE"), "{error}");
+    }
+    assert_eq!(*seen.lock().unwrap(), vec![Some(1), Some(3)]);
+    assert_eq!(redis.cli(&["XLEN", "outbox.event.orders"]), "2");
+    assert_eq!(redis.cli(&["GET", "outbox.event.payments"]), "x");
+}
+
 /// batch-throughput (1,000 events): every cell delivers everything, and batching pays.
 #[test]
 fn batch_throughput_delivers_every_event_and_batching_pays() {

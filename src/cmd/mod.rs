@@ -122,13 +122,19 @@ failed mid-run.")]
     #[command(after_help = "Example:
   outbox-lab crash-points")]
     CrashPoints,
-    /// Give dead letters their attempts back (the article's UPDATE outbox SET attempts = 0 ...).
+    /// Give dead letters their attempts back (the article's UPDATE outbox SET attempts = 0 ...),
+    /// only rows at the attempt limit: rows under retry keep their backoff, rows a relay holds
+    /// are skipped.
     #[command(after_help = "Example:
   outbox-lab requeue --database-url postgres://user@host/shop")]
     Requeue {
         /// The database whose `outbox` table to requeue.
         #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
         database_url: String,
+        /// The relays' attempt limit: rows with this many attempts or more are dead letters.
+        #[arg(long, default_value_t = crate::outbox::relay::DEFAULT_MAX_ATTEMPTS,
+              value_parser = clap::value_parser!(i32).range(1..))]
+        max_attempts: i32,
     },
     /// Detach and drop the daily partitions of a partitioned outbox older than a cutoff; a
     /// partition that still holds an unpublished row is kept and reported, never dropped.
@@ -239,7 +245,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Compare { a, b } => compare::run(&a, &b),
         Command::Completions { shell } => completions::run(shell),
         Command::CrashPoints => crash_points::run(),
-        Command::Requeue { database_url } => requeue::run(&database_url).await,
+        Command::Requeue {
+            database_url,
+            max_attempts,
+        } => requeue::run(&database_url, max_attempts).await,
         Command::Prune(args) => prune::run(args).await,
         Command::Relay(args) => relay::run(args).await,
         Command::Consumer(args) => consumer::run(args).await,

@@ -35,7 +35,7 @@ pub struct RelayArgs {
     /// The poll interval, or the fallback poll with --mode notify.
     #[arg(long, default_value_t = 1000)]
     interval_ms: u64,
-    /// i/N: only aggregates with abs(hashtext(aggregate_id)) % N = i (N relays, one each).
+    /// i/N: only aggregates with (hashtext(aggregate_id) & 2147483647) % N = i (N relays, one each).
     #[arg(long)]
     partition: Option<Partition>,
     /// Hold an aggregate's later events back while an earlier one is undelivered.

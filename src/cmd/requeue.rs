@@ -9,9 +9,9 @@ use crate::connect;
 use crate::error::exit;
 use crate::outbox::relay;
 
-pub async fn run(database_url: &str) -> Result<ExitCode> {
+pub async fn run(database_url: &str, max_attempts: i32) -> Result<ExitCode> {
     let client = connect::postgres(&connect::parse_url(database_url)?).await?;
-    let rows = relay::requeue(&client).await?;
-    outln!("requeued {rows} undelivered outbox rows")?;
+    let rows = relay::requeue(&client, max_attempts).await?;
+    outln!("requeued {rows} dead-letter outbox rows (attempts >= {max_attempts})")?;
     Ok(ExitCode::from(exit::OK))
 }

@@ -1,5 +1,6 @@
 //! Where relays deliver events: the HTTP consumer (keep-alive client) or a Redis Stream
-//! (`XADD outbox.event.<aggregate_type>`, one pipeline per batch).
+//! (`XADD outbox.event.<aggregate_type>`, one pipeline per batch, each XADD acknowledged on its
+//! own).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -232,9 +233,14 @@ impl RedisSink {
         format!("{prefix}outbox.event.{aggregate_type}")
     }
 
-    /// One pipeline for the whole batch: it is delivered whole or not at all.
+    /// One pipeline for the whole batch, not a transaction (no MULTI/EXEC): Redis answers each
+    /// XADD on its own, and some can be appended while others fail (a stream key holding
+    /// another type answers WRONGTYPE). Each event is delivered if and only if its own XADD was
+    /// acknowledged; a connection error fails every event whose reply did not come back (it
+    /// may still have been appended: a lost reply is a failure, retried).
     async fn deliver(&self, events: &[Event], on_delivered: impl Fn(&Event)) -> Vec<Result<()>> {
         let mut pipe = redis::pipe();
+        pipe.ignore_errors();
         for event in events {
             pipe.cmd("XADD")
                 .arg(Self::stream_name(
@@ -251,23 +257,31 @@ impl RedisSink {
                 .arg("payload")
                 .arg(event.payload.to_string())
                 .arg("outbox_id")
-                .arg(event.outbox_id.unwrap_or_default())
-                .ignore();
+                .arg(event.outbox_id.unwrap_or_default());
         }
         let mut connection = self.connection.clone();
-        match pipe.query_async::<()>(&mut connection).await {
-            Ok(()) => events
-                .iter()
-                .map(|event| {
-                    on_delivered(event);
-                    Ok(())
-                })
-                .collect(),
+        let replies = match pipe
+            .query_async::<Vec<redis::RedisResult<redis::Value>>>(&mut connection)
+            .await
+        {
+            Ok(replies) => replies,
             Err(e) => {
                 let error = format!("XADD: {e}");
-                events.iter().map(|_| Err(anyhow!(error.clone()))).collect()
+                return events.iter().map(|_| Err(anyhow!(error.clone()))).collect();
             }
-        }
+        };
+        let mut replies = replies.into_iter();
+        events
+            .iter()
+            .map(|event| match replies.next() {
+                Some(Ok(_)) => {
+                    on_delivered(event);
+                    Ok(())
+                }
+                Some(Err(e)) => Err(anyhow!("XADD: {e}")),
+                None => Err(anyhow!("XADD: no reply")),
+            })
+            .collect()
     }
 }
 

@@ -1,5 +1,5 @@
 //! multi-relay-ordering (順序保証とパーティション): 300 orders x 3 events, delivered by 1, 2 and 4
-//! concurrent relays, each unpartitioned and partitioned by `abs(hashtext(aggregate_id)) % N`.
+//! concurrent relays, each unpartitioned and partitioned by `(hashtext(aggregate_id) & 2147483647) % N`.
 //! SKIP LOCKED hands different rows to different relays, so an order's events can overtake each
 //! other; partitioning keeps an aggregate on one relay and its order intact.
 

@@ -160,9 +160,10 @@ async fn dead_letter(ctx: &Ctx<'_>, config: &RelayConfig, outcome: &mut Outcome)
     let healthy = ctx
         .start_consumer(&db, ConsumerKind::Naive, &Faults::default())
         .await?;
-    outcome
-        .metrics
-        .set("requeued", relay::requeue(&client).await? as i64);
+    outcome.metrics.set(
+        "requeued",
+        relay::requeue(&client, config.max_attempts).await? as i64,
+    );
     ctx.run_relay(&db, &healthy.url, "2", config, None)
         .await?
         .expect(|e| *e == ChildEnd::Ok, "the relay after requeue")?;

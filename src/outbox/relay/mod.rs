@@ -173,13 +173,16 @@ pub struct RelayConfig {
     pub log_attempts: bool,
 }
 
+/// The attempts after which a row is a dead letter, unless a relay is told otherwise.
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 5;
+
 impl Default for RelayConfig {
     fn default() -> Self {
         RelayConfig {
             design: RelayDesign::Lock,
             lease: Duration::from_secs(30),
             batch: 100,
-            max_attempts: 5,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff_base: Duration::from_millis(200),
             idle_poll: Duration::from_millis(10),
             deadline: Duration::from_secs(60),
@@ -400,7 +403,9 @@ pub struct RelayStats {
     pub failed: AtomicU64,
 }
 
-/// Gives every undelivered row its attempts back (`outbox-lab requeue`); returns rows requeued.
-pub async fn requeue(client: &Client) -> Result<u64> {
-    Ok(client.execute(sql::REQUEUE, &[]).await?)
+/// Gives dead letters (undelivered rows with `max_attempts` attempts or more, the relays' limit)
+/// their attempts back (`outbox-lab requeue`): a row still under retry keeps its backoff, and a
+/// row a relay holds locked is skipped, not waited for. Returns rows requeued.
+pub async fn requeue(client: &Client, max_attempts: i32) -> Result<u64> {
+    Ok(client.execute(sql::REQUEUE, &[&max_attempts]).await?)
 }

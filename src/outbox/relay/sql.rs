@@ -14,8 +14,12 @@ SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload
  FOR UPDATE SKIP LOCKED";
 
 /// The article's partitioning, added to the fetch: relay $3 of $4 takes only its aggregates.
+/// The article writes `abs(hashtext(aggregate_id)) % $4`, but `abs()` of the one hash -2^31 is
+/// out of integer range: while such a row is undelivered, every partitioned fetch that scans it
+/// fails. Masking the sign bit keeps every non-negative hash's partition and gives each
+/// negative one a partition just as fixed (not always abs()'s).
 pub const PARTITION_FILTER: &str = "
-   AND abs(hashtext(aggregate_id)) % $4 = $3";
+   AND (hashtext(aggregate_id) & 2147483647) % $4 = $3";
 
 /// The article's head-of-line guard, added to the fetch: no event overtakes an undelivered
 /// earlier event of its aggregate (at the price of blocking the aggregate behind it).
@@ -99,9 +103,16 @@ SELECT id, attempts, last_error
    AND attempts >= $1
  ORDER BY id";
 
-/// The article's way back from the dead letter, once the cause is fixed.
+/// The article's way back from the dead letter, once the cause is fixed: only rows that used up
+/// their attempts ($1, the relays' limit), so a row under retry keeps its backoff, and only rows
+/// no relay holds right now (a locked row is skipped, not waited for).
 pub const REQUEUE: &str = "
-UPDATE outbox SET attempts = 0, next_attempt_at = clock_timestamp() WHERE published_at IS NULL";
+UPDATE outbox SET attempts = 0, next_attempt_at = clock_timestamp()
+ WHERE id IN (SELECT id
+                FROM outbox
+               WHERE published_at IS NULL
+                 AND attempts >= $1
+                 FOR UPDATE SKIP LOCKED)";
 
 /// Fetch "everything after the last id seen": the design that loses events.
 pub const FETCH_AFTER_WATERMARK: &str = "
