@@ -162,3 +162,11 @@ fn unknown_crash_point_in_a_child_is_rejected() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// clap's own errors (a value not among the possible ones) are one line too.
+#[test]
+fn a_value_clap_rejects_is_one_line() {
+    let run = run(&["scenario", "relay-crash", "--format", "xml"]);
+    assert_usage_error(&run, "invalid value 'xml' for '--format");
+    assert!(run.stderr.contains("text, json"), "{}", run.stderr);
+}
