@@ -170,3 +170,37 @@ fn a_value_clap_rejects_is_one_line() {
     assert_usage_error(&run, "invalid value 'xml' for '--format");
     assert!(run.stderr.contains("text, json"), "{}", run.stderr);
 }
+
+/// outbox-lab without `--results-dir` (the commands that take none).
+fn run_plain(args: &[&str]) -> Run {
+    Run::from(outbox_lab().args(args).output().unwrap())
+}
+
+/// A relay's arguments: a database nothing listens on, so that only the one bad argument can
+/// be what the error is about (an accepted argument would end in "cannot connect").
+fn relay(extra: &[&str]) -> Run {
+    let mut args = vec![
+        "relay",
+        "--database-url",
+        "postgres://postgres@127.0.0.1:1/postgres",
+    ];
+    if !extra.contains(&"--sink") {
+        args.extend(["--sink", "http://127.0.0.1:1"]);
+    }
+    args.extend(extra);
+    run_plain(&args)
+}
+
+/// A relay that fetches no rows would never deliver; one that polls every 0 ms spins.
+#[test]
+fn relay_batch_and_interval_below_one() {
+    assert_usage_error(
+        &relay(&["--batch", "0"]),
+        "'--batch <BATCH>': 0 is not in 1..",
+    );
+    assert_usage_error(&relay(&["--batch=-3"]), "-3 is not in 1..");
+    assert_usage_error(
+        &relay(&["--interval-ms", "0"]),
+        "'--interval-ms <INTERVAL_MS>': 0 is not in 1..",
+    );
+}

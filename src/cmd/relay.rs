@@ -32,8 +32,8 @@ pub struct RelayArgs {
     sink: String,
     #[arg(long, value_enum, default_value = "poll")]
     mode: RelayMode,
-    /// The poll interval, or the fallback poll with --mode notify.
-    #[arg(long, default_value_t = 1000)]
+    /// The poll interval, or the fallback poll with --mode notify (at least 1).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     interval_ms: u64,
     /// i/N: only aggregates with abs(hashtext(aggregate_id)) % N = i (N relays, one each).
     #[arg(long)]
@@ -41,8 +41,8 @@ pub struct RelayArgs {
     /// Hold an aggregate's later events back while an earlier one is undelivered.
     #[arg(long)]
     guard: bool,
-    /// Rows per fetch.
-    #[arg(long, default_value_t = 100)]
+    /// Rows per fetch (at least 1).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..))]
     batch: i64,
     /// Aggregates delivered to at once over HTTP (per-aggregate order holds).
     #[arg(long, default_value_t = 1)]
