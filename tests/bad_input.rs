@@ -204,3 +204,13 @@ fn relay_batch_and_interval_below_one() {
         "'--interval-ms <INTERVAL_MS>': 0 is not in 1..",
     );
 }
+
+/// A sink the relay cannot deliver to would dead-letter every event: refused up front.
+#[test]
+fn relay_sink_with_an_unknown_scheme() {
+    for sink in ["ftp://x", "https://x", "localhost:8080"] {
+        let run = relay(&["--sink", sink]);
+        assert_usage_error(&run, &format!("invalid value '{sink}' for '--sink <URL>'"));
+        assert!(run.stderr.contains("http://HOST:PORT"), "{}", run.stderr);
+    }
+}

@@ -11,7 +11,7 @@ use crate::harness::run::interrupted;
 use crate::ops::logging::{self, LogFormat};
 use crate::ops::standalone;
 use crate::outbox::relay::{Partition, RelayConfig, RelayOptions, Wakeup};
-use crate::outbox::sink::SinkOptions;
+use crate::outbox::sink::{self, SinkOptions};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum RelayMode {
@@ -28,7 +28,7 @@ pub struct RelayArgs {
     database_url: String,
     /// http://HOST:PORT (an outbox-lab consumer, POST /events) or redis://HOST:PORT (streams
     /// outbox.event.<aggregate_type>).
-    #[arg(long)]
+    #[arg(long, value_name = "URL", value_parser = parse_sink)]
     sink: String,
     #[arg(long, value_enum, default_value = "poll")]
     mode: RelayMode,
@@ -82,4 +82,9 @@ pub async fn run(args: RelayArgs) -> Result<ExitCode> {
     };
     standalone::run_relay(&args.database_url, relay, args.metrics_listen, shutdown).await?;
     Ok(ExitCode::from(exit::OK))
+}
+
+/// `--sink`: a URL the relay can deliver to ([`sink::check_url`]), refused before it starts.
+fn parse_sink(url: &str) -> Result<String, String> {
+    sink::check_url(url).map(|()| url.to_string())
 }
