@@ -214,3 +214,19 @@ fn relay_sink_with_an_unknown_scheme() {
         assert!(run.stderr.contains("http://HOST:PORT"), "{}", run.stderr);
     }
 }
+
+/// `scenario all` applies a parameter to the scenarios that have it; one that none has is a
+/// typo, refused before anything starts (the missing server binaries are never looked for).
+#[test]
+fn parameter_no_scenario_of_all_takes() {
+    let run = run(&[
+        "scenario",
+        "all",
+        "--set",
+        "bogus=1",
+        "--pg-bin",
+        "/nonexistent/bin",
+    ]);
+    assert_usage_error(&run, "no scenario of this run has a parameter bogus");
+    assert!(run.stderr.contains("crash_after"), "{}", run.stderr);
+}

@@ -234,6 +234,34 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
     })
 }
 
+/// Prepares every scenario of a run ([`prepare`]) before anything starts. A parameter that
+/// none of them has is refused (with `scenario all`, a value applies only to the scenarios that
+/// have it, so a misspelt name would otherwise be ignored).
+pub fn prepare_all(
+    selected: &[Scenario],
+    dir: Option<&Path>,
+    overrides: &Overrides,
+) -> Result<Vec<Prepared>> {
+    let prepared = selected
+        .iter()
+        .map(|s| prepare(*s, dir, overrides))
+        .collect::<Result<Vec<_>>>()?;
+    let has = |key: &String| prepared.iter().any(|p| p.spec.params.contains_key(key));
+    if let Some((key, _)) = overrides.values.iter().find(|(key, _)| !has(key)) {
+        let mut known: Vec<&str> = prepared
+            .iter()
+            .flat_map(|p| p.spec.params.keys().map(String::as_str))
+            .collect();
+        known.sort_unstable();
+        known.dedup();
+        bail!(
+            "no scenario of this run has a parameter {key}: check its spelling (the parameters: {})",
+            known.join(", ")
+        );
+    }
+    Ok(prepared)
+}
+
 impl Prepared {
     pub fn scenario(&self) -> Scenario {
         self.scenario
