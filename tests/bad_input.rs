@@ -230,3 +230,12 @@ fn parameter_no_scenario_of_all_takes() {
     assert_usage_error(&run, "no scenario of this run has a parameter bogus");
     assert!(run.stderr.contains("crash_after"), "{}", run.stderr);
 }
+
+/// A --set value of the wrong type is the command line's fault, not the scenario file's.
+#[test]
+fn set_value_of_the_wrong_type() {
+    let run = run(&["scenario", "relay-crash", "--set", "events=abc"]);
+    assert_usage_error(&run, "--set events=abc");
+    assert!(run.stderr.contains("expected u32"), "{}", run.stderr);
+    assert!(!run.stderr.contains("malformed"), "{}", run.stderr);
+}
