@@ -79,6 +79,15 @@ pub fn one_line(error: &anyhow::Error) -> String {
     format!("{error:#}").replace('\n', " ")
 }
 
+/// A command-line error of clap's (a bad value, a missing argument) on one line, without its
+/// `error: ` prefix: the message, the possible values and the usage, joined.
+pub fn clap_one_line(error: &clap::Error) -> String {
+    let text = error.render().to_string();
+    let text = text.trim_start().trim_start_matches("error:");
+    let lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    lines.collect::<Vec<_>>().join(" ")
+}
+
 /// A write to standard output: a reader that went away is [`Error::StdoutClosed`].
 pub fn stdout_write(result: std::io::Result<()>) -> anyhow::Result<()> {
     result.map_err(|e| match e.kind() {
@@ -148,6 +157,30 @@ mod tests {
         let e = stdout_write(Err(full)).unwrap_err();
         assert_eq!(exit_status(&e), exit::USAGE);
         assert!(one_line(&e).starts_with("cannot write to standard output"));
+    }
+
+    #[test]
+    fn a_clap_error_is_one_line() {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Cli {
+            #[arg(long, value_enum)]
+            format: Option<crate::cmd::Format>,
+            #[arg(long)]
+            sink: String,
+        }
+        let e = Cli::try_parse_from(["x", "--sink", "s", "--format", "xml"]).unwrap_err();
+        let line = clap_one_line(&e);
+        assert!(!line.contains('\n'), "{line}");
+        assert!(
+            line.starts_with("invalid value 'xml' for '--format <FORMAT>'"),
+            "{line}"
+        );
+        assert!(line.contains("[possible values: text, json]"), "{line}");
+        let e = Cli::try_parse_from(["x"]).unwrap_err();
+        let line = clap_one_line(&e);
+        assert!(!line.contains('\n'), "{line}");
+        assert!(line.contains("--sink <SINK>"), "{line}");
     }
 
     #[test]

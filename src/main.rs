@@ -1,11 +1,22 @@
 use std::process::ExitCode;
 
+use clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand;
 use clap::Parser;
 use outbox_lab::cmd::{self, Cli};
 use outbox_lab::error::{self, exit};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version (stdout, status 0), and the help shown for a bare `outbox-lab`.
+        Err(e) if !e.use_stderr() || e.kind() == DisplayHelpOnMissingArgumentOrSubcommand => {
+            e.exit()
+        }
+        Err(e) => {
+            eprintln!("outbox-lab: error: {}", error::clap_one_line(&e));
+            return ExitCode::from(exit::USAGE);
+        }
+    };
     let mut builder = if cli.wants_single_thread() {
         tokio::runtime::Builder::new_current_thread()
     } else {

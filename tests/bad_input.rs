@@ -162,3 +162,80 @@ fn unknown_crash_point_in_a_child_is_rejected() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// clap's own errors (a value not among the possible ones) are one line too.
+#[test]
+fn a_value_clap_rejects_is_one_line() {
+    let run = run(&["scenario", "relay-crash", "--format", "xml"]);
+    assert_usage_error(&run, "invalid value 'xml' for '--format");
+    assert!(run.stderr.contains("text, json"), "{}", run.stderr);
+}
+
+/// outbox-lab without `--results-dir` (the commands that take none).
+fn run_plain(args: &[&str]) -> Run {
+    Run::from(outbox_lab().args(args).output().unwrap())
+}
+
+/// A relay's arguments: a database nothing listens on, so that only the one bad argument can
+/// be what the error is about (an accepted argument would end in "cannot connect").
+fn relay(extra: &[&str]) -> Run {
+    let mut args = vec![
+        "relay",
+        "--database-url",
+        "postgres://postgres@127.0.0.1:1/postgres",
+    ];
+    if !extra.contains(&"--sink") {
+        args.extend(["--sink", "http://127.0.0.1:1"]);
+    }
+    args.extend(extra);
+    run_plain(&args)
+}
+
+/// A relay that fetches no rows would never deliver; one that polls every 0 ms spins.
+#[test]
+fn relay_batch_and_interval_below_one() {
+    assert_usage_error(
+        &relay(&["--batch", "0"]),
+        "'--batch <BATCH>': 0 is not in 1..",
+    );
+    assert_usage_error(&relay(&["--batch=-3"]), "-3 is not in 1..");
+    assert_usage_error(
+        &relay(&["--interval-ms", "0"]),
+        "'--interval-ms <INTERVAL_MS>': 0 is not in 1..",
+    );
+}
+
+/// A sink the relay cannot deliver to would dead-letter every event: refused up front.
+#[test]
+fn relay_sink_with_an_unknown_scheme() {
+    for sink in ["ftp://x", "https://x", "localhost:8080"] {
+        let run = relay(&["--sink", sink]);
+        assert_usage_error(&run, &format!("invalid value '{sink}' for '--sink <URL>'"));
+        assert!(run.stderr.contains("http://HOST:PORT"), "{}", run.stderr);
+    }
+}
+
+/// `scenario all` applies a parameter to the scenarios that have it; one that none has is a
+/// typo, refused before anything starts (the missing server binaries are never looked for).
+#[test]
+fn parameter_no_scenario_of_all_takes() {
+    let run = run(&[
+        "scenario",
+        "all",
+        "--set",
+        "bogus=1",
+        "--pg-bin",
+        "/nonexistent/bin",
+    ]);
+    assert_usage_error(&run, "no scenario of this run has a parameter bogus");
+    assert!(run.stderr.contains("crash_after"), "{}", run.stderr);
+}
+
+/// A --set value of the wrong type is the command line's fault, not the scenario file's.
+#[test]
+fn set_value_of_the_wrong_type() {
+    let run = run(&["scenario", "relay-crash", "--set", "events=abc"]);
+    assert_usage_error(&run, "--set events=abc");
+    assert!(run.stderr.contains("expected u32"), "{}", run.stderr);
+    assert!(!run.stderr.contains("malformed"), "{}", run.stderr);
+}

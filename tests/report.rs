@@ -184,7 +184,7 @@ fn page_of_a_quick_run_has_every_section_and_plot() {
 }
 
 /// Headless Chromium renders the page (scripts/check-report): every section and plot is in the
-/// DOM it built, and it takes a screenshot. Chromium missing is a failure: scripts/setup
+/// DOM it built, and it takes a screenshot. Chromium missing is a failure: scripts/setup --test
 /// installs it.
 #[test]
 fn chromium_renders_every_section_and_plot() {

@@ -11,7 +11,7 @@ use crate::harness::run::interrupted;
 use crate::ops::logging::{self, LogFormat};
 use crate::ops::standalone;
 use crate::outbox::relay::{Partition, RelayConfig, RelayOptions, Wakeup};
-use crate::outbox::sink::SinkOptions;
+use crate::outbox::sink::{self, SinkOptions};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum RelayMode {
@@ -28,12 +28,12 @@ pub struct RelayArgs {
     database_url: String,
     /// http://HOST:PORT (an outbox-lab consumer, POST /events) or redis://HOST:PORT (streams
     /// outbox.event.<aggregate_type>).
-    #[arg(long)]
+    #[arg(long, value_name = "URL", value_parser = parse_sink)]
     sink: String,
     #[arg(long, value_enum, default_value = "poll")]
     mode: RelayMode,
-    /// The poll interval, or the fallback poll with --mode notify.
-    #[arg(long, default_value_t = 1000)]
+    /// The poll interval, or the fallback poll with --mode notify (at least 1).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     interval_ms: u64,
     /// i/N: only aggregates with (hashtext(aggregate_id) & 2147483647) % N = i (N relays, one each).
     #[arg(long)]
@@ -41,8 +41,8 @@ pub struct RelayArgs {
     /// Hold an aggregate's later events back while an earlier one is undelivered.
     #[arg(long)]
     guard: bool,
-    /// Rows per fetch.
-    #[arg(long, default_value_t = 100)]
+    /// Rows per fetch (at least 1).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..))]
     batch: i64,
     /// Aggregates delivered to at once over HTTP (per-aggregate order holds).
     #[arg(long, default_value_t = 1)]
@@ -82,4 +82,9 @@ pub async fn run(args: RelayArgs) -> Result<ExitCode> {
     };
     standalone::run_relay(&args.database_url, relay, args.metrics_listen, shutdown).await?;
     Ok(ExitCode::from(exit::OK))
+}
+
+/// `--sink`: a URL the relay can deliver to ([`sink::check_url`]), refused before it starts.
+fn parse_sink(url: &str) -> Result<String, String> {
+    sink::check_url(url).map(|()| url.to_string())
 }

@@ -68,10 +68,7 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
         ));
     }
     // Everything is read and validated before a server is started: bad input leaves nothing.
-    let prepared = selected
-        .iter()
-        .map(|s| scenarios::prepare(*s, args.scenarios_dir.as_deref(), &overrides))
-        .collect::<Result<Vec<_>>>()?;
+    let prepared = scenarios::prepare_all(&selected, args.scenarios_dir.as_deref(), &overrides)?;
 
     let run_id = new_run_id();
     // Redis starts only if a scenario asks for it; it is closed however the runs end.

@@ -110,24 +110,50 @@ impl Exporter {
             .query_one(sql::BACKLOG, &[&self.max_attempts])
             .await?;
         let (dead_letters, lag_s): (i64, f64) = (backlog.get(0), backlog.get(1));
-        let relay = &self.name;
         let delivered = self.stats.delivered.load(Ordering::Relaxed);
         let failed = self.stats.failed.load(Ordering::Relaxed);
-        Ok(format!(
-            "# HELP outbox_relay_delivered_total Events this relay delivered.\n\
-             # TYPE outbox_relay_delivered_total counter\n\
-             outbox_relay_delivered_total{{relay=\"{relay}\"}} {delivered}\n\
-             # HELP outbox_relay_failed_total Deliveries that failed (each is retried after its backoff).\n\
-             # TYPE outbox_relay_failed_total counter\n\
-             outbox_relay_failed_total{{relay=\"{relay}\"}} {failed}\n\
-             # HELP outbox_dead_letters Undelivered rows that used up their attempts.\n\
-             # TYPE outbox_dead_letters gauge\n\
-             outbox_dead_letters {dead_letters}\n\
-             # HELP outbox_oldest_unpublished_age_seconds Age of the oldest row still to deliver.\n\
-             # TYPE outbox_oldest_unpublished_age_seconds gauge\n\
-             outbox_oldest_unpublished_age_seconds {lag_s:.3}\n"
+        Ok(exposition(
+            &self.name,
+            delivered,
+            failed,
+            dead_letters,
+            lag_s,
         ))
     }
+}
+
+/// The `/metrics` page (Prometheus text format) of the relay named `relay`.
+fn exposition(relay: &str, delivered: u64, failed: u64, dead_letters: i64, lag_s: f64) -> String {
+    let relay = escape_label_value(relay);
+    format!(
+        "# HELP outbox_relay_delivered_total Events this relay delivered.\n\
+         # TYPE outbox_relay_delivered_total counter\n\
+         outbox_relay_delivered_total{{relay=\"{relay}\"}} {delivered}\n\
+         # HELP outbox_relay_failed_total Deliveries that failed (each is retried after its backoff).\n\
+         # TYPE outbox_relay_failed_total counter\n\
+         outbox_relay_failed_total{{relay=\"{relay}\"}} {failed}\n\
+         # HELP outbox_dead_letters Undelivered rows that used up their attempts.\n\
+         # TYPE outbox_dead_letters gauge\n\
+         outbox_dead_letters {dead_letters}\n\
+         # HELP outbox_oldest_unpublished_age_seconds Age of the oldest row still to deliver.\n\
+         # TYPE outbox_oldest_unpublished_age_seconds gauge\n\
+         outbox_oldest_unpublished_age_seconds {lag_s:.3}\n"
+    )
+}
+
+/// A label value as the Prometheus text format writes it: backslash, double quote and newline
+/// escaped (`\\`, `\"`, `\n`).
+fn escape_label_value(value: &str) -> String {
+    let mut escaped = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => escaped.push_str("\\\\"),
+            '"' => escaped.push_str("\\\""),
+            '\n' => escaped.push_str("\\n"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
 }
 
 async fn serve_metrics(listener: TcpListener, exporter: Arc<Exporter>) {
@@ -156,4 +182,30 @@ async fn scrape(
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exposition;
+
+    /// A relay's name is a label value: a quote, a backslash or a newline in it is escaped
+    /// (Prometheus text format), so it cannot end the label or add a line.
+    #[test]
+    fn label_values_are_escaped() {
+        let plain = exposition("relay-1", 3, 1, 0, 0.25);
+        assert!(plain.contains("outbox_relay_delivered_total{relay=\"relay-1\"} 3\n"));
+        let name = "a\"} 1\nfake_metric{x=\"\\";
+        let text = exposition(name, 3, 1, 0, 0.25);
+        assert_eq!(text.lines().count(), plain.lines().count(), "{text}");
+        assert!(
+            !text.lines().any(|l| l.starts_with("fake_metric")),
+            "{text}"
+        );
+        let escaped = r#"relay="a\"} 1\nfake_metric{x=\"\\""#;
+        assert!(
+            text.contains(&format!("outbox_relay_delivered_total{{{escaped}}} 3\n")),
+            "{text}"
+        );
+        assert!(text.contains(&format!("outbox_relay_failed_total{{{escaped}}} 1\n")));
+    }
 }

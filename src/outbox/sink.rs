@@ -108,6 +108,32 @@ pub fn is_redis(url: &str) -> bool {
         .any(|scheme| url.starts_with(scheme))
 }
 
+/// Checks a sink URL before anything connects: `http://HOST[:PORT]` (the HTTP client speaks no
+/// TLS) or a Redis URL ([`is_redis`]) that the Redis client accepts. Anything else would have
+/// dead-lettered every event; the error says what to give instead.
+pub fn check_url(url: &str) -> Result<(), String> {
+    const GIVE: &str =
+        "give http://HOST:PORT (an outbox-lab consumer) or redis://HOST:PORT (a Redis)";
+    if is_redis(url) {
+        return redis::Client::open(url)
+            .map(drop)
+            .map_err(|e| format!("not a Redis URL outbox-lab can use ({e}); {GIVE}"));
+    }
+    let why = match url.strip_prefix("http://") {
+        Some(rest) if rest.trim_matches('/').is_empty() => "no host",
+        Some(_) => match HttpSink::new(url) {
+            Ok(sink) if sink.uri.host().is_some() => return Ok(()),
+            _ => "not a valid URL",
+        },
+        None if url.starts_with("https://") => {
+            "https is not supported (the relay speaks plain HTTP)"
+        }
+        None if url.contains("://") => "unknown scheme",
+        None => "no scheme",
+    };
+    Err(format!("{why}; {GIVE}"))
+}
+
 /// POSTs events as JSON to `<base>/events`; a 2xx answer is a delivery.
 #[derive(Clone)]
 pub struct HttpSink {
@@ -295,4 +321,30 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_url;
+
+    #[test]
+    fn sink_urls_are_http_or_redis() {
+        for good in [
+            "http://127.0.0.1:8080",
+            "http://consumer/",
+            "redis://10.0.0.6:6379",
+        ] {
+            assert_eq!(check_url(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "ftp://x",
+            "https://x",
+            "localhost:8080",
+            "http://",
+            "http://a b",
+        ] {
+            let e = check_url(bad).unwrap_err();
+            assert!(e.contains("give http://HOST:PORT"), "{bad}: {e}");
+        }
+    }
 }

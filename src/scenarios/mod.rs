@@ -97,6 +97,7 @@ macro_rules! registry {
                 name: $name,
                 builtin_spec: include_str!(concat!("../../scenarios/", $name, ".toml")),
                 prepare: prepare_as::<$module::Params>,
+                fits: fits_as::<$module::Params>,
                 plots: <$module::Params as Experiment>::plots,
             }),)*];
         }
@@ -116,6 +117,8 @@ struct Entry {
     builtin_spec: &'static str,
     /// Reads the parameters into the scenario's `Params` and validates them.
     prepare: fn(&Spec, &toml::Table) -> Result<Box<dyn Ready>>,
+    /// Whether the parameters have the types of the scenario's `Params` (else: serde's message).
+    fits: fn(&toml::Table) -> Result<(), String>,
     plots: fn(&Report) -> Result<Vec<Plot>>,
 }
 
@@ -205,6 +208,14 @@ fn prepare_as<P: Experiment>(spec: &Spec, params: &toml::Table) -> Result<Box<dy
     Ok(Box::new(typed))
 }
 
+/// The registry's `fits` of a scenario whose parameters are `P`.
+fn fits_as<P: Experiment>(params: &toml::Table) -> Result<(), String> {
+    toml::Value::Table(params.clone())
+        .try_into::<P>()
+        .map(drop)
+        .map_err(|e| e.message().trim().to_string())
+}
+
 /// Reads the file and validates the parameters before anything is started.
 pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) -> Result<Prepared> {
     let spec = scenario.spec(dir)?;
@@ -212,9 +223,27 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
     if overrides.quick {
         params.extend(spec.quick.clone());
     }
+    let defaults = params.clone();
     for (key, value) in &overrides.values {
         match params.get_mut(key) {
-            Some(slot) => *slot = value.clone(),
+            Some(slot) => {
+                *slot = value.clone();
+                // A value of the wrong type is the command line's fault (when the file's own
+                // defaults fit): say which value, and what the scenario expected.
+                let mut one = defaults.clone();
+                one.insert(key.clone(), value.clone());
+                if let (Ok(()), Err(e)) = ((scenario.0.fits)(&defaults), (scenario.0.fits)(&one)) {
+                    let given = match value {
+                        toml::Value::String(text) => text.clone(),
+                        other => other.to_string(),
+                    };
+                    bail!(
+                        "--set {key}={given} does not fit scenario {}: {e} (its default: {key} = {})",
+                        scenario.name(),
+                        defaults[key]
+                    )
+                }
+            }
             None if overrides.strict => {
                 let known: Vec<&String> = spec.params.keys().collect();
                 bail!(
@@ -232,6 +261,34 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
         params,
         typed,
     })
+}
+
+/// Prepares every scenario of a run ([`prepare`]) before anything starts. A parameter that
+/// none of them has is refused (with `scenario all`, a value applies only to the scenarios that
+/// have it, so a misspelt name would otherwise be ignored).
+pub fn prepare_all(
+    selected: &[Scenario],
+    dir: Option<&Path>,
+    overrides: &Overrides,
+) -> Result<Vec<Prepared>> {
+    let prepared = selected
+        .iter()
+        .map(|s| prepare(*s, dir, overrides))
+        .collect::<Result<Vec<_>>>()?;
+    let has = |key: &String| prepared.iter().any(|p| p.spec.params.contains_key(key));
+    if let Some((key, _)) = overrides.values.iter().find(|(key, _)| !has(key)) {
+        let mut known: Vec<&str> = prepared
+            .iter()
+            .flat_map(|p| p.spec.params.keys().map(String::as_str))
+            .collect();
+        known.sort_unstable();
+        known.dedup();
+        bail!(
+            "no scenario of this run has a parameter {key}: check its spelling (the parameters: {})",
+            known.join(", ")
+        );
+    }
+    Ok(prepared)
 }
 
 impl Prepared {

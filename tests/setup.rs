@@ -1,0 +1,104 @@
+//! scripts/setup installs chromium only for the tests (`--test`), and CI runs the README's test
+//! command. Runs the script with stand-ins for apt-get and the programs it looks for, so that
+//! nothing is installed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A PATH of stand-ins: everything present but chromium (unless `with_chromium`); `apt-get`
+/// writes what it was asked to `calls`.
+fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("setup-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let calls = dir.join("calls");
+    let mut present = vec!["initdb", "postgres", "redis-server", "cargo", "useradd"];
+    if with_chromium {
+        present.push("chromium");
+    }
+    for name in present {
+        write_script(&bin.join(name), "exit 0");
+    }
+    // apt-get installs chromium as a stand-in too.
+    let chromium = bin.join("chromium");
+    let apt_get = format!(
+        "echo \"apt-get $*\" >> {}\n\
+         case \" $* \" in *' install '*' chromium '*) printf 'exit 0\\n' > {c}; chmod +x {c};; esac",
+        calls.display(),
+        c = chromium.display()
+    );
+    write_script(&bin.join("apt-get"), &apt_get);
+    write_script(&bin.join("sudo"), "\"$@\"");
+    for tool in ["id", "sort", "tail", "bash", "env", "chmod"] {
+        let real = ["/usr/bin", "/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(tool))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("{tool} not found"));
+        std::os::unix::fs::symlink(real, bin.join(tool)).unwrap();
+    }
+    (bin, calls)
+}
+
+fn write_script(path: &Path, body: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, format!("#!/bin/bash\n{body}\n")).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Runs scripts/setup with `args` on the stand-ins; what apt-get was asked.
+fn setup(name: &str, args: &[&str], with_chromium: bool) -> String {
+    let (bin, calls) = fake_path(name, with_chromium);
+    let out = Command::new("/bin/bash")
+        .arg(root().join("scripts/setup"))
+        .args(args)
+        .env_clear()
+        .env("PATH", &bin)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read_to_string(calls).unwrap_or_default()
+}
+
+#[test]
+fn chromium_is_installed_only_for_the_tests() {
+    let calls = setup("main", &[], false);
+    assert!(!calls.contains("chromium"), "scripts/setup asked: {calls}");
+    let calls = setup("test", &["--test"], false);
+    assert!(
+        calls.contains("install") && calls.contains("chromium"),
+        "scripts/setup --test asked: {calls}"
+    );
+    // Idempotent: nothing missing, nothing installed.
+    let calls = setup("again", &["--test"], true);
+    assert!(calls.is_empty(), "scripts/setup --test asked: {calls}");
+}
+
+/// CI runs exactly the README's test command, which installs chromium for the tests.
+#[test]
+fn ci_runs_the_readme_test_command() {
+    let ci = std::fs::read_to_string(root().join(".ci/run")).unwrap();
+    let ci_command = ci.lines().last().unwrap().trim();
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let readme_command = readme
+        .lines()
+        .find(|l| l.contains("# the test suite"))
+        .and_then(|l| l.split('#').next())
+        .unwrap()
+        .trim();
+    assert_eq!(ci_command, readme_command);
+    assert!(
+        ci_command.starts_with("scripts/setup --test && cargo test"),
+        "{ci_command}"
+    );
+}
