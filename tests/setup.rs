@@ -18,7 +18,15 @@ fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let calls = dir.join("calls");
-    let mut present = vec!["initdb", "postgres", "redis-server", "cargo", "useradd"];
+    let mut present = vec![
+        "initdb",
+        "postgres",
+        "redis-server",
+        "psql",
+        "redis-cli",
+        "cargo",
+        "useradd",
+    ];
     if with_chromium {
         present.push("chromium");
     }
