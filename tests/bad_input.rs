@@ -239,3 +239,37 @@ fn set_value_of_the_wrong_type() {
     assert!(run.stderr.contains("expected u32"), "{}", run.stderr);
     assert!(!run.stderr.contains("malformed"), "{}", run.stderr);
 }
+
+/// An unwritable --results-dir is found before any server starts (here: before looking for the
+/// PostgreSQL binaries, which do not exist either).
+#[test]
+fn unwritable_results_dir_is_found_first() {
+    let out = outbox_lab()
+        .args(["scenario", "dual-write", "--pg-bin", "/nonexistent/bin"])
+        .args(["--results-dir", "/proc/outbox-lab-results"])
+        .output()
+        .unwrap();
+    assert_usage_error(
+        &Run::from(out),
+        "cannot write results under /proc/outbox-lab-results",
+    );
+}
+
+/// A --redis-url that answers nothing is found before any server starts.
+#[test]
+fn unreachable_redis_url_is_found_first() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let run = run(&[
+        "scenario",
+        "redis-stream",
+        "--pg-bin",
+        "/nonexistent/bin",
+        "--redis-url",
+        &format!("redis://127.0.0.1:{port}/"),
+    ]);
+    assert_usage_error(&run, "cannot connect to Redis");
+}

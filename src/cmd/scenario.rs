@@ -1,16 +1,18 @@
 //! `outbox-lab scenario NAME|all`: the article's experiments, run and held against its figures.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 
 use super::{outln, summary, Format, RunArgs};
+use crate::connect;
 use crate::error::{self, exit};
 use crate::harness::db::PgServer;
 use crate::harness::redis_server::Redis;
 use crate::harness::run::{new_run_id, on_server};
+use crate::harness::throwaway;
 use crate::report::html;
 use crate::report::progress::Progress;
 use crate::report::Report;
@@ -69,6 +71,10 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
     }
     // Everything is read and validated before a server is started: bad input leaves nothing.
     let prepared = scenarios::prepare_all(&selected, args.scenarios_dir.as_deref(), &overrides)?;
+    can_write_under(&args.run.results_dir)?;
+    if let Some(url) = &args.redis_url {
+        connect::redis(url).await?;
+    }
 
     let run_id = new_run_id();
     // Redis starts only if a scenario asks for it; it is closed however the runs end.
@@ -135,6 +141,34 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
     } else {
         exit::CHECK_FAILED
     }))
+}
+
+/// Fails unless files can be created in `dir`, or in the nearest existing folder above it (where
+/// `dir` would be made), checked with a probe file that is removed again: an unwritable
+/// `--results-dir` is found before any server starts, not after the run.
+fn can_write_under(dir: &Path) -> Result<()> {
+    let existing = dir
+        .ancestors()
+        .find(|d| d.as_os_str().is_empty() || d.is_dir())
+        .map(|d| {
+            if d.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                d
+            }
+        })
+        .unwrap_or(Path::new("/"));
+    let probe = existing.join(format!(".outbox-lab-probe-{}", std::process::id()));
+    throwaway::create_new(&probe)
+        .map(drop)
+        .and_then(|()| Ok(std::fs::remove_file(&probe)?))
+        .with_context(|| {
+            format!(
+                "cannot write results under {} (in {}): choose another --results-dir",
+                dir.display(),
+                existing.display()
+            )
+        })
 }
 
 /// `name=value`: the value as TOML (`10`, `0.5`, `true`, `[1, 2]`), else as a string.
