@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::signal::{killpg, Signal};
 use nix::unistd::{Pid, User};
 
 use crate::harness::throwaway::{self, Marker, ProcessId, RunDir, ServerProcess};
@@ -18,6 +18,8 @@ use crate::wait;
 pub struct Server {
     run: RunDir,
     process: Option<Child>,
+    /// What the marker records of the process, read once when it was spawned.
+    recorded: Option<ServerProcess>,
     /// Left running when dropped (`--keep`).
     keep: bool,
     /// Its name in messages (`postgres`, `redis-server`).
@@ -42,6 +44,7 @@ impl Server {
         Ok(Server {
             run: RunDir::create(kind, user)?,
             process: None,
+            recorded: None,
             keep: false,
             name,
             stop_signal,
@@ -82,6 +85,7 @@ impl Server {
         let child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", self.name))?;
+        self.recorded = Some(ServerProcess::spawned(&child)?);
         self.process = Some(child);
         self.write_marker()?;
         let limit = start_timeout(default_limit);
@@ -135,11 +139,7 @@ impl Server {
         self.run.write_marker(&Marker {
             owner: ProcessId::own(),
             kept: self.keep,
-            server: self
-                .process
-                .as_ref()
-                .map(ServerProcess::spawned)
-                .transpose()?,
+            server: self.recorded.clone(),
         })
     }
 }
@@ -149,26 +149,11 @@ impl Drop for Server {
         if self.keep {
             return;
         }
-        if let Some(mut child) = self.process.take() {
-            stop(Pid::from_raw(child.id() as i32), self.stop_signal);
+        if let (Some(mut child), Some(recorded)) = (self.process.take(), &self.recorded) {
+            recorded.process.stop(self.stop_signal);
             let _ = child.wait();
         }
         let _ = std::fs::remove_dir_all(self.run.path());
-    }
-}
-
-/// Asks a server we started to stop with `signal`; after a while kills its whole process
-/// group (it leads one: see `process_group(0)` above).
-fn stop(pid: Pid, signal: Signal) {
-    let Some(process) = ProcessId::of(pid.as_raw()) else {
-        return;
-    };
-    if kill(pid, signal).is_err() {
-        return;
-    }
-    throwaway::wait_gone(&process);
-    if process.is_running() {
-        let _ = killpg(pid, Signal::SIGKILL);
     }
 }
 
