@@ -7,21 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{outbox_lab, scratch_dir, Run};
+use common::{outbox_lab, run_tracked, scratch_dir, throwaway_dirs_of};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use outbox_lab::harness::throwaway::ProcessId;
 use outbox_lab::wait;
-
-/// Cluster directories created by the outbox-lab process `pid`.
-fn cluster_dirs_of(pid: u32) -> Vec<PathBuf> {
-    let prefix = format!("outbox-lab-pg-{pid}-");
-    std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .map(|e| e.path())
-        .collect()
-}
 
 /// The postmaster's pid, once the cluster in `dir` is ready.
 fn ready_postmaster(dir: &Path) -> Option<i32> {
@@ -33,14 +23,7 @@ fn ready_postmaster(dir: &Path) -> Option<i32> {
 
 /// True while `pid` runs (a zombie does not count).
 fn alive(pid: i32) -> bool {
-    kill(Pid::from_raw(pid), None).is_ok()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z')
+    ProcessId::of(pid).is_some()
 }
 
 /// The cluster directory's name (`outbox-lab-pg-PID-...`): it appears, unencoded, in the
@@ -93,7 +76,7 @@ fn start_long_run_with(stderr: Stdio) -> (Child, PathBuf, i32) {
             let _ = child.wait();
             panic!("cluster never became ready");
         }
-        if let Some(dir) = cluster_dirs_of(child.id()).pop() {
+        if let Some(dir) = throwaway_dirs_of("pg", child.id()).pop() {
             if let Some(postmaster) = ready_postmaster(&dir) {
                 // Let the scenario get under way: a child of the run running (so its databases
                 // are created), however slow the machine.
@@ -118,22 +101,18 @@ fn wait_gone(pid: i32) -> bool {
 /// A passing run removes its cluster.
 #[test]
 fn passing_run_removes_its_cluster() {
-    let child = outbox_lab()
-        .args(["scenario", "outbox-atomicity", "--results-dir"])
-        .arg(scratch_dir("lifecycle-pass"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let run = Run::from(child.wait_with_output().unwrap());
+    let (pid, run) = run_tracked(
+        outbox_lab()
+            .args(["scenario", "outbox-atomicity", "--results-dir"])
+            .arg(scratch_dir("lifecycle-pass")),
+    );
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(
         run.stdout.contains("outbox-atomicity: 6 of 6 checks pass"),
         "{}",
         run.stdout
     );
-    assert!(cluster_dirs_of(pid).is_empty());
+    assert!(throwaway_dirs_of("pg", pid).is_empty());
 }
 
 /// A run whose check fails exits 1, says which check, and removes its cluster.
@@ -146,17 +125,13 @@ fn failing_check_exits_1_and_removes_its_cluster() {
         1,
     );
     std::fs::write(dir.join("dual-write.toml"), text).unwrap();
-    let child = outbox_lab()
-        .args(["scenario", "dual-write", "--scenarios-dir"])
-        .arg(&dir)
-        .arg("--results-dir")
-        .arg(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let run = Run::from(child.wait_with_output().unwrap());
+    let (pid, run) = run_tracked(
+        outbox_lab()
+            .args(["scenario", "dual-write", "--scenarios-dir"])
+            .arg(&dir)
+            .arg("--results-dir")
+            .arg(&dir),
+    );
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert!(run.stdout.contains("FAIL"), "{}", run.stdout);
     assert!(
@@ -164,7 +139,7 @@ fn failing_check_exits_1_and_removes_its_cluster() {
         "{}",
         run.stdout
     );
-    assert!(cluster_dirs_of(pid).is_empty());
+    assert!(throwaway_dirs_of("pg", pid).is_empty());
 }
 
 /// Ctrl-C mid-scenario: exit 130, the cluster, its directory and every child are gone.

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{block_on, outbox_lab, scratch_dir, server_url, Run};
+use common::{block_on, outbox_lab, run_tracked, scratch_dir, server_url, throwaway_dirs_of, Run};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{geteuid, Pid, User};
 use outbox_lab::harness::throwaway::{self, Marker, ProcessId, ServerProcess};
@@ -27,17 +27,6 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 
 fn is_root() -> bool {
     geteuid().is_root()
-}
-
-/// Throwaway directories of `kind` created by the outbox-lab process `pid`.
-fn dirs_of(kind: &str, pid: u32) -> Vec<PathBuf> {
-    let prefix = format!("outbox-lab-{kind}-{pid}-");
-    std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .map(|e| e.path())
-        .collect()
 }
 
 fn marker_of(dir: &Path) -> Marker {
@@ -144,18 +133,17 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 fn throwaway_servers_let_no_other_user_in() {
     let _turn = one_at_a_time();
     let results = scratch_dir("security-kept");
-    let child = outbox_lab()
-        .args(["scenario", "redis-stream", "--keep", "--format", "json"])
-        .arg("--results-dir")
-        .arg(&results)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let run = Run::from(child.wait_with_output().unwrap());
+    let (pid, run) = run_tracked(
+        outbox_lab()
+            .args(["scenario", "redis-stream", "--keep", "--format", "json"])
+            .arg("--results-dir")
+            .arg(&results),
+    );
     assert_eq!(run.code, 0, "{}", run.stderr);
-    let (pg, redis) = (dirs_of("pg", pid), dirs_of("redis", pid));
+    let (pg, redis) = (
+        throwaway_dirs_of("pg", pid),
+        throwaway_dirs_of("redis", pid),
+    );
     assert_eq!((pg.len(), redis.len()), (1, 1), "{}", run.stderr);
     assert!(run.stderr.contains("kept the throwaway cluster running"));
 
@@ -403,7 +391,7 @@ fn clean_leaves_a_live_run_alone() {
     let started = Instant::now();
     let dir = loop {
         assert!(started.elapsed() < Duration::from_secs(60), "no cluster");
-        let dirs = dirs_of("pg", child.id());
+        let dirs = throwaway_dirs_of("pg", child.id());
         if let Some(dir) = dirs.first() {
             if std::fs::read(dir.join("outbox-lab-owner.json"))
                 .ok()
@@ -558,18 +546,14 @@ fn a_server_that_never_gets_ready_leaves_nothing() {
         "sleep 6001.25 & sleep 6001.25 & exec sleep 6001.25",
     );
     let started = Instant::now();
-    let child = outbox_lab()
-        .args(["scenario", "dual-write", "--pg-bin"])
-        .arg(&bin)
-        .arg("--results-dir")
-        .arg(scratch_dir("security-wedged-results"))
-        .env("OUTBOX_LAB_START_TIMEOUT_S", "2")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let run = Run::from(child.wait_with_output().unwrap());
+    let (pid, run) = run_tracked(
+        outbox_lab()
+            .args(["scenario", "dual-write", "--pg-bin"])
+            .arg(&bin)
+            .arg("--results-dir")
+            .arg(scratch_dir("security-wedged-results"))
+            .env("OUTBOX_LAB_START_TIMEOUT_S", "2"),
+    );
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(
         run.stderr.contains("did not become ready"),
@@ -583,7 +567,7 @@ fn a_server_that_never_gets_ready_leaves_nothing() {
     );
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(command_lines_with("sleep 6001.25"), Vec::<String>::new());
-    assert_eq!(dirs_of("pg", pid), Vec::<PathBuf>::new());
+    assert_eq!(throwaway_dirs_of("pg", pid), Vec::<PathBuf>::new());
 }
 
 /// `clean --database-url` drops what dead runs left (and their slots) and nothing else: not a

@@ -57,6 +57,28 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// Runs `command` to its end, output captured: its pid (to find what it made) and how it went.
+pub fn run_tracked(command: &mut Command) -> (u32, Run) {
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("outbox-lab runs");
+    let pid = child.id();
+    (pid, Run::from(child.wait_with_output().unwrap()))
+}
+
+/// Throwaway directories of `kind` (`pg`, `redis`) that the outbox-lab process `pid` created.
+pub fn throwaway_dirs_of(kind: &str, pid: u32) -> Vec<PathBuf> {
+    let prefix = format!("outbox-lab-{kind}-{pid}-");
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
 /// A finished outbox-lab run.
 pub struct Run {
     pub code: i32,
