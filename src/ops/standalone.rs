@@ -32,13 +32,13 @@ pub async fn run_relay(
     metrics_listen: Option<SocketAddr>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-    let db = relay.connection(&connect::parse_url(database_url)?);
-    let client = connect::postgres(&db).await?;
+    let db = connect::parse_url(database_url)?;
+    let client = connect::postgres(&relay.connection(&db)).await?;
     if !schema::has_table(&client, "outbox").await? {
         bail!("this database has no outbox table: create it first (the article's, in outbox-lab's src/outbox/schema.rs)");
     }
-    let wakeup = relay.follow.expect("a standalone relay follows the outbox");
-    if matches!(wakeup, Wakeup::Notify { .. }) && !schema::has_notify_trigger(&client).await? {
+    let listens = matches!(relay.follow, Some(Wakeup::Notify { .. }));
+    if listens && !schema::has_notify_trigger(&client).await? {
         eprintln!(
             "warning: no outbox_notify_trg trigger: only the fallback poll will find new rows; create it with:{}",
             schema::NOTIFY_TRIGGER
@@ -57,7 +57,10 @@ pub async fn run_relay(
         tokio::spawn(serve_metrics(listener, Arc::new(exporter)));
         info!(relay = %relay.name, "metrics on http://{bound}/metrics");
     }
-    info!(relay = %relay.name, "delivering to {} ({wakeup})", relay.sink.url);
+    let until = relay
+        .follow
+        .map_or_else(|| "until drained".to_string(), |wakeup| wakeup.to_string());
+    info!(relay = %relay.name, "delivering to {} ({until})", relay.sink.url);
     drive(&mut connected, relay.until(), shutdown)
         .await
         .map(drop)
