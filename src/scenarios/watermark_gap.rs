@@ -122,13 +122,15 @@ async fn stall_behind_idle_transaction(ctx: &Ctx<'_>, outcome: &mut Outcome) -> 
         deadline: IDLE_ELSEWHERE * 5,
         once: None,
     };
-    let (drained, closed) = tokio::join!(
-        drive(&mut relay, until, std::future::pending()),
-        close_elsewhere
-    );
+    // Timed when the relay has delivered, not when the other transaction is closed.
+    let delivered = async {
+        let ended = drive(&mut relay, until, std::future::pending()).await;
+        (ended, committed.elapsed())
+    };
+    let ((drained, stall), closed) = tokio::join!(delivered, close_elsewhere);
     closed?;
     drained?.or_gave_up("xid8")?;
-    let stall_ms = committed.elapsed().as_secs_f64() * 1000.0;
+    let stall_ms = stall.as_secs_f64() * 1000.0;
     consumer.stop().await?;
     outcome.metrics.set("xid8.stall_ms", stall_ms);
     let mut table = Table::new(
