@@ -97,6 +97,7 @@ fn saved_run(dir: &Path) {
             article: None,
             pass: true,
         }],
+        targets: vec![],
         notes: vec![],
         environment: Environment {
             postgres_version: "17".into(),

@@ -229,3 +229,53 @@ fn requeue_command_resets_attempts() {
         1
     );
 }
+
+/// A missed speed target is reported MISSED and leaves the exit status to the article's checks;
+/// with `--strict-targets` it fails the run like a check. (A target that is met reads MET.)
+#[test]
+fn speed_targets_decide_the_exit_status_only_when_strict() {
+    let dir = common::scratch_dir("targets");
+    let text = include_str!("../scenarios/outbox-atomicity.toml").to_string()
+        + r#"
+[[target]]
+name = "met: one committed order"
+metric = "commit.orders"
+at_least = "1"
+
+[[target]]
+name = "missed: more orders than were written"
+metric = "commit.orders"
+at_least = "2"
+"#;
+    std::fs::write(dir.join("outbox-atomicity.toml"), text).unwrap();
+    let dir = dir.to_str().unwrap();
+    let run = scenario("outbox-atomicity", &["--scenarios-dir", dir]);
+    common::assert_passed(&run);
+    let targets = run.json()["targets"].clone();
+    let verdicts: Vec<bool> = targets
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["pass"].as_bool().unwrap())
+        .collect();
+    assert_eq!(verdicts, [true, false], "{targets}");
+
+    let strict = scenario(
+        "outbox-atomicity",
+        &["--scenarios-dir", dir, "--strict-targets"],
+    );
+    assert_eq!(strict.code, 1, "{}", strict.stderr);
+
+    let text = common::outbox_lab()
+        .args(["scenario", "outbox-atomicity", "--database-url"])
+        .arg(common::server_url())
+        .args(["--scenarios-dir", dir, "--quiet", "--results-dir"])
+        .arg(common::scratch_dir("targets-text"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    assert_eq!(text.status.code(), Some(0), "{stdout}");
+    for needle in ["MET", "MISSED", "1 of 2 targets met"] {
+        assert!(stdout.contains(needle), "no {needle} in:\n{stdout}");
+    }
+}

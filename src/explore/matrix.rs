@@ -202,6 +202,7 @@ pub fn report(
         metrics,
         tables: vec![matrix, smallest],
         checks,
+        targets: Vec::new(),
         notes,
         environment,
     }

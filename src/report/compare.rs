@@ -29,6 +29,13 @@ fn scenario(name: &str, a: Option<&Report>, b: Option<&Report>) -> Table {
         r.map(|r| Value::from(format!("{}/{}", r.passed_count(), r.checks.len())))
     };
     table.push(row("checks passed", passed(a), passed(b)));
+    let met = |r: Option<&Report>| {
+        r.filter(|r| !r.targets.is_empty())
+            .map(|r| Value::from(format!("{}/{}", r.met_count(), r.targets.len())))
+    };
+    if a.is_some_and(|r| !r.targets.is_empty()) || b.is_some_and(|r| !r.targets.is_empty()) {
+        table.push(row("targets met", met(a), met(b)));
+    }
     let mut metrics: Vec<&String> = a
         .iter()
         .flat_map(|r| r.metrics.iter().map(|m| m.0))

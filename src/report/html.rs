@@ -98,6 +98,8 @@ pub fn page(run_id: &str, reports: &[Report]) -> Result<String> {
 fn header(out: &mut String, run_id: &str, reports: &[Report]) {
     let checks: usize = reports.iter().map(|r| r.checks.len()).sum();
     let passed: usize = reports.iter().map(Report::passed_count).sum();
+    let targets: usize = reports.iter().map(|r| r.targets.len()).sum();
+    let met: usize = reports.iter().map(Report::met_count).sum();
     let _ = writeln!(
         out,
         "<header>\n<h1>outbox-lab run <code>{}</code></h1>",
@@ -105,7 +107,7 @@ fn header(out: &mut String, run_id: &str, reports: &[Report]) {
     );
     let _ = writeln!(
         out,
-        "<p class=\"meta\">{} scenario{}, {passed} of {checks} checks pass.</p>",
+        "<p class=\"meta\">{} scenario{}, {passed} of {checks} checks pass; {met} of {targets} speed targets met.</p>",
         reports.len(),
         if reports.len() == 1 { "" } else { "s" }
     );
@@ -153,9 +155,8 @@ fn scenario(out: &mut String, report: &Report) -> Result<()> {
     let verdict = if report.passed() { "pass" } else { "fail" };
     let _ = writeln!(
         out,
-        "<p class=\"verdict {verdict}\">{} of {} checks pass ({} ms)</p>",
-        report.passed_count(),
-        report.checks.len(),
+        "<p class=\"verdict {verdict}\">{} ({} ms)</p>",
+        escape(&report.verdict_line()),
         report.environment.elapsed_ms
     );
     for plot in plots(report)? {
@@ -184,6 +185,11 @@ fn scenario(out: &mut String, report: &Report) -> Result<()> {
     }
     let _ = writeln!(out, "<h3>checks</h3>");
     table(out, &report.checks_table());
+    if !report.targets.is_empty() {
+        let targets = report.targets_table();
+        let _ = writeln!(out, "<h3>{}</h3>", escape(&targets.title));
+        table(out, &targets);
+    }
     if !report.notes.is_empty() {
         let _ = writeln!(
             out,
@@ -214,8 +220,8 @@ fn table(out: &mut String, table: &Table) {
         out.push_str("<tr>");
         for (i, cell) in row.iter().enumerate() {
             let class = match cell.as_str() {
-                "PASS" => " class=\"pass\"",
-                "FAIL" => " class=\"fail\"",
+                "PASS" | "MET" => " class=\"pass\"",
+                "FAIL" | "MISSED" => " class=\"fail\"",
                 _ if numeric.get(i).copied().unwrap_or(false) => " class=\"num\"",
                 _ => "",
             };

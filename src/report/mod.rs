@@ -230,18 +230,49 @@ pub struct Report {
     pub metrics: Metrics,
     pub tables: Vec<Table>,
     pub checks: Vec<CheckResult>,
+    /// outbox-lab's own speed targets, judged like checks; they decide the exit status only with
+    /// `--strict-targets` (absent from results saved before targets were apart).
+    #[serde(default)]
+    pub targets: Vec<CheckResult>,
     /// What the actors printed that a reader wants to see (the relay's log lines, errors).
     pub notes: Vec<String>,
     pub environment: Environment,
 }
 
 impl Report {
+    /// Whether every check passed (the article's figures; targets aside).
     pub fn passed(&self) -> bool {
         self.checks.iter().all(|c| c.pass)
     }
 
     pub fn passed_count(&self) -> usize {
         self.checks.iter().filter(|c| c.pass).count()
+    }
+
+    /// Whether every speed target was met.
+    pub fn targets_met(&self) -> bool {
+        self.targets.iter().all(|t| t.pass)
+    }
+
+    pub fn met_count(&self) -> usize {
+        self.targets.iter().filter(|t| t.pass).count()
+    }
+
+    /// "12 of 12 checks pass", and ", 2 of 3 targets met" where the scenario has targets.
+    pub fn verdict_line(&self) -> String {
+        let mut line = format!(
+            "{} of {} checks pass",
+            self.passed_count(),
+            self.checks.len()
+        );
+        if !self.targets.is_empty() {
+            line += &format!(
+                ", {} of {} targets met",
+                self.met_count(),
+                self.targets.len()
+            );
+        }
+        line
     }
 
     /// The terminal form: tables, notes, then one line per check.
@@ -267,12 +298,14 @@ impl Report {
             out.push('\n');
         }
         let _ = writeln!(out, "{}", self.checks_table().render());
+        if !self.targets.is_empty() {
+            let _ = writeln!(out, "\n{}", self.targets_table().render());
+        }
         let _ = writeln!(
             out,
-            "{}: {} of {} checks pass ({} ms)",
+            "{}: {} ({} ms)",
             self.scenario,
-            self.passed_count(),
-            self.checks.len(),
+            self.verdict_line(),
             self.environment.elapsed_ms
         );
         out
@@ -280,28 +313,16 @@ impl Report {
 
     /// A line per check: the metric, measured, expected, the article's figure.
     pub fn checks_table(&self) -> Table {
-        let mut checks = Table::new(
-            "checks",
-            &[
-                "result",
-                "metric",
-                "measured",
-                "expected",
-                "article",
-                "what it shows",
-            ],
-        );
-        for c in &self.checks {
-            checks.push(vec![
-                if c.pass { "PASS" } else { "FAIL" }.into(),
-                c.metric.clone(),
-                c.actual.clone(),
-                c.expected.clone(),
-                c.article.clone().unwrap_or_default(),
-                c.name.clone(),
-            ]);
-        }
-        checks
+        judged_table("checks", &self.checks, ["PASS", "FAIL"])
+    }
+
+    /// A line per speed target, as [`Report::checks_table`], MET or MISSED.
+    pub fn targets_table(&self) -> Table {
+        judged_table(
+            "speed targets (outbox-lab's own)",
+            &self.targets,
+            TARGET_VERDICTS,
+        )
     }
 
     /// `<dir>/<scenario>.json` and `<dir>/<scenario>.<n>-<table>.csv`.
@@ -363,8 +384,39 @@ pub fn read_run(dir: &Path) -> Result<Vec<Report>> {
     Ok(reports)
 }
 
+/// How a target's outcome reads: MET or MISSED (a check's: PASS or FAIL).
+pub const TARGET_VERDICTS: [&str; 2] = ["MET", "MISSED"];
+
+/// A line per judged expectation: the verdict, the metric, measured, expected, the article's
+/// figure, and what it shows.
+fn judged_table(title: &str, judged: &[CheckResult], [yes, no]: [&str; 2]) -> Table {
+    let mut table = Table::new(
+        title,
+        &[
+            "result",
+            "metric",
+            "measured",
+            "expected",
+            "article",
+            "what it shows",
+        ],
+    );
+    for c in judged {
+        table.push(vec![
+            if c.pass { yes } else { no }.into(),
+            c.metric.clone(),
+            c.actual.clone(),
+            c.expected.clone(),
+            c.article.clone().unwrap_or_default(),
+            c.name.clone(),
+        ]);
+    }
+    table
+}
+
 /// One table for a whole run: each article figure beside what was expected and measured, and
 /// every failed check; a scenario with neither gets one line with its count of passed checks.
+/// Speed targets follow, MET or MISSED.
 pub fn summary_table(reports: &[Report]) -> Table {
     let mut table = Table::new(
         "summary: the article's figures, measured",
@@ -402,6 +454,17 @@ pub fn summary_table(reports: &[Report]) -> Table {
                 verdict(report.passed()),
             ]);
         }
+        // Every target, apart from the checks by its verdict's words.
+        let [met, missed] = TARGET_VERDICTS;
+        rows.extend(report.targets.iter().map(|t| {
+            vec![
+                t.metric.clone(),
+                "(target)".into(),
+                t.expected.clone(),
+                t.actual.clone(),
+                if t.pass { met } else { missed }.into(),
+            ]
+        }));
         for (n, row) in rows.into_iter().enumerate() {
             // The name once per scenario: the rows below it belong to it.
             let name = if n == 0 {

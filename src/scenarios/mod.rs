@@ -318,7 +318,9 @@ pub async fn run(
         .start(&ctx)
         .await
         .with_context(|| format!("scenario {} did not run", prepared.scenario.name()))?;
-    let checks = expectations::evaluate(&prepared.spec.checks, &prepared.params, &outcome.metrics)?;
+    let judge = |specs| expectations::evaluate(specs, &prepared.params, &outcome.metrics);
+    let checks = judge(&prepared.spec.checks)?;
+    let targets = judge(&prepared.spec.targets)?;
     Ok(Report {
         scenario: prepared.scenario.name().to_string(),
         section: prepared.spec.section.clone(),
@@ -326,6 +328,7 @@ pub async fn run(
         metrics: outcome.metrics,
         tables: outcome.tables,
         checks,
+        targets,
         notes: outcome.notes,
         environment: Environment {
             postgres_version: server.version.clone(),

@@ -27,6 +27,10 @@ pub struct Spec {
     /// What the article reports, compared with what was measured.
     #[serde(default, rename = "check")]
     pub checks: Vec<CheckSpec>,
+    /// outbox-lab's own speed targets: judged like checks and shown apart (MET / MISSED); they
+    /// decide the exit status only with `--strict-targets`.
+    #[serde(default, rename = "target")]
+    pub targets: Vec<CheckSpec>,
     /// Where it was read from, for error messages.
     #[serde(skip)]
     pub source: String,
@@ -69,10 +73,11 @@ impl Spec {
                 spec.source
             );
         }
-        for check in &spec.checks {
+        let judged = spec.checks.iter().map(|c| ("check", c));
+        for (kind, check) in judged.chain(spec.targets.iter().map(|t| ("target", t))) {
             check.validate().with_context(|| {
                 format!(
-                    "malformed scenario file {}: check '{}'",
+                    "malformed scenario file {}: {kind} '{}'",
                     spec.source, check.name
                 )
             })?;
