@@ -146,6 +146,42 @@ fn malformed_expectation_in_scenario_file() {
     assert_usage_error(&run, "cannot read expression 'events +'");
 }
 
+/// A check naming a metric the scenario does not report, or reading one in its bounds, is
+/// refused before anything runs (not found after the run as "(not measured)").
+#[test]
+fn check_naming_an_unknown_metric_is_found_first() {
+    let original = include_str!("../scenarios/relay-crash.toml");
+    for (from, to, named) in [
+        (
+            "metric = \"naive.received\"",
+            "metric = \"naive.recieved\"",
+            "naive.recieved",
+        ),
+        (
+            "equals = \"events\"",
+            "equals = \"naive.distinct_event\"",
+            "naive.distinct_event",
+        ),
+    ] {
+        assert!(original.contains(from), "{from}");
+        let dir = scratch_dir("unknown-metric");
+        std::fs::write(dir.join("relay-crash.toml"), original.replace(from, to)).unwrap();
+        let started = std::time::Instant::now();
+        let run = run(&[
+            "scenario",
+            "relay-crash",
+            "--scenarios-dir",
+            dir.to_str().unwrap(),
+        ]);
+        assert_usage_error(
+            &run,
+            &format!("names '{named}', which scenario relay-crash does not report"),
+        );
+        assert!(run.stderr.contains("naive.received"), "{}", run.stderr);
+        assert!(started.elapsed().as_secs() < 5, "the scenario ran first");
+    }
+}
+
 #[test]
 fn unknown_crash_point_in_a_child_is_rejected() {
     let spec = r#"{"database": {"server_url": "postgres://x@127.0.0.1/x", "name": "x"},

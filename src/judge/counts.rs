@@ -27,6 +27,15 @@ SELECT (SELECT count(*) FROM consumer.receipts WHERE NOT injected_fault) AS rece
        (SELECT COALESCE(sum(shipments - 1), 0)::bigint FROM duplicate) AS duplicate_shipments,
        (SELECT count(*) FROM lost) AS lost"
 );
+/// The columns of [`DELIVERIES`], as scenarios report them.
+pub const DELIVERY_FIGURES: [&str; 6] = [
+    "received",
+    "distinct_events",
+    "shipments",
+    "orders_shipped_twice",
+    "duplicate_shipments",
+    "lost",
+];
 
 /// The consumer kinds side by side (naive vs idempotent): a row per kind with its name, the
 /// scenario's own figures, then columns of its [`DELIVERIES`] row.

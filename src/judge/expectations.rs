@@ -35,6 +35,24 @@ impl CheckSpec {
         })
     }
 
+    /// The names its bounds read (metrics or parameters).
+    pub fn names_in_bounds(&self) -> Vec<String> {
+        let bounds = [&self.equals, &self.at_least, &self.at_most];
+        let trees = bounds
+            .into_iter()
+            .flatten()
+            .filter_map(|expr| evalexpr::build_operator_tree::<DefaultNumericTypes>(expr).ok());
+        trees
+            .flat_map(|tree| {
+                let names: Vec<String> = tree
+                    .iter_variable_identifiers()
+                    .map(str::to_string)
+                    .collect();
+                names
+            })
+            .collect()
+    }
+
     /// Refuses a check without a bound, or with an expression that cannot be read.
     pub fn validate(&self) -> Result<()> {
         match (&self.equals, &self.at_least, &self.at_most) {

@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 use redis::AsyncCommands;
 use serde::Deserialize;
 
-use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
+use super::{metric_names, Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::connect;
 use crate::harness::child::ChildEnd;
 use crate::judge::counts;
@@ -36,6 +36,14 @@ pub struct Params {
 }
 
 impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        let cells = self.sinks.iter().flat_map(|sink| {
+            let sizes = self.batch_sizes.iter();
+            sizes.map(move |batch| format!("{sink}.batch{batch}"))
+        });
+        metric_names(cells, &["events_per_s", "elapsed_ms"])
+    }
+
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
     }

@@ -21,7 +21,7 @@ use serde_json::json;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Client;
 
-use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
+use super::{metric_names, Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::{ChildCommand, ChildEnd, ConsumerProcess, Role, RunningChild};
 use crate::harness::db::Database;
 use crate::judge::counts;
@@ -55,6 +55,32 @@ pub struct Params {
 }
 
 impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        let figures = [
+            "received",
+            "lost",
+            "duplicates",
+            "p50_ms",
+            "p99_ms",
+            "idle_xacts",
+            "gap_order",
+        ];
+        let mut metrics = metric_names(Design::ALL.map(Design::name), &figures);
+        let log_tailing = [
+            "cdc.deleted_rows_delivered",
+            "cdc.orders_without_event",
+            "slot.left",
+            "slot.wal_written_bytes_down",
+            "slot.retained_bytes_before",
+            "slot.retained_bytes_down",
+            "slot.retained_bytes_after",
+            "slot.unconfirmed_bytes_down",
+            "slot.unconfirmed_bytes_after",
+        ];
+        metrics.extend(metric_names([""], &log_tailing));
+        metrics
+    }
+
     fn validate(&self) -> Result<()> {
         if self.latency_events == 0 || self.crash_events == 0 {
             bail!("latency_events and crash_events must be at least 1");

@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use serde::Deserialize;
 use tokio_postgres::Client;
 
-use super::{Ctx, Experiment, Outcome};
+use super::{metric_names, Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
 use crate::harness::db::Database;
 use crate::judge::counts;
@@ -39,6 +39,20 @@ pub struct Params {
 }
 
 impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        let figures = [
+            "recovery_ms",
+            "redelivered",
+            "overtaken",
+            "max_xact_ms",
+            "backend_xmin_held_share",
+            "backend_xid_held_share",
+            "sessions_sampled",
+            "updates_per_event",
+        ];
+        metric_names(DESIGNS.iter().map(|d| d.name()), &figures)
+    }
+
     fn validate(&self) -> Result<()> {
         if self.crash_after == 0 || self.crash_after >= self.batch {
             bail!(

@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, Result};
 use chrono::{NaiveTime, TimeDelta, Utc};
 use serde::Deserialize;
 
-use super::{Ctx, Experiment, Outcome};
+use super::{metric_names, Ctx, Experiment, Outcome};
 use crate::harness::load::{self, OutboxRows};
 use crate::judge::counts;
 use crate::ops::partitions::{self, Action, Age};
@@ -33,6 +33,37 @@ pub struct Params {
 }
 
 impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        let stages = [
+            "before",
+            "after_delete",
+            "after_vacuum",
+            "after_vacuum_full",
+        ];
+        let mut metrics = Vec::new();
+        for stage in stages {
+            metrics.extend([
+                format!("size_{stage}_bytes"),
+                format!("total_size_{stage}_bytes"),
+                format!("dead_tuples_{stage}"),
+                format!("{stage}_ms"),
+            ]);
+        }
+        let partitions = [
+            "partition_bytes",
+            "detach_ms",
+            "drop_ms",
+            "partitions_dropped",
+            "guard_refused",
+            "partitions_left",
+            "partitions_before",
+            "dead_tuples_after_drop",
+            "old_unpublished_kept",
+        ];
+        metrics.extend(metric_names([""], &partitions));
+        metrics
+    }
+
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
     }

@@ -5,7 +5,7 @@ use anyhow::Result;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
+use super::{metric_names, Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::role::NaiveAppRole;
 use crate::harness::child::ChildCommand;
 use crate::judge::counts;
@@ -19,6 +19,19 @@ use crate::report::Table;
 pub struct Params {}
 
 impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        let names = PATHS.iter().map(|path| path.name);
+        let mut metrics = metric_names(names, &["order_committed", "shipment_created", "ended"]);
+        let totals = [
+            "orders",
+            "shipments",
+            "ghost_shipments",
+            "orders_without_shipment",
+        ];
+        metrics.extend(metric_names([""], &totals));
+        metrics
+    }
+
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
     }

@@ -76,6 +76,11 @@ pub trait Experiment: DeserializeOwned + 'static {
         Ok(())
     }
 
+    /// Every metric this run reports, by name, known before it starts: a check naming another
+    /// is refused before anything runs, and a run that reports a metric missing here fails (a
+    /// bug), so the list cannot drift from the code. Build it with [`metric_names`].
+    fn metrics(&self) -> Vec<String>;
+
     /// Runs the experiment: what it measured (the checks are judged afterwards, from its file).
     fn run(&self, ctx: &Ctx<'_>) -> impl Future<Output = Result<Outcome>>;
 
@@ -188,11 +193,17 @@ pub struct Prepared {
 
 /// A scenario's typed and validated `Params`, behind a pointer: the experiment, ready to run.
 trait Ready {
+    fn metrics(&self) -> Vec<String>;
+
     fn start<'a>(&'a self, ctx: &'a Ctx<'a>)
         -> Pin<Box<dyn Future<Output = Result<Outcome>> + 'a>>;
 }
 
 impl<P: Experiment> Ready for P {
+    fn metrics(&self) -> Vec<String> {
+        Experiment::metrics(self)
+    }
+
     fn start<'a>(
         &'a self,
         ctx: &'a Ctx<'a>,
@@ -255,12 +266,68 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
         }
     }
     let typed = (scenario.0.prepare)(&spec, &params)?;
+    judges_only_reported_metrics(scenario, &spec, &params, &typed.metrics())?;
     Ok(Prepared {
         scenario,
         spec,
         params,
         typed,
     })
+}
+
+/// `prefix.name` for every prefix and name: the metrics of a row of figures reported once per
+/// consumer, design or path (an empty prefix gives the bare names).
+pub fn metric_names<P: fmt::Display, N: fmt::Display>(
+    prefixes: impl IntoIterator<Item = P>,
+    names: &[N],
+) -> Vec<String> {
+    let mut metrics = Vec::new();
+    for prefix in prefixes {
+        let prefix = prefix.to_string();
+        for name in names {
+            metrics.push(match prefix.as_str() {
+                "" => name.to_string(),
+                _ => format!("{prefix}.{name}"),
+            });
+        }
+    }
+    metrics
+}
+
+/// Refuses, before anything runs, a check or target whose metric (or a name in whose bounds)
+/// is neither a metric the run will report nor a parameter: a misspelt name would otherwise be
+/// found only after the whole run, as "(not measured)".
+fn judges_only_reported_metrics(
+    scenario: Scenario,
+    spec: &Spec,
+    params: &toml::Table,
+    metrics: &[String],
+) -> Result<()> {
+    let known = |name: &str| metrics.iter().any(|m| m == name) || params.contains_key(name);
+    let judged = spec.checks.iter().map(|c| ("check", c));
+    for (kind, check) in judged.chain(spec.targets.iter().map(|t| ("target", t))) {
+        let unknown = std::iter::once(check.metric.clone())
+            .chain(check.names_in_bounds())
+            .find(|name| !known(name));
+        if let Some(name) = unknown {
+            let mut near: Vec<&str> = metrics
+                .iter()
+                .map(String::as_str)
+                .filter(|m| m.split('.').next() == name.split('.').next())
+                .collect();
+            if near.is_empty() {
+                near = metrics.iter().map(String::as_str).collect();
+            }
+            bail!(
+                "{}: {kind} '{}' names '{name}', which scenario {} does not report (its metrics: {})",
+                spec.source,
+                check.name,
+                scenario.name(),
+                near.join(", ")
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Prepares every scenario of a run ([`prepare`]) before anything starts. A parameter that
@@ -318,6 +385,13 @@ pub async fn run(
         .start(&ctx)
         .await
         .with_context(|| format!("scenario {} did not run", prepared.scenario.name()))?;
+    let declared = prepared.typed.metrics();
+    if let Some((name, _)) = outcome.metrics.iter().find(|(m, _)| !declared.contains(m)) {
+        bail!(
+            "scenario {} reported the metric {name}, which its metrics() does not list",
+            prepared.scenario.name()
+        );
+    }
     let judge = |specs| expectations::evaluate(specs, &prepared.params, &outcome.metrics);
     let checks = judge(&prepared.spec.checks)?;
     let targets = judge(&prepared.spec.targets)?;

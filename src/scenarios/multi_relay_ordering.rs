@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use serde::Deserialize;
 
-use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
+use super::{metric_names, Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::ChildEnd;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -29,6 +29,15 @@ pub struct Params {
 }
 
 impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        let runs = self
+            .relays
+            .iter()
+            .flat_map(|n| ["partitioned", "unpartitioned"].map(|kind| format!("relays{n}.{kind}")));
+        let figures = ["reversals", "orders_out_of_order", "received", "elapsed_ms"];
+        metric_names(runs, &figures)
+    }
+
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
     }

@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 use serde::Deserialize;
 use tokio::task::JoinHandle;
 
-use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
+use super::{metric_names, Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::{ChildEnd, ChildRun};
 use crate::judge::counts;
 use crate::judge::latency;
@@ -40,6 +40,30 @@ pub struct Params {
 }
 
 impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        let mut modes: Vec<String> = self
+            .poll_intervals_ms
+            .iter()
+            .map(|ms| format!("poll{ms}"))
+            .collect();
+        modes.push("notify".into());
+        let figures = [
+            "p50_ms",
+            "p99_ms",
+            "max_ms",
+            "samples",
+            "idle_xacts_10s",
+            "insert_to_commit_p50_ms",
+            "commit_to_receipt_p50_ms",
+        ];
+        let mut metrics = metric_names(modes, &figures);
+        metrics.extend(metric_names(
+            ["writer_tps"],
+            &["with_trigger", "without_trigger"],
+        ));
+        metrics
+    }
+
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
     }

@@ -5,7 +5,7 @@
 use anyhow::Result;
 use serde::Deserialize;
 
-use super::{Ctx, Experiment, Outcome};
+use super::{metric_names, Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -21,6 +21,10 @@ pub struct Params {
 }
 
 impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        metric_names(["guarded", "unguarded"], &["sequence", "out_of_order"])
+    }
+
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
     }

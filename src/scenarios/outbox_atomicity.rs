@@ -4,7 +4,7 @@
 use anyhow::Result;
 use serde::Deserialize;
 
-use super::{Ctx, Experiment, Outcome};
+use super::{metric_names, Ctx, Experiment, Outcome};
 use crate::judge::counts;
 use crate::outbox::crash::{CrashPlan, CrashPoint};
 use crate::outbox::writer::Ending;
@@ -15,6 +15,13 @@ use crate::report::Table;
 pub struct Params {}
 
 impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        metric_names(
+            ["rollback", "crash", "commit"],
+            &["orders", "outbox", "writer"],
+        )
+    }
+
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
     }

@@ -9,7 +9,7 @@ use chrono::{TimeDelta, Utc};
 use serde::Deserialize;
 use tokio_postgres::Client;
 
-use super::{Ctx, Experiment, Outcome};
+use super::{metric_names, Ctx, Experiment, Outcome};
 use crate::harness::load::{self, OutboxRows};
 use crate::judge::counts;
 use crate::judge::explain::{self, Plan};
@@ -30,6 +30,32 @@ pub struct Params {
 }
 
 impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        let plans = [
+            "without_index",
+            "with_index",
+            "churned_first",
+            "churned_second",
+            "churned_after_vacuum",
+        ];
+        let figures = [
+            "ms",
+            "buffers",
+            "node",
+            "index_name",
+            "rows",
+            "rows_removed_by_filter",
+            "shared_hit",
+            "shared_read",
+        ];
+        let mut metrics = metric_names(plans, &figures);
+        metrics.extend(metric_names(
+            [""],
+            &["table_bytes", "table_blocks", "index_bytes"],
+        ));
+        metrics
+    }
+
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
     }

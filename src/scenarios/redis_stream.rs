@@ -10,7 +10,7 @@ use redis::streams::{
 use redis::AsyncCommands;
 use serde::Deserialize;
 
-use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
+use super::{metric_names, Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::connect;
 use crate::harness::child::role::StreamWorkerRole;
 use crate::harness::child::{ChildCommand, ChildEnd};
@@ -31,7 +31,27 @@ pub struct Params {
     pub first_read: usize,
 }
 
+/// The idempotent run first: the article's figures (the stream, the group) are read from it.
+const CONSUMERS: [ConsumerKind; 2] = [ConsumerKind::Idempotent, ConsumerKind::Naive];
+/// The stream's and the group's figures, reported once (from the idempotent run).
+const REDIS_FIGURES: [&str; 7] = [
+    "xlen",
+    "pending_after_crash",
+    "autoclaimed",
+    "pending_after_recovery",
+    "group.consumers",
+    "group.pending",
+    "group.lag",
+];
+
 impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        let mut metrics =
+            metric_names(CONSUMERS.map(ConsumerKind::name), &counts::DELIVERY_FIGURES);
+        metrics.extend(metric_names([""], &REDIS_FIGURES));
+        metrics
+    }
+
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
     }
@@ -56,7 +76,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         ],
     )
     .heading("received", "deliveries applied");
-    for kind in [ConsumerKind::Idempotent, ConsumerKind::Naive] {
+    for kind in CONSUMERS {
         let name = kind.name();
         // Each kind starts from an empty stream of the article's name.
         let _: i64 = redis.del(&stream).await?;

@@ -5,7 +5,7 @@
 use anyhow::{bail, Result};
 use serde::Deserialize;
 
-use super::{Ctx, Experiment, Outcome};
+use super::{metric_names, Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -25,7 +25,17 @@ pub struct Params {
     pub batch: u32,
 }
 
+/// Both consumers meet the same crash: the naive one ships twice, the idempotent one does not.
+const CONSUMERS: [ConsumerKind; 2] = [ConsumerKind::Naive, ConsumerKind::Idempotent];
+
 impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        let mut metrics =
+            metric_names(CONSUMERS.map(ConsumerKind::name), &counts::DELIVERY_FIGURES);
+        metrics.push("lost".into());
+        metrics
+    }
+
     fn validate(&self) -> Result<()> {
         if self.events == 0 {
             bail!("--events must be at least 1");
@@ -67,7 +77,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     )
     .heading("received", "http_received");
     let mut lost_total = 0i64;
-    for kind in [ConsumerKind::Naive, ConsumerKind::Idempotent] {
+    for kind in CONSUMERS {
         let name = kind.name();
         let db = ctx.database(name).await?;
         let client = db.connect().await?;

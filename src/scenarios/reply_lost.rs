@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use serde::Deserialize;
 
-use super::{Ctx, Experiment, Outcome};
+use super::{metric_names, Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
 use crate::harness::proxy::{FaultPlan, Proxy, ProxyFaults};
 use crate::judge::counts;
@@ -31,7 +31,19 @@ pub struct Params {
     pub request_timeout_ms: u64,
 }
 
+/// Both consumers meet the same crash: the naive one ships twice, the idempotent one does not.
+const CONSUMERS: [ConsumerKind; 2] = [ConsumerKind::Naive, ConsumerKind::Idempotent];
+
 impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        let proxied = ["requests", "replies_lost", "resets", "relay_failures"];
+        let mut metrics =
+            metric_names(CONSUMERS.map(ConsumerKind::name), &counts::DELIVERY_FIGURES);
+        metrics.extend(metric_names(CONSUMERS.map(ConsumerKind::name), &proxied));
+        metrics.push("lost".into());
+        metrics
+    }
+
     fn validate(&self) -> Result<()> {
         // A fault on a first delivery hits one event once: the damage it does is countable.
         if let Some(plan) = self.faults.iter().find(|p| p.on_request > self.events) {
@@ -71,7 +83,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         ..RelayConfig::default()
     };
     let mut lost_total = 0i64;
-    for kind in [ConsumerKind::Naive, ConsumerKind::Idempotent] {
+    for kind in CONSUMERS {
         let name = kind.name();
         let db = ctx.database(name).await?;
         let client = db.connect().await?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::Deserialize;
 
-use super::{Ctx, Experiment, Outcome};
+use super::{metric_names, Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -26,6 +26,24 @@ pub struct Params {
 }
 
 impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        let events = (1..=self.events).map(|n| format!("event{n}"));
+        let mut figures = vec!["attempts".to_string()];
+        figures.extend((1..self.max_attempts.max(1)).map(|g| format!("gap{g}_ms")));
+        let mut metrics = metric_names(events, &figures);
+        let totals = [
+            "published",
+            "sent_total",
+            "dead_letter",
+            "dead_letter.attempts",
+            "dead_letter.refetched",
+            "requeued",
+            "requeued_delivered",
+        ];
+        metrics.extend(metric_names([""], &totals));
+        metrics
+    }
+
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
     }

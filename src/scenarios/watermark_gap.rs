@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio_postgres::Client;
 
-use super::{Ctx, Experiment, Outcome};
+use super::{metric_names, Ctx, Experiment, Outcome};
 use crate::harness::db::Database;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -27,6 +27,15 @@ use crate::report::Table;
 pub struct Params {}
 
 impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        let mut metrics = metric_names(
+            ["published_at", "watermark", "xid8"],
+            &["delivered", "lost"],
+        );
+        metrics.push("xid8.stall_ms".into());
+        metrics
+    }
+
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
     }
