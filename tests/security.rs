@@ -565,8 +565,12 @@ fn a_server_that_never_gets_ready_leaves_nothing() {
         "retried: {:?}",
         started.elapsed()
     );
-    std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(command_lines_with("sleep 6001.25"), Vec::<String>::new());
+    let gone = outbox_lab::wait::blocking_up_to(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || command_lines_with("sleep 6001.25").is_empty(),
+    );
+    assert!(gone.is_some(), "{:?}", command_lines_with("sleep 6001.25"));
     assert_eq!(throwaway_dirs_of("pg", pid), Vec::<PathBuf>::new());
 }
 
@@ -617,8 +621,19 @@ fn clean_drops_only_dead_runs_databases() {
         let mut in_busy = config.clone();
         in_busy.dbname(&busy);
         let _busy = outbox_lab::connect::postgres(&in_busy).await.unwrap();
-        // Give the slot's connection time to be gone from pg_stat_activity.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The slot's connection has closed; wait until the server has let it go.
+        let sessions = format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{dead}'");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while admin
+            .query_one(&sessions, &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            > 0
+        {
+            assert!(Instant::now() < deadline, "a session stays in {dead}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
 
         let cleaned = clean(&["--database-url", &admin_url]);
         assert_eq!(cleaned.code, 0, "{}", cleaned.stderr);
