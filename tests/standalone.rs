@@ -281,3 +281,76 @@ fn check_reports_a_duplicate_shipment() {
         "{report}"
     );
 }
+
+/// The several-hosts setup: orders and outbox in the application's database, the consumer's
+/// tables in its own. `check --consumer-database-url` judges them together: clean when every
+/// event was shipped once, a ghost when the consumer shipped an order the application never
+/// committed; judged on the application's database alone, the same shipments look lost.
+#[test]
+fn check_judges_a_consumer_in_another_database() {
+    let tag = std::process::id();
+    let shop = create_database(&format!("standalone_shop_{tag}"), schema::CREATE_OUTBOX);
+    let shipping = create_database(
+        &format!("standalone_shipping_{tag}"),
+        schema::CREATE_CONSUMER,
+    );
+    write_orders(&shop, 2);
+    let events: Vec<(String, uuid::Uuid)> = block_on(async {
+        let client = shop.connect().await.unwrap();
+        client
+            .batch_execute("UPDATE outbox SET published_at = clock_timestamp()")
+            .await
+            .unwrap();
+        let rows = client
+            .query("SELECT aggregate_id, event_id FROM outbox", &[])
+            .await
+            .unwrap();
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+    });
+    let ship = |sql: &str| {
+        block_on(async {
+            shipping
+                .connect()
+                .await
+                .unwrap()
+                .batch_execute(sql)
+                .await
+                .unwrap()
+        })
+    };
+    for (order, event) in &events {
+        ship(&format!(
+            "INSERT INTO consumer.shipments(order_id, event_id) VALUES ('{order}', '{event}')"
+        ));
+    }
+    let check = |extra: &[&str]| {
+        let out = outbox_lab()
+            .args(["check", "--database-url", &shop.url()])
+            .args(extra)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (code, report) = check(&["--consumer-database-url", &shipping.url()]);
+    assert_eq!(code, Some(0), "{report}");
+
+    // Alone, the application's database has no consumer tables: said in one line, exit 2.
+    let (code, report) = check(&[]);
+    assert_eq!(code, Some(2), "{report}");
+    assert!(report.contains("consumer.shipments"), "{report}");
+
+    ship("INSERT INTO consumer.shipments(order_id, event_id) VALUES ('999999', gen_random_uuid())");
+    let (code, report) = check(&["--consumer-database-url", &shipping.url()]);
+    assert_eq!(code, Some(1), "{report}");
+    assert!(report.contains("order 999999"), "{report}");
+    // Nothing was written to either database: the copies were temporary.
+    assert_eq!(
+        query_i64(
+            &shipping.name,
+            "SELECT count(*) FROM pg_tables WHERE tablename IN ('orders', 'outbox')"
+        ),
+        0
+    );
+}

@@ -9,19 +9,40 @@ use crate::connect;
 use crate::error::exit;
 use crate::explore::checker;
 use crate::explore::designs::Invariant;
-use crate::judge::counts;
+use crate::judge::{counts, two_databases};
 use crate::outbox::schema;
 use crate::report::Table;
 
-pub async fn run(database_url: &str) -> Result<ExitCode> {
-    let client = connect::postgres(&connect::parse_url(database_url)?).await?;
-    for table in ["outbox", "consumer.shipments"] {
-        if !schema::has_table(&client, table).await? {
-            bail!("this database has no {table} table: check judges a database with the outbox and the consumer's tables");
+pub async fn run(database_url: &str, consumer_database_url: Option<&str>) -> Result<ExitCode> {
+    let application = connect::postgres(&connect::parse_url(database_url)?).await?;
+    let consumer = match consumer_database_url {
+        Some(url) => Some(connect::postgres(&connect::parse_url(url)?).await?),
+        None => None,
+    };
+    let needs = [
+        (&application, "orders", "--database-url"),
+        (&application, "outbox", "--database-url"),
+    ];
+    let judged = consumer.as_ref().unwrap_or(&application);
+    let consumer_flag = match consumer {
+        Some(_) => "--consumer-database-url",
+        None => "--database-url (or give the consumer's with --consumer-database-url)",
+    };
+    for (client, table, flag) in
+        needs
+            .into_iter()
+            .chain([(judged, "consumer.shipments", consumer_flag)])
+    {
+        if !schema::has_table(client, table).await? {
+            bail!("the database of {flag} has no {table} table: check judges the application's orders and outbox against the consumer's tables");
         }
     }
-    let violations = checker::check_live(&client).await?;
-    let pending = counts::count(&client, counts::UNPUBLISHED).await?;
+    if let Some(consumer) = &consumer {
+        two_databases::bring_application_rows(&application, consumer).await?;
+    }
+    let client = judged;
+    let violations = checker::check_live(client).await?;
+    let pending = counts::count(client, counts::UNPUBLISHED).await?;
     let mut table = Table::new(
         "invariants",
         &["invariant", "violations", "offending (first 10)"],

@@ -155,13 +155,20 @@ exit status 0 even when one is kept: kept partitions are reported on stderr.")]
     /// Judge a database that relays and consumers worked on: ghost, lost, duplicate and
     /// out-of-order shipments, with the offending ids (exit 1 if any).
     #[command(
-        after_help = "Example (after `outbox-lab relay` and `outbox-lab consumer` ran on it):
-  outbox-lab check --database-url postgres://user@host/shop"
+        after_help = "Examples (after `outbox-lab relay` and `outbox-lab consumer` ran on it):
+  outbox-lab check --database-url postgres://user@host/shop
+  outbox-lab check --database-url postgres://user@db/shop \\
+      --consumer-database-url postgres://user@db2/shipping"
     )]
     Check {
-        /// A database with the outbox and the consumer's tables.
+        /// The application's database: orders and the outbox (and the consumer's tables,
+        /// unless --consumer-database-url says where they are).
         #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
         database_url: String,
+        /// The consumer's database, when it is not the application's (several hosts): its
+        /// consumer.* tables are judged against the application's orders and outbox.
+        #[arg(long, env = "OUTBOX_LAB_CONSUMER_DATABASE_URL")]
+        consumer_database_url: Option<String>,
     },
     /// Run the HTTP consumer against your own database until SIGTERM or Ctrl-C.
     #[command(after_help = "Example:
@@ -240,7 +247,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::List => list::run(),
         Command::Scenario(args) => scenario::run(args).await,
         Command::Explore(args) => explore::run(args).await,
-        Command::Check { database_url } => check::run(&database_url).await,
+        Command::Check {
+            database_url,
+            consumer_database_url,
+        } => check::run(&database_url, consumer_database_url.as_deref()).await,
         Command::Report { dir } => report::run(&dir),
         Command::Compare { a, b } => compare::run(&a, &b),
         Command::Completions { shell } => completions::run(shell),

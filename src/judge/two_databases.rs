@@ -1,0 +1,45 @@
+//! Judging a consumer that keeps its tables in another database than the outbox (the several
+//! hosts setup): the application's rows that the invariants read are copied into temporary
+//! tables of the consumer's session, where the invariants then run unchanged. Temporary tables
+//! shadow same-named tables for that session only and vanish with it: nothing of either
+//! database is written.
+
+use anyhow::{Context, Result};
+use futures_util::{pin_mut, SinkExt, TryStreamExt};
+use tokio_postgres::Client;
+
+/// The application's tables as the invariants read them: the columns they use, and their
+/// types in the article's schema.
+const APPLICATION_TABLES: [(&str, &str, &str); 2] = [
+    ("orders", "id", "id bigint"),
+    (
+        "outbox",
+        "id, event_id, aggregate_id, published_at",
+        "id bigint, event_id uuid, aggregate_id text, published_at timestamptz",
+    ),
+];
+
+/// Copies `orders` and `outbox` from the application's database into temporary tables of the
+/// consumer's session (`consumer`), so that `consumer` can be judged as if they were one.
+pub async fn bring_application_rows(application: &Client, consumer: &Client) -> Result<()> {
+    // Unqualified names now mean the copies, whatever the consumer's database also holds.
+    consumer.batch_execute("SET search_path = pg_temp").await?;
+    for (table, columns, definition) in APPLICATION_TABLES {
+        consumer
+            .batch_execute(&format!("CREATE TEMPORARY TABLE {table} ({definition})"))
+            .await?;
+        let rows = application
+            .copy_out(&format!("COPY (SELECT {columns} FROM {table}) TO STDOUT"))
+            .await
+            .with_context(|| format!("cannot read {table} from the application's database"))?;
+        let into = consumer
+            .copy_in(&format!("COPY pg_temp.{table} FROM STDIN"))
+            .await?;
+        pin_mut!(rows, into);
+        while let Some(chunk) = rows.try_next().await? {
+            into.send(chunk).await?;
+        }
+        into.finish().await?;
+    }
+    Ok(())
+}
