@@ -26,6 +26,11 @@ fn cdc_relay_crash_after_send_before_confirm_loses_nothing() {
     assert_eq!(run.metric("cdc.orders_without_event"), 0);
     assert!(run.metric("slot.retained_bytes_down") >= run.metric("slot.wal_written_bytes_down"));
     assert!(run.metric("slot.retained_bytes_after") < run.metric("slot.retained_bytes_down"));
+    // Other tables written, the outbox quiet: only the relay's heartbeat lets that WAL go.
+    let unrelated = run.metric("slot.unrelated_written_bytes");
+    assert!(run.metric("no_heartbeat.retained_bytes") >= unrelated);
+    assert!(run.metric("heartbeat.retained_bytes") * 10 <= unrelated);
+    assert_eq!(run.metric("heartbeat.unconfirmed_bytes"), 0);
     assert_eq!(run.metric("slot.left"), 0);
     // Nothing of the run is left on the server: no slot retains WAL.
     assert_eq!(

@@ -52,6 +52,8 @@ pub struct Params {
     pub deleted_events: u32,
     /// Events written (one statement) while the log-tailing relay is down.
     pub retention_events: u32,
+    /// Rows written to another table while the outbox is quiet (the slot's heartbeat problem).
+    pub unrelated_rows: u32,
 }
 
 impl Experiment for Params {
@@ -76,7 +78,10 @@ impl Experiment for Params {
             "slot.retained_bytes_after",
             "slot.unconfirmed_bytes_down",
             "slot.unconfirmed_bytes_after",
+            "slot.unrelated_written_bytes",
         ];
+        let heartbeat = ["retained_bytes", "unconfirmed_bytes"];
+        metrics.extend(metric_names(["heartbeat", "no_heartbeat"], &heartbeat));
         metrics.extend(metric_names([""], &log_tailing));
         metrics
     }
@@ -149,6 +154,8 @@ struct Bench<'a> {
     relay: Option<RunningChild>,
     /// Relay processes started so far, to name the next one.
     started: u32,
+    /// Whether the next log-tailing relay confirms while the outbox is quiet.
+    heartbeat: bool,
 }
 
 impl<'a> Bench<'a> {
@@ -173,6 +180,7 @@ impl<'a> Bench<'a> {
             slot,
             relay: None,
             started: 0,
+            heartbeat: true,
         })
     }
 
@@ -195,9 +203,12 @@ impl<'a> Bench<'a> {
                     })
                 })
                 .any_role(),
-            Design::Cdc => ctx
-                .cdc_relay(db, sink, &name, &self.slot, &config)
-                .any_role(),
+            Design::Cdc => {
+                let heartbeat = self.heartbeat;
+                ctx.cdc_relay(db, sink, &name, &self.slot, &config)
+                    .with(|relay| relay.heartbeat = heartbeat)
+                    .any_role()
+            }
         };
         (name, command)
     }
@@ -298,6 +309,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         if design == Design::Cdc {
             log_tailing::deleted_rows(&bench, params, &mut outcome).await?;
             log_tailing::wal_retention(&mut bench, params, &mut outcome).await?;
+            log_tailing::unrelated_writes(&mut bench, params, &mut outcome).await?;
         }
         bench.stop_relay().await?;
         if design == Design::Cdc {

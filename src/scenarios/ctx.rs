@@ -161,6 +161,7 @@ impl Ctx<'_> {
             sink: self.sink(sink),
             config: config.clone(),
             slot: slot.to_string(),
+            heartbeat: true,
         };
         ChildCommand::new(db, role)
     }

@@ -125,6 +125,8 @@ pub struct CdcRelayRole {
     /// Its retries (`max_attempts`, `backoff_base`) and request timeout.
     pub config: RelayConfig,
     pub slot: String,
+    /// Confirms the stream's position while the outbox is quiet (see the CDC relay).
+    pub heartbeat: bool,
 }
 
 /// A consumer-group worker on a Redis Stream: its pending entries, then new ones.

@@ -69,6 +69,7 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
                 slot: role.slot,
                 backoff_base: role.config.backoff_base,
                 max_attempts: role.config.max_attempts as u32,
+                heartbeat: role.heartbeat,
             };
             let mut connection = db.config()?;
             connection.application_name(format!("{RELAY_APPLICATION_NAME} {}", role.name));

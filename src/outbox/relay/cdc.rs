@@ -14,6 +14,10 @@
 //! - confirms a transaction's end to the server only after all its events were delivered, and
 //!   waits until the slot shows it (`confirmed_flush_lsn`) before taking the next: a crash
 //!   between the two re-delivers exactly the transaction in flight, and loses nothing;
+//! - with its heartbeat on, also confirms the stream's position while no outbox transaction is
+//!   in flight (the server's keepalives, transactions without outbox rows): without it, a
+//!   database busy with other tables and a quiet outbox makes the slot retain all the WAL
+//!   written meanwhile (the problem Debezium's heartbeats exist for);
 //! - sees rows that are deleted right after insert, even in the same transaction (the
 //!   Debezium-style outbox): the WAL carries the INSERT whatever happens to the row later.
 //!
@@ -51,9 +55,11 @@ pub const DROP_SLOT: &str = "SELECT pg_drop_replication_slot($1)";
 /// Whether a walsender is streaming from the slot (a stopped relay's may take a moment to go).
 pub const SLOT_ACTIVE: &str = "SELECT active FROM pg_replication_slots WHERE slot_name = $1";
 
-/// Whether the server has taken the relay's confirmation of everything up to $2.
+/// Whether the server has taken the relay's confirmation of everything up to $2 (the current
+/// end of the WAL when $2 is NULL).
 pub const CONFIRMED_AT_LEAST: &str = "
-SELECT confirmed_flush_lsn >= $2::text::pg_lsn FROM pg_replication_slots WHERE slot_name = $1";
+SELECT confirmed_flush_lsn >= COALESCE($2::text::pg_lsn, pg_current_wal_lsn())
+  FROM pg_replication_slots WHERE slot_name = $1";
 
 /// A mark in the WAL, after every transaction committed so far: once the relay confirms it, it
 /// has delivered them all (and the slot may release the WAL before it).
@@ -144,6 +150,21 @@ pub async fn wait_caught_up(client: &Client, slot: &str, limit: Duration) -> Res
     .await
 }
 
+/// Waits up to `limit` until the relay has confirmed the current end of the WAL, by itself
+/// (no mark is written, unlike [`wait_caught_up`]): whether it did.
+pub async fn wait_confirmed_by_itself(
+    client: &Client,
+    slot: &str,
+    limit: Duration,
+) -> Result<bool> {
+    let now: String = client.query_one(CURRENT_WAL_LSN, &[]).await?.get(0);
+    let confirmed = wait::up_to(limit, SLOT_POLL, async || {
+        confirmed_at_least(client, slot, &now).await
+    })
+    .await?;
+    Ok(confirmed.is_some())
+}
+
 async fn confirmed_at_least(client: &Client, slot: &str, lsn: &str) -> Result<bool> {
     let row = client.query_opt(CONFIRMED_AT_LEAST, &[&slot, &lsn]).await?;
     let row = row.ok_or_else(|| anyhow!("replication slot {slot} does not exist"))?;
@@ -158,6 +179,8 @@ pub struct CdcConfig {
     pub backoff_base: Duration,
     /// After this many failed tries of one event the relay stops (unconfirmed: nothing lost).
     pub max_attempts: u32,
+    /// Confirm the stream's position while no outbox transaction is in flight (see the module).
+    pub heartbeat: bool,
 }
 
 /// The log-tailing relay: one replication connection streaming the slot, one ordinary
@@ -206,6 +229,8 @@ impl CdcRelay {
     /// stopped (or an event cannot be delivered).
     pub async fn follow(&mut self) -> Result<()> {
         let mut transaction: Vec<Event> = Vec::new();
+        // Between Begin and Commit: a position seen then may be past rows not delivered yet.
+        let mut in_transaction = false;
         loop {
             let event = self
                 .stream
@@ -214,19 +239,34 @@ impl CdcRelay {
                 .map_err(|e| anyhow!("replication stream: {e}"))?
                 .ok_or_else(|| anyhow!("the replication stream ended"))?;
             match event {
-                ReplicationEvent::Begin { .. } => transaction.clear(),
+                ReplicationEvent::Begin { .. } => {
+                    transaction.clear();
+                    in_transaction = true;
+                }
                 ReplicationEvent::XLogData { data, .. } => {
                     if let Some(event) = self.decode(&data)? {
                         transaction.push(event);
                     }
                 }
-                // Transactions without outbox rows need no confirmation: streamed again after a
-                // restart, they are empty again.
                 ReplicationEvent::Commit { end_lsn, .. } if !transaction.is_empty() => {
+                    in_transaction = false;
                     for event in std::mem::take(&mut transaction) {
                         self.deliver(&event).await?;
                     }
                     self.confirm(end_lsn).await?;
+                }
+                // Nothing to deliver up to here: confirmed without waiting for the slot (were
+                // the confirmation lost, the stretch would only be streamed again, empty).
+                ReplicationEvent::Commit { end_lsn, .. } => {
+                    in_transaction = false;
+                    if self.config.heartbeat {
+                        self.stream.update_applied_lsn(end_lsn);
+                    }
+                }
+                ReplicationEvent::KeepAlive { wal_end, .. }
+                    if self.config.heartbeat && !in_transaction =>
+                {
+                    self.stream.update_applied_lsn(wal_end);
                 }
                 ReplicationEvent::Message { prefix, lsn, .. } if prefix == MARK_PREFIX => {
                     self.confirm(lsn).await?;

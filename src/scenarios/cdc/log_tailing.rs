@@ -1,6 +1,9 @@
 //! What only the log-tailing relay can do or suffer: the Debezium-style outbox (rows deleted in
-//! the transaction that wrote them, delivered from the log all the same), and the WAL its slot
-//! retains while it is stopped, until it catches up.
+//! the transaction that wrote them, delivered from the log all the same), the WAL its slot
+//! retains while it is stopped, until it catches up, and the WAL it retains while running, when
+//! other tables are written and the outbox is quiet, unless it confirms by itself (heartbeat).
+
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 
@@ -114,6 +117,69 @@ pub(super) async fn wal_retention(
          pg_current_wal_lsn() - restart_lsn, unconfirmed_bytes = pg_current_wal_lsn() - \
          confirmed_flush_lsn"
     ));
+    Ok(())
+}
+
+/// Another table of the application's, written while the outbox is quiet.
+const CREATE_UNRELATED: &str =
+    "CREATE TABLE IF NOT EXISTS unrelated_writes (id bigserial PRIMARY KEY, padding text NOT NULL)";
+const WRITE_UNRELATED: &str =
+    "INSERT INTO unrelated_writes (padding) SELECT repeat('x', 200) FROM generate_series(1, $1::bigint)";
+/// How long a running relay is given to confirm by itself: its heartbeat takes milliseconds
+/// (the server sends a keepalive as soon as it has decoded up to the end of the WAL).
+const HEARTBEAT_LIMIT: Duration = Duration::from_secs(1);
+
+/// The relay running and caught up, other tables written, the outbox quiet: the WAL the slot
+/// retains afterwards, with the relay's heartbeat off (the position never moves: every byte
+/// stays) and on (confirmed on the server's keepalives: the slot lets the WAL go). The relay
+/// with the heartbeat is left running.
+pub(super) async fn unrelated_writes(
+    bench: &mut Bench<'_>,
+    params: &Params,
+    outcome: &mut Outcome,
+) -> Result<()> {
+    bench.client.batch_execute(CREATE_UNRELATED).await?;
+    let mut table = Table::new(
+        format!(
+            "WAL the slot retains after {} rows written to another table, outbox quiet",
+            params.unrelated_rows
+        ),
+        &[
+            "relay",
+            "wal written",
+            "retained_bytes",
+            "unconfirmed_bytes",
+        ],
+    );
+    let mut written: i64 = 0;
+    for (name, heartbeat) in [("no_heartbeat", false), ("heartbeat", true)] {
+        bench.stop_relay().await?;
+        bench.heartbeat = heartbeat;
+        bench.start_relay().await?;
+        let client = &bench.client;
+        let start: String = client.query_one(cdc::CURRENT_WAL_LSN, &[]).await?.get(0);
+        client
+            .execute(WRITE_UNRELATED, &[&i64::from(params.unrelated_rows)])
+            .await?;
+        written = client.query_one(cdc::WAL_SINCE, &[&start]).await?.get(0);
+        // As in wal_retention: restart_lsn follows a confirmation past a checkpoint's record.
+        for _ in 0..2 {
+            client.batch_execute(cdc::CHECKPOINT).await?;
+            cdc::wait_confirmed_by_itself(client, &bench.slot, HEARTBEAT_LIMIT).await?;
+        }
+        let (retained, unconfirmed) = slot_retained(bench).await?;
+        let m = &mut outcome.metrics;
+        m.set(format!("{name}.retained_bytes"), retained);
+        m.set(format!("{name}.unconfirmed_bytes"), unconfirmed);
+        table.push(vec![
+            name.replace('_', " "),
+            written.to_string(),
+            retained.to_string(),
+            unconfirmed.to_string(),
+        ]);
+    }
+    outcome.metrics.set("slot.unrelated_written_bytes", written);
+    outcome.tables.push(table);
     Ok(())
 }
 
