@@ -20,8 +20,8 @@ pub async fn run(database_url: &str, consumer_database_url: Option<&str>) -> Res
         None => None,
     };
     let needs = [
-        (&application, "orders", "--database-url"),
         (&application, "outbox", "--database-url"),
+        (&application, "orders", "--database-url"),
     ];
     let judged = consumer.as_ref().unwrap_or(&application);
     let consumer_flag = match consumer {

@@ -189,6 +189,8 @@ pub struct Prepared {
     spec: Spec,
     params: toml::Table,
     typed: Box<dyn Ready>,
+    /// Checks of the file these parameters cannot judge, in words (the run's notes).
+    left_out: Vec<String>,
 }
 
 /// A scenario's typed and validated `Params`, behind a pointer: the experiment, ready to run.
@@ -266,12 +268,25 @@ pub fn prepare(scenario: Scenario, dir: Option<&Path>, overrides: &Overrides) ->
         }
     }
     let typed = (scenario.0.prepare)(&spec, &params)?;
-    judges_only_reported_metrics(scenario, &spec, &params, &typed.metrics())?;
+    let measured = typed.metrics();
+    let measured_by_default = match (scenario.0.prepare)(&spec, &defaults) {
+        Ok(by_default) => by_default.metrics(),
+        Err(_) => measured.clone(),
+    };
+    let mut spec = spec;
+    let left_out = judgeable(
+        scenario,
+        &mut spec,
+        &params,
+        &measured,
+        &measured_by_default,
+    )?;
     Ok(Prepared {
         scenario,
         spec,
         params,
         typed,
+        left_out,
     })
 }
 
@@ -294,29 +309,44 @@ pub fn metric_names<P: fmt::Display, N: fmt::Display>(
     metrics
 }
 
-/// Refuses, before anything runs, a check or target whose metric (or a name in whose bounds)
-/// is neither a metric the run will report nor a parameter: a misspelt name would otherwise be
-/// found only after the whole run, as "(not measured)".
-fn judges_only_reported_metrics(
+/// Keeps the checks and targets this run can judge. One naming a metric (or, in its bounds, a
+/// name) that is neither reported by this run nor a parameter is refused before anything runs,
+/// unless the file's own parameters would report it: then it is these parameters that leave it
+/// out (`--set batch_sizes=[1,100]` measures no batch 1000), and it is set aside with a note,
+/// returned. A misspelt name would otherwise be found only after the whole run.
+fn judgeable(
     scenario: Scenario,
-    spec: &Spec,
+    spec: &mut Spec,
     params: &toml::Table,
-    metrics: &[String],
-) -> Result<()> {
-    let known = |name: &str| metrics.iter().any(|m| m == name) || params.contains_key(name);
-    let judged = spec.checks.iter().map(|c| ("check", c));
-    for (kind, check) in judged.chain(spec.targets.iter().map(|t| ("target", t))) {
-        let unknown = std::iter::once(check.metric.clone())
-            .chain(check.names_in_bounds())
-            .find(|name| !known(name));
-        if let Some(name) = unknown {
-            let mut near: Vec<&str> = metrics
+    measured: &[String],
+    measured_by_default: &[String],
+) -> Result<Vec<String>> {
+    let known = |metrics: &[String], name: &str| {
+        metrics.iter().any(|m| m == name) || params.contains_key(name)
+    };
+    let mut left_out = Vec::new();
+    for (kind, judged) in [("check", &mut spec.checks), ("target", &mut spec.targets)] {
+        let mut kept = Vec::new();
+        for check in std::mem::take(judged) {
+            let names = std::iter::once(check.metric.clone()).chain(check.names_in_bounds());
+            let Some(name) = names.into_iter().find(|name| !known(measured, name)) else {
+                kept.push(check);
+                continue;
+            };
+            if known(measured_by_default, &name) {
+                left_out.push(format!(
+                    "{kind} '{}' not judged: these parameters do not measure {name}",
+                    check.name
+                ));
+                continue;
+            }
+            let mut near: Vec<&str> = measured
                 .iter()
                 .map(String::as_str)
                 .filter(|m| m.split('.').next() == name.split('.').next())
                 .collect();
             if near.is_empty() {
-                near = metrics.iter().map(String::as_str).collect();
+                near = measured.iter().map(String::as_str).collect();
             }
             bail!(
                 "{}: {kind} '{}' names '{name}', which scenario {} does not report (its metrics: {})",
@@ -326,8 +356,9 @@ fn judges_only_reported_metrics(
                 near.join(", ")
             );
         }
+        *judged = kept;
     }
-    Ok(())
+    Ok(left_out)
 }
 
 /// Prepares every scenario of a run ([`prepare`]) before anything starts. A parameter that
@@ -403,7 +434,7 @@ pub async fn run(
         tables: outcome.tables,
         checks,
         targets,
-        notes: outcome.notes,
+        notes: [outcome.notes, prepared.left_out.clone()].concat(),
         environment: Environment {
             postgres_version: server.version.clone(),
             outbox_lab_version: env!("CARGO_PKG_VERSION").to_string(),
