@@ -23,11 +23,14 @@
 //!   effect); a redelivery that changes nothing is a duplicate, not a reordering. One row per
 //!   reversal (an event received right after a later one); offending: the aggregate. An
 //!   aggregate with one event (the naive app's order) cannot be out of order.
-//! - **liveness**: the system drains — the relays reach "nothing left to deliver" within their
-//!   bounds (restarts, time). Explore's supervisor judges it (a run that does not drain in
-//!   time, or needs more processes than allowed, is stuck: [`liveness`]). A live database
-//!   cannot tell slow from stuck; there, the outbox rows no relay has marked published are
-//!   [`PENDING`]: the backlog the relays still owe.
+//! - **liveness**: every committed event is delivered within a bound after the faults end:
+//!   explore's supervisor gives the relays [`LIVENESS_BOUND`](crate::explore::supervisor::LIVENESS_BOUND) from
+//!   the later of the writer's end and the last fault, and a run that does not drain by then
+//!   (or needs more processes than allowed) is stuck. Offending: the bound it hit, then the
+//!   outbox rows still owed. A stuck run has not recovered, so a row a relay still owes is its
+//!   liveness failure there, not a loss. A live database cannot tell slow from stuck; there,
+//!   the outbox rows no relay has marked published are [`PENDING`]: the backlog the relays
+//!   still owe.
 //!
 //! ## Unknown outcomes (Jepsen's `info`)
 //!
@@ -64,7 +67,7 @@ pub enum Invariant {
     Duplicate,
     /// Per aggregate, the consumer's first receipts follow outbox order.
     Order,
-    /// The run drains within its bounds (restarts and time).
+    /// Every committed event is delivered within a bound after the faults end.
     Liveness,
 }
 
@@ -95,7 +98,9 @@ impl Invariant {
                 "no event, nor any order's event type, has its side effect twice"
             }
             Invariant::Order => "per aggregate, the consumer first receives events in outbox order",
-            Invariant::Liveness => "the run drains within its bounds",
+            Invariant::Liveness => {
+                "every committed event is delivered within the bound after the faults end"
+            }
         }
     }
 
@@ -251,19 +256,36 @@ pub async fn offending(
         .collect())
 }
 
-/// Liveness after recovery, as explore's supervisor judged it: `stuck` says which bound a run
-/// hit (`None`: it drained).
-pub fn liveness(stuck: Option<&str>) -> Option<Vec<String>> {
-    stuck.map(|why| vec![why.to_string()])
+/// Liveness, as explore's supervisor judged it: `stuck` says which bound a run hit (`None`: it
+/// drained); the offending ids are that bound, then the outbox rows still owed.
+async fn liveness(client: &Client, stuck: Option<&str>) -> Result<Vec<String>> {
+    let Some(why) = stuck else {
+        return Ok(Vec::new());
+    };
+    let owed = client
+        .query(
+            &format!("SELECT offending FROM ({PENDING}) owed ORDER BY outbox_id"),
+            &[],
+        )
+        .await?;
+    Ok(std::iter::once(why.to_string())
+        .chain(owed.iter().map(|r| r.get(0)))
+        .collect())
 }
 
 /// Every invariant: the database ones by their statements, liveness by `stuck` (the
 /// supervisor's verdict; `None` on a live database, which cannot tell slow from stuck).
 pub async fn judge(client: &Client, moment: Moment, stuck: Option<&str>) -> Result<Violations> {
+    // A run that did not drain has not recovered: what a relay still owes is its liveness
+    // failure, not a loss (a row marked published without its effect is lost either way).
+    let moment = match stuck {
+        Some(_) => Moment::Live,
+        None => moment,
+    };
     let mut violations = Violations::new();
     for invariant in Invariant::ALL {
         let ids = match invariant {
-            Invariant::Liveness => liveness(stuck).unwrap_or_default(),
+            Invariant::Liveness => liveness(client, stuck).await?,
             _ => offending(client, invariant, moment).await?,
         };
         if !ids.is_empty() {
