@@ -130,21 +130,28 @@ fn each_invariant_bites_on_its_own_damage_and_nothing_else() {
     }
 }
 
-/// A stuck run (the supervisor's verdict) is a liveness violation; a drained one is not.
+/// A stuck run (the supervisor's verdict) is a liveness violation naming the rows still owed,
+/// which are not lost (the run never recovered); a drained run with the same row lost it.
 #[test]
 fn liveness_is_the_supervisors_verdict_after_recovery() {
-    let db = database("liveness", "");
+    let owed = "INSERT INTO outbox(aggregate_type, aggregate_id, event_type, payload)
+                VALUES ('orders', '3', 'OrderUpdated2', '{}')";
+    let db = database("liveness", owed);
     block_on(async {
         let client = db.connect().await.unwrap();
-        let stuck = checker::check(&client, Some("not drained within 30s"))
-            .await
-            .unwrap();
+        let why = "not drained within 3 s";
+        let stuck = checker::check(&client, Some(why)).await.unwrap();
         assert_eq!(
             stuck.get(&Invariant::Liveness).map(Vec::as_slice),
-            Some(&["not drained within 30s".to_string()][..])
+            Some(&[why.to_string(), "outbox 5".to_string()][..])
         );
         assert_eq!(stuck.len(), 1, "{stuck:?}");
-        assert!(checker::check(&client, None).await.unwrap().is_empty());
+        let drained = checker::check(&client, None).await.unwrap();
+        assert_eq!(
+            drained.get(&Invariant::Lost).map(Vec::as_slice),
+            Some(&["outbox 5".to_string()][..])
+        );
+        assert_eq!(drained.len(), 1, "{drained:?}");
     });
 }
 
