@@ -6,7 +6,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{assert_passed, outbox_lab, run_json, scratch_dir, Run};
+use common::{assert_passed, outbox_lab, run_json, scratch_dir, server_url, Run};
 use serde_json::Value;
 
 /// `outbox-lab explore ARGS --format json` against this binary's cluster; also returns where
@@ -68,6 +68,7 @@ fn broken_designs_are_caught_with_their_characteristic_violation() {
         ("watermark-relay", "lost"),
         ("mark-before-send", "lost"),
         ("multi-relay-unpartitioned", "order"),
+        ("guarded-no-dead-letter", "liveness"),
     ];
     let mut args = vec!["--max-pass", "2"];
     for (design, _) in expected {
@@ -123,6 +124,12 @@ fn one_schedule_reproduces_a_duplicate_and_saves_its_history() {
     assert!(processes
         .iter()
         .any(|p| p["process"] == "relay0#2" && p["end"] == "ok"));
+    let fault = &history["faults"][0];
+    assert_eq!(fault["fault"], "relay:after-send-before-mark@1");
+    assert_eq!(fault["status"], "ok");
+    assert_eq!(fault["outcome"], "fired");
+    assert_eq!(fault["process"], "relay0#1");
+    assert!(fault["at_ms"].as_u64().unwrap() > 0, "{fault}");
     assert!(!history["violations"]["duplicate"]
         .as_array()
         .unwrap()
@@ -174,6 +181,108 @@ fn a_run_that_cannot_drain_violates_liveness() {
     let history = &histories(&results, "outbox-idempotent")[0];
     let why = history["violations"]["liveness"][0].as_str().unwrap();
     assert!(why.contains("the writer did not finish"), "{why}");
+}
+
+/// A crash point the workload never passes 99 times: the fault is not reached, the run is
+/// reported apart and counts for no claim; with no other schedule, nothing was tested (exit 1).
+#[test]
+fn a_fault_not_reached_is_reported_apart_and_never_passes() {
+    let (run, results) = explore(
+        "not-reached",
+        &[
+            "--design",
+            "outbox-idempotent",
+            "--schedule",
+            "relay:after-send@99",
+        ],
+    );
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(run.metric("outbox-idempotent.schedules"), 1);
+    assert_eq!(run.metric("outbox-idempotent.faults_not_reached"), 1);
+    let json = run.json();
+    let checks = json["checks"].as_array().unwrap();
+    assert!(!checks.is_empty() && checks.iter().all(|c| c["pass"] == false));
+    let row = &json["tables"][0]["rows"][0];
+    assert_eq!(row[1], "0/0*", "{row}");
+    assert_eq!(row[6], "1", "{row}");
+    let history = &histories(&results, "outbox-idempotent")[0];
+    let fault = &history["faults"][0];
+    assert_eq!(fault["fault"], "relay:after-send-before-mark@99");
+    assert_eq!(fault["status"], "fail");
+    assert_eq!(fault["outcome"], "not_reached");
+}
+
+/// The self-test bites: outbox-naive exists to show duplicates, but a writer that dies before
+/// COMMIT causes no redelivery, so the checker is shown no duplicate — blind to it, as far as
+/// this run can tell. explore does not cry all-clear: exit 1, "checker blind to duplicate".
+#[test]
+fn a_flaw_the_checker_does_not_see_fails_the_run() {
+    let (run, _) = explore(
+        "blind",
+        &[
+            "--design",
+            "outbox-naive",
+            "--schedule",
+            "writer:after-insert@1",
+        ],
+    );
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(run.metric("outbox-naive.duplicate.violating"), 0);
+    let json = run.json();
+    let failed: Vec<&str> = json["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["pass"] == false)
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        failed,
+        ["checker sees duplicate: outbox-naive breaks it"],
+        "only the self-test fails"
+    );
+    let text = Run::from(
+        outbox_lab()
+            .args(["explore", "--design", "outbox-naive"])
+            .args(["--schedule", "writer:after-insert@1"])
+            .args(["--database-url", server_url()])
+            .arg("--results-dir")
+            .arg(scratch_dir("explore-blind-text"))
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(text.code, 1, "{}", text.stderr);
+    assert!(
+        text.stdout.contains("checker blind to duplicate"),
+        "{}",
+        text.stdout
+    );
+}
+
+/// Liveness bites: the head-of-line guard behind a poison event with no dead letter blocks
+/// order 1 for ever. The run is stopped at the liveness bound; the rows still owed are named,
+/// and they are not counted as lost (the run never recovered).
+#[test]
+fn a_poison_event_without_dead_letter_violates_liveness() {
+    let (run, results) = explore("poison", &["--design", "guarded-no-dead-letter"]);
+    assert_passed(&run); // it claims no liveness, and shows its flaw
+    assert_eq!(run.metric("guarded-no-dead-letter.liveness.violating"), 1);
+    for invariant in ["ghost", "lost", "duplicate", "order"] {
+        assert_eq!(
+            run.metric(&format!("guarded-no-dead-letter.{invariant}.violating")),
+            0,
+            "{invariant}"
+        );
+    }
+    let history = &histories(&results, "guarded-no-dead-letter")[0];
+    let offending: Vec<&str> = history["violations"]["liveness"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(offending[0].contains("not drained within"), "{offending:?}");
+    assert_eq!(offending[1..], ["outbox 1", "outbox 2"]);
 }
 
 /// A schedule with a typo, or naming a crash point the design never passes, is one line on

@@ -26,6 +26,14 @@ SELECT aggregate_id, event_id FROM outbox ORDER BY id;
 INSERT INTO consumer.receipts(event_id, outbox_id, order_id, event_type, injected_fault)
 SELECT event_id, id, aggregate_id, event_type, false FROM outbox ORDER BY id";
 
+/// Order 1's receipts rewritten: its second event received before its first (the shipments,
+/// untouched, are in order: the order check reads the receipts).
+const RECEIVED_ORDER_1_BACKWARDS: &str = "
+DELETE FROM consumer.receipts WHERE order_id = '1';
+INSERT INTO consumer.receipts(event_id, outbox_id, order_id, event_type, injected_fault)
+SELECT event_id, id, aggregate_id, event_type, false FROM outbox WHERE aggregate_id = '1'
+ ORDER BY id DESC";
+
 fn database(name: &str, damage: &str) -> Database {
     let name = format!("invariants_{name}_{}", std::process::id());
     let sql = [
@@ -46,7 +54,7 @@ async fn offending(client: &Client, invariant: Invariant, moment: Moment) -> Vec
 /// Each invariant, on a database with exactly its damage, names what broke it; the others hold.
 #[test]
 fn each_invariant_bites_on_its_own_damage_and_nothing_else() {
-    let cases: [(&str, &str, Invariant, &[&str]); 6] = [
+    let cases: [(&str, &str, Invariant, &[&str]); 7] = [
         (
             "ghost",
             // The naive app sent order 7's event; its COMMIT never came.
@@ -77,11 +85,20 @@ fn each_invariant_bites_on_its_own_damage_and_nothing_else() {
             &["outbox 3"],
         ),
         (
+            "duplicate_by_business_key",
+            // The naive app sent order 2's OrderCreated again under a fresh event id: no event
+            // id has two shipments, the order has two for one event.
+            "INSERT INTO consumer.shipments(order_id, event_id)
+             VALUES ('2', '00000000-0000-0000-0000-000000000002');
+             INSERT INTO consumer.receipts(event_id, outbox_id, order_id, event_type, injected_fault)
+             VALUES ('00000000-0000-0000-0000-000000000002', NULL, '2', 'OrderCreated', false)",
+            Invariant::Duplicate,
+            &["order 2 OrderCreated"],
+        ),
+        (
             "order",
-            // Order 1's second event took effect before its first.
-            "DELETE FROM consumer.shipments WHERE order_id = '1';
-             INSERT INTO consumer.shipments(order_id, event_id)
-             SELECT aggregate_id, event_id FROM outbox WHERE aggregate_id = '1' ORDER BY id DESC",
+            // The consumer received order 1's second event before its first.
+            RECEIVED_ORDER_1_BACKWARDS,
             Invariant::Order,
             &["order 1"],
         ),
@@ -113,21 +130,28 @@ fn each_invariant_bites_on_its_own_damage_and_nothing_else() {
     }
 }
 
-/// A stuck run (the supervisor's verdict) is a liveness violation; a drained one is not.
+/// A stuck run (the supervisor's verdict) is a liveness violation naming the rows still owed,
+/// which are not lost (the run never recovered); a drained run with the same row lost it.
 #[test]
 fn liveness_is_the_supervisors_verdict_after_recovery() {
-    let db = database("liveness", "");
+    let owed = "INSERT INTO outbox(aggregate_type, aggregate_id, event_type, payload)
+                VALUES ('orders', '3', 'OrderUpdated2', '{}')";
+    let db = database("liveness", owed);
     block_on(async {
         let client = db.connect().await.unwrap();
-        let stuck = checker::check(&client, Some("not drained within 30s"))
-            .await
-            .unwrap();
+        let why = "not drained within 3 s";
+        let stuck = checker::check(&client, Some(why)).await.unwrap();
         assert_eq!(
             stuck.get(&Invariant::Liveness).map(Vec::as_slice),
-            Some(&["not drained within 30s".to_string()][..])
+            Some(&[why.to_string(), "outbox 5".to_string()][..])
         );
         assert_eq!(stuck.len(), 1, "{stuck:?}");
-        assert!(checker::check(&client, None).await.unwrap().is_empty());
+        let drained = checker::check(&client, None).await.unwrap();
+        assert_eq!(
+            drained.get(&Invariant::Lost).map(Vec::as_slice),
+            Some(&["outbox 5".to_string()][..])
+        );
+        assert_eq!(drained.len(), 1, "{drained:?}");
     });
 }
 
@@ -136,16 +160,16 @@ fn liveness_is_the_supervisors_verdict_after_recovery() {
 fn scenario_figures_count_the_invariants_rows() {
     let db = database(
         "figures",
-        "INSERT INTO consumer.shipments(order_id, event_id) VALUES ('7', gen_random_uuid());
+        &format!(
+            "INSERT INTO consumer.shipments(order_id, event_id) VALUES ('7', gen_random_uuid());
          INSERT INTO orders(customer_id, amount) VALUES (4, 10);
          INSERT INTO outbox(aggregate_type, aggregate_id, event_type, payload, published_at)
-         VALUES ('orders', '3', 'OrderUpdated2', '{}', now()),
-                ('orders', '3', 'OrderUpdated3', '{}', NULL);
+         VALUES ('orders', '3', 'OrderUpdated2', '{{}}', now()),
+                ('orders', '3', 'OrderUpdated3', '{{}}', NULL);
          INSERT INTO consumer.shipments(order_id, event_id)
          SELECT aggregate_id, event_id FROM outbox, generate_series(1, 2) WHERE id = 3;
-         DELETE FROM consumer.shipments WHERE order_id = '1';
-         INSERT INTO consumer.shipments(order_id, event_id)
-         SELECT aggregate_id, event_id FROM outbox WHERE aggregate_id = '1' ORDER BY id DESC",
+         {RECEIVED_ORDER_1_BACKWARDS}"
+        ),
     );
     block_on(async {
         let client = db.connect().await.unwrap();

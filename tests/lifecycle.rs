@@ -108,7 +108,7 @@ fn passing_run_removes_its_cluster() {
     );
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(
-        run.stdout.contains("outbox-atomicity: 6 of 6 checks pass"),
+        run.stdout.contains("outbox-atomicity: 7 of 7 checks pass"),
         "{}",
         run.stdout
     );
@@ -135,7 +135,7 @@ fn failing_check_exits_1_and_removes_its_cluster() {
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert!(run.stdout.contains("FAIL"), "{}", run.stdout);
     assert!(
-        run.stdout.contains("dual-write: 7 of 8 checks pass"),
+        run.stdout.contains("dual-write: 9 of 10 checks pass"),
         "{}",
         run.stdout
     );

@@ -30,9 +30,13 @@ the next. In designs with several relays, relay faults hit the first.
 
 Designs: dual-write-commit-first, dual-write-send-first, outbox-naive, outbox-idempotent,
 outbox-idempotent-ordered, and the deliberately broken watermark-relay, mark-before-send,
-multi-relay-unpartitioned.
+multi-relay-unpartitioned, guarded-no-dead-letter.
 
-Exit status: 0 every design holds what it claims, 1 a design violated a claim, 2 bad input,
+A schedule whose fault is never reached (its process never passes the point that often) is
+reported apart and counts for no claim.
+
+Exit status: 0 every design holds what it claims and shows its flaw, 1 a design violated or
+never tested a claim, or did not show its flaw (the checker would be blind to it), 2 bad input,
 3 the harness failed mid-run.";
 
 #[derive(Debug, Args)]

@@ -48,14 +48,19 @@ pub struct Design {
     pub consumer: ConsumerKind,
     /// What the design guarantees; a violation of one of these fails the run (exit 1).
     pub claims: &'static [Invariant],
-    /// The violation a deliberately broken design exists to show; not claimed.
+    /// The violation a deliberately broken design exists to show; not claimed. explore fails
+    /// (exit 1) when a flaw is not shown: the checker would be blind to it.
     pub flaws: &'static [Invariant],
+    /// A poison event: the outbox row the consumer rejects on every delivery, with no dead
+    /// letter (the relay retries it forever). Stuck without any crash, such a design runs only
+    /// the schedule without faults, since every run of it lasts the liveness bound.
+    pub poison_without_dead_letter: Option<i64>,
 }
 
 use Invariant::{Duplicate, Ghost, Liveness, Lost, Order};
 
 /// Every design, correct ones first.
-pub const DESIGNS: [Design; 8] = [
+pub const DESIGNS: [Design; 9] = [
     Design {
         name: "dual-write-commit-first",
         summary: "naive app: COMMIT the order, then POST the event",
@@ -64,8 +69,10 @@ pub const DESIGNS: [Design; 8] = [
         relays: 0,
         batch: 1,
         consumer: ConsumerKind::Naive,
-        claims: &[Ghost, Duplicate, Order, Liveness],
+        // One event per order: nothing the consumer could receive out of order.
+        claims: &[Ghost, Duplicate, Liveness],
         flaws: &[Lost],
+        poison_without_dead_letter: None,
     },
     Design {
         name: "dual-write-send-first",
@@ -75,8 +82,9 @@ pub const DESIGNS: [Design; 8] = [
         relays: 0,
         batch: 1,
         consumer: ConsumerKind::Naive,
-        claims: &[Lost, Duplicate, Order, Liveness],
+        claims: &[Lost, Duplicate, Liveness],
         flaws: &[Ghost],
+        poison_without_dead_letter: None,
     },
     Design {
         name: "outbox-naive",
@@ -88,6 +96,7 @@ pub const DESIGNS: [Design; 8] = [
         consumer: ConsumerKind::Naive,
         claims: &[Ghost, Lost, Liveness],
         flaws: &[Duplicate],
+        poison_without_dead_letter: None,
     },
     Design {
         name: "outbox-idempotent",
@@ -99,6 +108,7 @@ pub const DESIGNS: [Design; 8] = [
         consumer: ConsumerKind::Idempotent,
         claims: &[Ghost, Lost, Duplicate, Liveness],
         flaws: &[],
+        poison_without_dead_letter: None,
     },
     Design {
         name: "outbox-idempotent-ordered",
@@ -110,6 +120,7 @@ pub const DESIGNS: [Design; 8] = [
         consumer: ConsumerKind::Idempotent,
         claims: &[Ghost, Lost, Duplicate, Order, Liveness],
         flaws: &[],
+        poison_without_dead_letter: None,
     },
     Design {
         name: "watermark-relay",
@@ -121,6 +132,7 @@ pub const DESIGNS: [Design; 8] = [
         consumer: ConsumerKind::Idempotent,
         claims: &[Ghost, Duplicate, Order, Liveness],
         flaws: &[Lost],
+        poison_without_dead_letter: None,
     },
     Design {
         name: "mark-before-send",
@@ -132,6 +144,7 @@ pub const DESIGNS: [Design; 8] = [
         consumer: ConsumerKind::Idempotent,
         claims: &[Ghost, Duplicate, Order, Liveness],
         flaws: &[Lost],
+        poison_without_dead_letter: None,
     },
     Design {
         name: "multi-relay-unpartitioned",
@@ -143,6 +156,20 @@ pub const DESIGNS: [Design; 8] = [
         consumer: ConsumerKind::Idempotent,
         claims: &[Ghost, Lost, Duplicate, Liveness],
         flaws: &[Order],
+        poison_without_dead_letter: None,
+    },
+    Design {
+        name: "guarded-no-dead-letter",
+        summary: "broken: the head-of-line guard, a poison event, no dead letter",
+        writer: Writer::Outbox,
+        relay: Some(RelayVariant::Guarded),
+        relays: 1,
+        batch: 100,
+        consumer: ConsumerKind::Idempotent,
+        claims: &[Ghost, Lost, Duplicate, Order],
+        flaws: &[Liveness],
+        // Order 1's first event: its second waits behind it forever.
+        poison_without_dead_letter: Some(1),
     },
 ];
 
@@ -166,8 +193,12 @@ impl Design {
         self.claims.contains(&invariant)
     }
 
-    /// The crash points its processes pass: the only ones a schedule may name for it.
+    /// The crash points its processes pass: the only ones a schedule may name for it (none for
+    /// a design with a poison event, which is stuck without them).
     pub fn crash_points(&self) -> Vec<CrashPoint> {
+        if self.poison_without_dead_letter.is_some() {
+            return Vec::new();
+        }
         let mut points = match self.writer {
             Writer::Outbox => vec![CrashPoint::WriterAfterInsertBeforeCommit],
             Writer::DualWrite(DualWriteOrder::CommitFirst) => {
@@ -198,5 +229,29 @@ impl Design {
             CrashPoint::ConsumerAfterCommitBeforeReply,
         ]);
         points
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// explore's self-test needs, for every invariant, a design built to break it; and no design
+    /// both claims and exists to break the same invariant.
+    #[test]
+    fn every_invariant_is_some_designs_flaw() {
+        for invariant in Invariant::ALL {
+            assert!(
+                DESIGNS.iter().any(|d| d.flaws.contains(&invariant)),
+                "no design breaks {invariant}: the checker could be blind to it"
+            );
+        }
+        for design in &DESIGNS {
+            assert!(
+                design.flaws.iter().all(|f| !design.claims(*f)),
+                "{} claims its own flaw",
+                design.name
+            );
+        }
     }
 }

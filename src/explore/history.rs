@@ -1,7 +1,8 @@
-//! The history of a run, in Jepsen's terms: every process that ran (what it was armed with, how
-//! it ended) and every delivery attempt with its outcome as the sender knew it: `ok`, `fail` (it
-//! did not happen) or `info` (unknown: the sender died, or the connection broke after the
-//! request went out). Read from the senders' log lines, saved as one JSON line per run under
+//! The history of a run, in Jepsen's terms: every scheduled fault with what became of it
+//! (`ok`: it fired, in which process and when; `fail`: it was not reached), every process that
+//! ran (what it was armed with, how it ended) and every delivery attempt with its outcome as the
+//! sender knew it: `ok`, `fail` (it did not happen) or `info` (unknown: the sender died, or the
+//! connection broke after the request went out). Read from the senders' log lines, saved as one JSON line per run under
 //! `results/<run-id>/history/`, so that every verdict can be audited.
 
 use std::collections::BTreeMap;
@@ -16,7 +17,8 @@ const SENDING: &str = " sending";
 const SENT: &str = " sent";
 const FAILED: &str = " failed: ";
 
-/// How a delivery attempt ended, for the sender.
+/// How an operation ended, as Jepsen says it: a delivery attempt for its sender, a fault for
+/// the supervisor that scheduled it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
@@ -48,6 +50,42 @@ pub struct Attempt {
     pub error: Option<String>,
 }
 
+/// One scheduled fault and what became of it. Any kind of fault is recorded the same way: a
+/// crash point today, a nemesis ("pause relay at 2 s for 3 s") as well.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultRecord {
+    /// The fault as the schedule writes it (`relay:after-send-before-mark@2`).
+    pub fault: String,
+    /// `ok` when it fired, `fail` when it was not reached.
+    pub status: Outcome,
+    #[serde(flatten)]
+    pub outcome: FaultOutcome,
+}
+
+impl FaultRecord {
+    pub fn new(fault: String, outcome: FaultOutcome) -> FaultRecord {
+        let status = match outcome {
+            FaultOutcome::Fired { .. } => Outcome::Ok,
+            FaultOutcome::NotReached => Outcome::Fail,
+        };
+        FaultRecord {
+            fault,
+            status,
+            outcome,
+        }
+    }
+}
+
+/// Whether a scheduled fault happened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum FaultOutcome {
+    /// It hit `process` (`relay0#1`), seen by the supervisor `at_ms` after the run started.
+    Fired { process: String, at_ms: u64 },
+    /// The run ended without it: the schedule ran without this fault, and tested nothing of it.
+    NotReached,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Process {
     pub process: String,
@@ -65,6 +103,8 @@ pub struct History {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rerun_of: Option<String>,
     pub elapsed_ms: u64,
+    /// Every fault of the schedule, in its order, fired or not reached.
+    pub faults: Vec<FaultRecord>,
     pub processes: Vec<Process>,
     pub attempts: Vec<Attempt>,
     /// Offending ids per violated invariant.
@@ -72,6 +112,14 @@ pub struct History {
 }
 
 impl History {
+    /// Whether a fault of the schedule was not reached: such a run is reported apart, never
+    /// counted as a run that passed.
+    pub fn faults_not_reached(&self) -> bool {
+        self.faults
+            .iter()
+            .any(|f| f.outcome == FaultOutcome::NotReached)
+    }
+
     /// The attempts in one process's log. A sender announces each event (`sending`) before it
     /// goes out, a batch at a time, and reports each answer (`sent`, `failed: ...`); an
     /// announced event never answered is `info`: the process died before it learned the outcome.

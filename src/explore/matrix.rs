@@ -37,8 +37,19 @@ impl DesignResult {
         self.runs.iter().filter(|r| r.rerun_of.is_none())
     }
 
+    /// The schedules whose every fault fired: the only runs that count, for or against a claim.
+    fn reached(&self) -> impl Iterator<Item = &History> {
+        self.schedules().filter(|r| !r.faults_not_reached())
+    }
+
+    /// The schedules with a fault that was not reached: they ran without it, and are reported
+    /// apart.
+    fn not_reached(&self) -> usize {
+        self.schedules().filter(|r| r.faults_not_reached()).count()
+    }
+
     fn violating(&self, invariant: Invariant) -> Vec<&History> {
-        self.schedules()
+        self.reached()
             .filter(|r| r.violations.contains_key(invariant.name()))
             .collect()
     }
@@ -79,7 +90,7 @@ impl DesignResult {
             verdict.push_str(&format!("; flaw caught: {}", names(&caught)));
         }
         if !missed.is_empty() {
-            verdict.push_str(&format!("; flaw not shown: {}", names(&missed)));
+            verdict.push_str(&format!("; CHECKER BLIND to: {}", names(&missed)));
         }
         verdict
     }
@@ -93,6 +104,9 @@ fn names(invariants: &[Invariant]) -> String {
         .join(", ")
 }
 
+/// How the self-test's checks are named: `checker sees <invariant>: <design> breaks it`.
+const SELF_TEST: &str = "checker sees ";
+
 /// The run as a [`Report`]: the design x invariant matrix, the smallest reproducers, a check
 /// per claim.
 pub fn report(
@@ -104,7 +118,8 @@ pub fn report(
     let mut metrics = Metrics::default();
     let mut checks = Vec::new();
     let mut matrix = Table::new(
-        "design x invariant: schedules violating / schedules run (* = claimed by the design)",
+        "design x invariant: schedules violating / schedules run with every fault fired (* = claimed \
+         by the design)",
         &[
             "design",
             "ghost",
@@ -112,6 +127,7 @@ pub fn report(
             "duplicate",
             "order",
             "liveness",
+            "not reached",
             "verdict",
         ],
     );
@@ -128,10 +144,19 @@ pub fn report(
         ],
     );
     let total: usize = results.iter().map(|r| r.schedules().count()).sum();
+    let not_reached_total: usize = results.iter().map(|r| r.not_reached()).sum();
     for result in results {
         let design = result.design;
-        let runs = result.schedules().count();
-        metrics.set(format!("{}.schedules", design.name), runs as i64);
+        let runs = result.reached().count();
+        let not_reached = result.not_reached();
+        metrics.set(
+            format!("{}.schedules", design.name),
+            result.schedules().count() as i64,
+        );
+        metrics.set(
+            format!("{}.faults_not_reached", design.name),
+            not_reached as i64,
+        );
         let mut row = vec![design.name.to_string()];
         for invariant in Invariant::ALL {
             let violating = result.violating(invariant).len();
@@ -143,13 +168,18 @@ pub fn report(
                 if claimed { "*" } else { "" }
             ));
             if claimed {
+                // A claim no schedule tested (every one had a fault not reached) is not held.
                 checks.push(CheckResult {
                     name: format!("{} claims: {}", design.name, invariant.meaning()),
                     metric,
-                    expected: "0".into(),
-                    actual: violating.to_string(),
+                    expected: "0, over at least 1 schedule".into(),
+                    actual: if runs == 0 {
+                        "no schedule with its faults fired".into()
+                    } else {
+                        violating.to_string()
+                    },
                     article: None,
-                    pass: violating == 0,
+                    pass: violating == 0 && runs > 0,
                 });
             }
             if let Some(shown) = result.reproducers.get(&invariant) {
@@ -169,6 +199,20 @@ pub fn report(
                 ]);
             }
         }
+        for &flaw in design.flaws {
+            // The self-test: a design built to break an invariant must be seen breaking it,
+            // or the checker is blind to it and no verdict of this run can be trusted.
+            let violating = result.violating(flaw).len();
+            checks.push(CheckResult {
+                name: format!("{SELF_TEST}{}: {} breaks it", flaw.name(), design.name),
+                metric: format!("{}.{}.violating", design.name, flaw.name()),
+                expected: "at least 1".into(),
+                actual: violating.to_string(),
+                article: None,
+                pass: violating > 0,
+            });
+        }
+        row.push(not_reached.to_string());
         row.push(result.verdict());
         matrix.push(row);
     }
@@ -185,6 +229,10 @@ pub fn report(
         plan.workload.orders,
         plan.workload.events_per_order
     )];
+    notes.push(format!(
+        "not reached: {not_reached_total} schedules had a fault their process never reached (the \
+         run went on without it); they are reported apart and not counted in violating / run"
+    ));
     notes.push(
         "again: the schedule, run a second time, broke the invariant again; of the violating \
          schedules the smallest that does is shown (up to 3 tried); no: none did, the violation \
@@ -220,18 +268,27 @@ pub fn render_text(report: &Report) -> String {
     for note in &report.notes {
         out.push_str(&format!("{note}\n"));
     }
-    let failed: Vec<&str> = report
+    let (blind, broken): (Vec<&CheckResult>, Vec<&CheckResult>) = report
         .checks
         .iter()
         .filter(|c| !c.pass)
-        .map(|c| c.metric.as_str())
-        .collect();
-    if failed.is_empty() {
-        out.push_str("\nexplore: every design holds what it claims");
-    } else {
+        .partition(|c| c.name.starts_with(SELF_TEST));
+    if blind.is_empty() && broken.is_empty() {
+        out.push_str("\nexplore: every design holds what it claims, and shows its flaw");
+    }
+    for check in blind {
+        let (invariant, design) = check.name[SELF_TEST.len()..]
+            .split_once(": ")
+            .expect("named by report()");
         out.push_str(&format!(
-            "\nexplore: claims violated: {}",
-            failed.join(", ")
+            "\nexplore: checker blind to {invariant}: {design}, but no schedule showed it"
+        ));
+    }
+    if !broken.is_empty() {
+        let metrics: Vec<&str> = broken.iter().map(|c| c.metric.as_str()).collect();
+        out.push_str(&format!(
+            "\nexplore: claims violated or untested: {}",
+            metrics.join(", ")
         ));
     }
     out

@@ -113,11 +113,14 @@ impl Plan {
                 if explicit {
                     if let Some(d) = designs.iter().find(|d| !fits(d)) {
                         let points: Vec<&str> = d.crash_points().iter().map(|p| p.name()).collect();
+                        let points = match points.is_empty() {
+                            true => "it runs only without faults".to_string(),
+                            false => format!("its points: {}", points.join(", ")),
+                        };
                         bail!(
                             "invalid --schedule: design {} never passes a crash point it names \
-                             (its points: {})",
+                             ({points})",
                             d.name,
-                            points.join(", ")
                         );
                     }
                 }
@@ -149,6 +152,9 @@ impl Plan {
     fn schedules(&self, design: &Design) -> Vec<Schedule> {
         let points = design.crash_points();
         match &self.mode {
+            Mode::Exhaustive | Mode::Random { .. } if points.is_empty() => {
+                vec![Schedule::default()]
+            }
             Mode::Exhaustive => Schedule::exhaustive(&points, self.max_pass),
             Mode::Random { count, seed } => {
                 Schedule::random(&points, self.max_pass, *count, *seed, design.index())

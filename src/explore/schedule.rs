@@ -131,15 +131,6 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// The faults aimed at `role`, in order.
-    pub fn plans_for(&self, role: Role) -> Vec<CrashPlan> {
-        self.faults
-            .iter()
-            .filter(|f| f.role == role)
-            .map(|f| f.plan)
-            .collect()
-    }
-
     /// Smaller is simpler to read: fewer faults, then earlier passes.
     pub fn size(&self) -> (usize, u32) {
         (

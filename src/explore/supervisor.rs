@@ -2,8 +2,9 @@
 //! It resets the design's database, starts the consumer, the writer and the relays as child
 //! processes armed with the schedule's faults, restarts every process that dies — as production
 //! would — until the writer is done and the outbox drained, and hands the database to the
-//! checker. Every wait is bounded; a run that does not drain within its bounds is a liveness
-//! failure, not a hang.
+//! checker. It records every fault of the schedule as fired (which process, when) or not
+//! reached. Every wait is bounded; a run that does not drain within [`LIVENESS_BOUND`] after
+//! its faults end is a liveness failure, not a hang.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -15,8 +16,8 @@ use tokio_postgres::Client;
 
 use super::checker;
 use super::designs::{Design, RelayVariant, Writer};
-use super::history::History;
-use super::schedule::{Role, Schedule};
+use super::history::{FaultOutcome, FaultRecord, History};
+use super::schedule::{Fault, Role, Schedule};
 use crate::harness::child::role::{ConsumerRole, ExploreRelayRole, ExploreWriterRole};
 use crate::harness::child::{ChildCommand, ChildEnd, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
@@ -28,7 +29,12 @@ use crate::outbox::sink::SinkOptions;
 
 /// Processes of one role a run may start before it counts as stuck.
 const MAX_PROCESSES_PER_ROLE: u32 = 20;
-/// A run that has not drained in this time is stuck (liveness failure).
+/// Liveness, as a bound: every committed event is delivered within this time after the faults
+/// end (the writer finished and the last fault fired), or the run is stuck. A drain takes tens
+/// of milliseconds here; the rest is margin for a loaded machine. Every run of a stuck design
+/// lasts this long, so it is short.
+pub const LIVENESS_BOUND: Duration = Duration::from_secs(3);
+/// No run may take longer, whatever happens (a writer that hangs).
 const RUN_TIMEOUT: Duration = Duration::from_secs(30);
 /// No single child may take longer.
 const CHILD_TIMEOUT: Duration = Duration::from_secs(25);
@@ -66,30 +72,80 @@ pub struct Lab {
     workload: Workload,
 }
 
-/// The faults not fired yet, per role.
-struct UnfiredFaults {
-    plans: Mutex<Vec<(Role, CrashPlan)>>,
+/// The schedule's faults as the run goes: which fired (in which process, when), which are
+/// still waiting for their process. What is left at the end was not reached.
+struct FaultLog {
+    started: Instant,
+    faults: Mutex<Vec<ScheduledFault>>,
 }
 
-impl UnfiredFaults {
-    fn new(schedule: &Schedule) -> UnfiredFaults {
-        UnfiredFaults {
-            plans: Mutex::new(schedule.faults.iter().map(|f| (f.role, f.plan)).collect()),
+struct ScheduledFault {
+    fault: Fault,
+    fired: Option<FaultOutcome>,
+}
+
+impl FaultLog {
+    fn new(schedule: &Schedule, started: Instant) -> FaultLog {
+        let faults = schedule
+            .faults
+            .iter()
+            .map(|&fault| ScheduledFault { fault, fired: None })
+            .collect();
+        FaultLog {
+            started,
+            faults: Mutex::new(faults),
         }
     }
 
-    /// What the next process of `role` is armed with.
+    /// What the next process of `role` is armed with: the role's first fault not fired yet.
     fn next(&self, role: Role) -> Option<CrashPlan> {
-        let plans = self.plans.lock().expect("not poisoned");
-        plans.iter().find(|(r, _)| *r == role).map(|(_, p)| *p)
+        let faults = self.faults.lock().expect("not poisoned");
+        faults
+            .iter()
+            .find(|f| f.fault.role == role && f.fired.is_none())
+            .map(|f| f.fault.plan)
     }
 
-    /// The process of `role` died at its plan: the next one gets the following fault.
-    fn fired(&self, role: Role) {
-        let mut plans = self.plans.lock().expect("not poisoned");
-        if let Some(i) = plans.iter().position(|(r, _)| *r == role) {
-            plans.remove(i);
+    /// `process` of `role` died at its plan: the fault fired now, and the next process of the
+    /// role gets the following one.
+    fn fired(&self, role: Role, process: &str) {
+        let at_ms = self.started.elapsed().as_millis() as u64;
+        let mut faults = self.faults.lock().expect("not poisoned");
+        if let Some(f) = faults
+            .iter_mut()
+            .find(|f| f.fault.role == role && f.fired.is_none())
+        {
+            f.fired = Some(FaultOutcome::Fired {
+                process: process.to_string(),
+                at_ms,
+            });
         }
+    }
+
+    /// When the last fault fired, if any did.
+    fn last_fired(&self) -> Option<Instant> {
+        let faults = self.faults.lock().expect("not poisoned");
+        faults
+            .iter()
+            .filter_map(|f| match &f.fired {
+                Some(FaultOutcome::Fired { at_ms, .. }) => Some(*at_ms),
+                _ => None,
+            })
+            .max()
+            .map(|at_ms| self.started + Duration::from_millis(at_ms))
+    }
+
+    /// Every fault with its outcome, in the schedule's order; those that never fired were not
+    /// reached.
+    fn records(&self) -> Vec<FaultRecord> {
+        let faults = self.faults.lock().expect("not poisoned");
+        faults
+            .iter()
+            .map(|f| {
+                let outcome = f.fired.clone().unwrap_or(FaultOutcome::NotReached);
+                FaultRecord::new(f.fault.to_string(), outcome)
+            })
+            .collect()
     }
 }
 
@@ -129,7 +185,7 @@ impl Lab {
             schedule: schedule.to_string(),
             ..History::default()
         });
-        let faults = UnfiredFaults::new(schedule);
+        let faults = FaultLog::new(schedule, started);
         let stuck = match tokio::time::timeout(RUN_TIMEOUT, self.supervise(&faults, &history)).await
         {
             Ok(stuck) => stuck?,
@@ -138,6 +194,7 @@ impl Lab {
         };
         let violations = checker::check(&self.client, stuck.as_deref()).await?;
         let mut history = history.into_inner().expect("not poisoned");
+        history.faults = faults.records();
         for (invariant, ids) in violations {
             history.violations.insert(invariant.name().to_string(), ids);
         }
@@ -148,7 +205,7 @@ impl Lab {
     /// Starts everything, keeps it running until drained; `Some(why)` when a bound was hit.
     async fn supervise(
         &self,
-        faults: &UnfiredFaults,
+        faults: &FaultLog,
         history: &Mutex<History>,
     ) -> Result<Option<String>> {
         let (writer_done, _) = watch::channel(false);
@@ -167,10 +224,17 @@ impl Lab {
             all_done.send_replace(true);
             (writer, relays)
         };
-        let (consumer, (writer, relays)) = tokio::join!(
-            self.keep_consumer(first_consumer, faults, history, &all_done),
-            producers
-        );
+        let everything = async {
+            tokio::join!(
+                self.keep_consumer(first_consumer, faults, history, &all_done),
+                producers
+            )
+        };
+        // Returning drops the supervision, which kills every child it still has (kill_on_drop).
+        let (consumer, (writer, relays)) = tokio::select! {
+            ended = everything => ended,
+            why = liveness_watchdog(faults, &writer_done) => return Ok(Some(why)),
+        };
         let mut stuck = vec![consumer?, writer?];
         for relay in relays {
             stuck.push(relay?);
@@ -181,7 +245,7 @@ impl Lab {
     /// Runs the writer, and a new one after each crash, until one finishes its orders.
     async fn keep_writer(
         &self,
-        faults: &UnfiredFaults,
+        faults: &FaultLog,
         history: &Mutex<History>,
         writer_done: &watch::Sender<bool>,
     ) -> Result<Option<String>> {
@@ -195,13 +259,14 @@ impl Lab {
                 .crash_at(plan)
                 .run(CHILD_TIMEOUT)
                 .await?;
-            record(history, &format!("writer#{n}"), plan, &run);
+            let label = format!("writer#{n}");
+            record(history, &label, plan, &run);
             match run.end {
                 ChildEnd::Ok => {
                     stuck = None;
                     break;
                 }
-                ChildEnd::Crashed { .. } => faults.fired(Role::Writer),
+                ChildEnd::Crashed { .. } => faults.fired(Role::Writer, &label),
                 // A failed request (the naive app could not send): restarted, as a client retries.
                 _ => {}
             }
@@ -215,7 +280,7 @@ impl Lab {
     async fn keep_relay(
         &self,
         index: u32,
-        faults: &UnfiredFaults,
+        faults: &FaultLog,
         history: &Mutex<History>,
         writer_done: &watch::Sender<bool>,
     ) -> Result<Option<String>> {
@@ -230,10 +295,11 @@ impl Lab {
             }
             relay.close_stdin();
             let run = relay.finish(CHILD_TIMEOUT).await?;
-            record(history, &format!("relay{index}#{n}"), plan, &run);
+            let label = format!("relay{index}#{n}");
+            record(history, &label, plan, &run);
             match run.end {
                 ChildEnd::Ok => return Ok(None),
-                ChildEnd::Crashed { .. } if index == 0 => faults.fired(Role::Relay),
+                ChildEnd::Crashed { .. } if index == 0 => faults.fired(Role::Relay, &label),
                 _ => {}
             }
         }
@@ -246,7 +312,7 @@ impl Lab {
     async fn keep_consumer(
         &self,
         first: ConsumerProcess,
-        faults: &UnfiredFaults,
+        faults: &FaultLog,
         history: &Mutex<History>,
         all_done: &watch::Sender<bool>,
     ) -> Result<Option<String>> {
@@ -260,7 +326,7 @@ impl Lab {
                     let end = end?;
                     record_end(history, &label, plan, &end);
                     if matches!(end, ChildEnd::Crashed { .. }) {
-                        faults.fired(Role::Consumer);
+                        faults.fired(Role::Consumer, &label);
                     }
                 }
                 _ = done.wait_for(|done| *done) => {
@@ -286,7 +352,10 @@ impl Lab {
         let role = ConsumerRole {
             kind: self.design.consumer,
             port: self.port,
-            faults: Faults::default(),
+            faults: Faults {
+                fail_every_delivery_of: self.design.poison_without_dead_letter,
+                ..Faults::default()
+            },
         };
         ChildCommand::new(&self.db, role).crash_at(plan)
     }
@@ -315,7 +384,11 @@ impl Lab {
                 _ => RelayDesign::Lock,
             },
             batch: self.design.batch,
-            max_attempts: RELAY_MAX_ATTEMPTS,
+            max_attempts: match self.design.poison_without_dead_letter {
+                // No dead letter: a row is retried for ever.
+                Some(_) => i32::MAX,
+                None => RELAY_MAX_ATTEMPTS,
+            },
             backoff_base: RELAY_BACKOFF,
             idle_poll: RELAY_IDLE_POLL,
             deadline: RELAY_DEADLINE,
@@ -335,6 +408,28 @@ impl Lab {
             relay,
         };
         ChildCommand::new(&self.db, role)
+    }
+}
+
+/// Liveness: once the writer is done, the relays must drain within [`LIVENESS_BOUND`] of the
+/// last fault (a fault that fires later starts the wait again); returns the bound they missed.
+async fn liveness_watchdog(faults: &FaultLog, writer_done: &watch::Sender<bool>) -> String {
+    let mut done = writer_done.subscribe();
+    // The sender outlives this future: it lives in the supervision that polls it.
+    let _ = done.wait_for(|done| *done).await;
+    let writer_done_at = Instant::now();
+    loop {
+        let faults_ended = faults
+            .last_fired()
+            .map_or(writer_done_at, |at| at.max(writer_done_at));
+        let deadline = faults_ended + LIVENESS_BOUND;
+        if Instant::now() >= deadline {
+            return format!(
+                "not drained within {} s after the writer finished and the last fault fired",
+                LIVENESS_BOUND.as_secs()
+            );
+        }
+        tokio::time::sleep_until(deadline.into()).await;
     }
 }
 

@@ -13,18 +13,24 @@
 //!   rows; an order without an outbox row (the naive app's dual write, or an outbox whose rows
 //!   are deleted as they are written) is its own event, found by its order id. One row per
 //!   event. Judged *after recovery*: see below.
-//! - **duplicate**: an event with more than one shipment (applied twice). One row per event,
-//!   with its number of shipments.
-//! - **order**: per aggregate, an event that took effect after a later event of the same
-//!   aggregate (higher outbox id). Each event counts by its *first* shipment, in the order the
-//!   consumer applied them (shipment ids are taken inside its transaction); a redelivery that
-//!   changes nothing is a duplicate, not a reordering. One row per reversal (an event applied
-//!   right after a later one); offending: the aggregate.
-//! - **liveness**: the system drains — the relays reach "nothing left to deliver" within their
-//!   bounds (restarts, time). Explore's supervisor judges it (a run that does not drain in
-//!   time, or needs more processes than allowed, is stuck: [`liveness`]). A live database
-//!   cannot tell slow from stuck; there, the outbox rows no relay has marked published are
-//!   [`PENDING`]: the backlog the relays still owe.
+//! - **duplicate**: a business key — the order's shipment for one event type — shipped more
+//!   than once: an event applied twice, or one event sent twice under fresh event ids (the naive
+//!   app's retry), which counting by event id alone would not see. One row per key, with its
+//!   number of shipments.
+//! - **order**: per aggregate, an event the consumer received after a later event of the same
+//!   aggregate (higher outbox id). Judged from the consumer's receipts alone (their sequence,
+//!   each event by its *first* receipt; a receipt is written in the transaction of the event's
+//!   effect); a redelivery that changes nothing is a duplicate, not a reordering. One row per
+//!   reversal (an event received right after a later one); offending: the aggregate. An
+//!   aggregate with one event (the naive app's order) cannot be out of order.
+//! - **liveness**: every committed event is delivered within a bound after the faults end:
+//!   explore's supervisor gives the relays [`LIVENESS_BOUND`](crate::explore::supervisor::LIVENESS_BOUND) from
+//!   the later of the writer's end and the last fault, and a run that does not drain by then
+//!   (or needs more processes than allowed) is stuck. Offending: the bound it hit, then the
+//!   outbox rows still owed. A stuck run has not recovered, so a row a relay still owes is its
+//!   liveness failure there, not a loss. A live database cannot tell slow from stuck; there,
+//!   the outbox rows no relay has marked published are [`PENDING`]: the backlog the relays
+//!   still owe.
 //!
 //! ## Unknown outcomes (Jepsen's `info`)
 //!
@@ -57,11 +63,11 @@ pub enum Invariant {
     Ghost,
     /// Every committed event has its side effect.
     Lost,
-    /// No event has its side effect twice.
+    /// No business key (the order's shipment for one event type) has its side effect twice.
     Duplicate,
-    /// Per aggregate, first side effects follow outbox order.
+    /// Per aggregate, the consumer's first receipts follow outbox order.
     Order,
-    /// The run drains within its bounds (restarts and time).
+    /// Every committed event is delivered within a bound after the faults end.
     Liveness,
 }
 
@@ -88,9 +94,13 @@ impl Invariant {
         match self {
             Invariant::Ghost => "no shipment for an order that never committed",
             Invariant::Lost => "every committed event has its side effect",
-            Invariant::Duplicate => "no event has its side effect twice",
-            Invariant::Order => "per aggregate, first side effects follow outbox order",
-            Invariant::Liveness => "the run drains within its bounds",
+            Invariant::Duplicate => {
+                "no event, nor any order's event type, has its side effect twice"
+            }
+            Invariant::Order => "per aggregate, the consumer first receives events in outbox order",
+            Invariant::Liveness => {
+                "every committed event is delivered within the bound after the faults end"
+            }
         }
     }
 
@@ -143,33 +153,47 @@ SELECT 'order ' || ord.id, NULL, ord.id::text, false
     };
 }
 
-/// Duplicates: one row per event with more than one shipment, and how many it has.
+/// Duplicates: one row per business key — the order's shipment for one event type — with more
+/// than one shipment, and how many it has. Every event applied twice is one (same event id,
+/// same order and type); so is an event sent twice under fresh event ids (the naive app's
+/// retry), which counting by event id alone cannot see. An event's type is the one its
+/// receipts name (the outbox's other columns are not read: it may live in another database).
 macro_rules! duplicates {
     () => {
         "
-SELECT COALESCE('outbox ' || o.id, 'event ' || s.event_id) AS offending,
-       min(s.order_id) AS order_id, count(*) AS shipments
-  FROM consumer.shipments s
-  LEFT JOIN outbox o ON o.event_id = s.event_id
- GROUP BY s.event_id, o.id
+SELECT CASE WHEN count(DISTINCT shipped.event_id) = 1
+            THEN COALESCE('outbox ' || min(shipped.outbox_id),
+                          'event ' || min(shipped.event_id::text))
+            ELSE 'order ' || shipped.order_id || ' ' || shipped.event_type
+       END AS offending,
+       shipped.order_id, count(*) AS shipments
+  FROM (SELECT s.order_id, s.event_id, o.id AS outbox_id,
+               COALESCE(r.event_type, s.event_id::text) AS event_type
+          FROM consumer.shipments s
+          LEFT JOIN outbox o ON o.event_id = s.event_id
+          LEFT JOIN (SELECT DISTINCT event_id, event_type FROM consumer.receipts) r
+            ON r.event_id = s.event_id) shipped
+ GROUP BY shipped.order_id, shipped.event_type
 HAVING count(*) > 1"
     };
 }
 
-/// Reversals: per aggregate, in the order the consumer first applied its events, one row per
-/// event applied right after a later one.
+/// Reversals: per aggregate, in the consumer's receipt sequence (each event counted by its
+/// first receipt that was not an injected fault, written in the transaction of its effect),
+/// one row per event received right after a later one (higher outbox id, as its receipt
+/// says). Read from the receipts alone: what the consumer saw, not what the outbox holds.
 macro_rules! out_of_order {
     () => {
         "
-WITH first_effect AS (
-  SELECT o.aggregate_id, o.id AS outbox_id, min(s.id) AS shipment_id
-    FROM consumer.shipments s
-    JOIN outbox o ON o.event_id = s.event_id
-   GROUP BY o.aggregate_id, o.id),
+WITH first_receipt AS (
+  SELECT order_id AS aggregate_id, outbox_id, min(seq) AS seq
+    FROM consumer.receipts
+   WHERE NOT injected_fault AND outbox_id IS NOT NULL
+   GROUP BY order_id, outbox_id),
 applied AS (
   SELECT aggregate_id, outbox_id,
-         lag(outbox_id) OVER (PARTITION BY aggregate_id ORDER BY shipment_id) AS previous_id
-    FROM first_effect)
+         lag(outbox_id) OVER (PARTITION BY aggregate_id ORDER BY seq) AS previous_id
+    FROM first_receipt)
 SELECT 'order ' || aggregate_id AS offending, aggregate_id AS order_id, outbox_id, previous_id
   FROM applied
  WHERE outbox_id < previous_id"
@@ -232,19 +256,36 @@ pub async fn offending(
         .collect())
 }
 
-/// Liveness after recovery, as explore's supervisor judged it: `stuck` says which bound a run
-/// hit (`None`: it drained).
-pub fn liveness(stuck: Option<&str>) -> Option<Vec<String>> {
-    stuck.map(|why| vec![why.to_string()])
+/// Liveness, as explore's supervisor judged it: `stuck` says which bound a run hit (`None`: it
+/// drained); the offending ids are that bound, then the outbox rows still owed.
+async fn liveness(client: &Client, stuck: Option<&str>) -> Result<Vec<String>> {
+    let Some(why) = stuck else {
+        return Ok(Vec::new());
+    };
+    let owed = client
+        .query(
+            &format!("SELECT offending FROM ({PENDING}) owed ORDER BY outbox_id"),
+            &[],
+        )
+        .await?;
+    Ok(std::iter::once(why.to_string())
+        .chain(owed.iter().map(|r| r.get(0)))
+        .collect())
 }
 
 /// Every invariant: the database ones by their statements, liveness by `stuck` (the
 /// supervisor's verdict; `None` on a live database, which cannot tell slow from stuck).
 pub async fn judge(client: &Client, moment: Moment, stuck: Option<&str>) -> Result<Violations> {
+    // A run that did not drain has not recovered: what a relay still owes is its liveness
+    // failure, not a loss (a row marked published without its effect is lost either way).
+    let moment = match stuck {
+        Some(_) => Moment::Live,
+        None => moment,
+    };
     let mut violations = Violations::new();
     for invariant in Invariant::ALL {
         let ids = match invariant {
-            Invariant::Liveness => liveness(stuck).unwrap_or_default(),
+            Invariant::Liveness => liveness(client, stuck).await?,
             _ => offending(client, invariant, moment).await?,
         };
         if !ids.is_empty() {

@@ -4,9 +4,9 @@
 //! `consumer.processed_events` in the same transaction as the shipment, and answers 200 to a
 //! duplicate without shipping again. Every delivery is written to `consumer.receipts` in the
 //! transaction of its side effect, so scenarios count deliveries from the database. Faults are
-//! injected here on request: answer 500 to the next N requests, or to the first delivery of one
-//! outbox row (those requests are logged as receipts with `injected_fault`), or wait before
-//! answering (a slow sink).
+//! injected here on request: answer 500 to the next N requests, to the first delivery of one
+//! outbox row, or to every delivery of one (a poison event) — those requests are logged as
+//! receipts with `injected_fault` — or wait before answering (a slow sink).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -82,6 +82,8 @@ pub struct Faults {
     pub fail_next: u32,
     /// Answer 500 to the first delivery of the outbox row with this id.
     pub fail_first_delivery_of: Option<i64>,
+    /// Answer 500 to every delivery of the outbox row with this id: a poison event.
+    pub fail_every_delivery_of: Option<i64>,
     /// A slow sink: take this long over each delivery before handling it.
     pub delay: Duration,
 }
@@ -92,6 +94,7 @@ struct State {
     fail_next: AtomicU32,
     fail_first_delivery_of: Option<i64>,
     failed_first_delivery: AtomicBool,
+    fail_every_delivery_of: Option<i64>,
     delay: Duration,
 }
 
@@ -104,6 +107,9 @@ impl State {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, take_one)
             .is_ok()
         {
+            return true;
+        }
+        if event.outbox_id.is_some() && event.outbox_id == self.fail_every_delivery_of {
             return true;
         }
         event.outbox_id.is_some()
@@ -134,6 +140,7 @@ pub async fn serve(
         fail_next: AtomicU32::new(faults.fail_next),
         fail_first_delivery_of: faults.fail_first_delivery_of,
         failed_first_delivery: AtomicBool::new(false),
+        fail_every_delivery_of: faults.fail_every_delivery_of,
         delay: faults.delay,
     });
     on_ready(listener.local_addr()?);

@@ -125,6 +125,14 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
         outcome
             .metrics
             .set(format!("{}.ended", path.name), run.end.to_string());
+        if let Some(point) = path.crash {
+            // A child that failed before its crash point leaves the same counts as one that
+            // died there: only its end tells them apart.
+            outcome.metrics.set(
+                format!("{}.crashed", path.name),
+                i64::from(run.end.crashed_at(point)),
+            );
+        }
         per_path.push(vec![
             path.name.into(),
             yes_no(committed),

@@ -30,7 +30,8 @@ impl Experiment for Params {
 pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
     let db = ctx.database("writer").await?;
     let client = db.connect().await?;
-    let crash_before_commit = Some(CrashPlan::new(CrashPoint::WriterAfterInsertBeforeCommit, 1));
+    let crash_point = CrashPoint::WriterAfterInsertBeforeCommit;
+    let crash_before_commit = Some(CrashPlan::new(crash_point, 1));
     // Counts are cumulative: each step starts from what the previous ones left.
     let steps = [
         ("rollback", Ending::Rollback, None),
@@ -49,6 +50,13 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
         outcome
             .metrics
             .set(format!("{step}.writer"), run.end.to_string());
+        if crash.is_some() {
+            // A writer that failed before its crash point leaves the same empty tables.
+            outcome.metrics.set(
+                format!("{step}.crashed"),
+                i64::from(run.end.crashed_at(crash_point)),
+            );
+        }
         let (orders, outbox): (i64, i64) = (row.get(0), row.get(1));
         table.push(vec![
             step.into(),

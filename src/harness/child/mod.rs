@@ -21,7 +21,7 @@ use tokio::process::{Child, ChildStdin, Command};
 use crate::error::exit;
 use crate::harness::db::Database;
 use crate::harness::throwaway;
-use crate::outbox::crash::CrashPlan;
+use crate::outbox::crash::{CrashPlan, CrashPoint};
 pub use role::{ChildArgs, Role};
 pub use run::run_role;
 
@@ -41,6 +41,14 @@ pub enum ChildEnd {
     Killed { signal: i32 },
     /// It did not finish in time and was killed.
     TimedOut,
+}
+
+impl ChildEnd {
+    /// Whether it died at `point`: a crash scenario checks that its crash happened, since a
+    /// child that failed before its crash point can leave the same counts.
+    pub fn crashed_at(&self, point: CrashPoint) -> bool {
+        matches!(self, ChildEnd::Crashed { point: at } if *at == point.name())
+    }
 }
 
 impl fmt::Display for ChildEnd {
