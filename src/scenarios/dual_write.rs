@@ -22,6 +22,8 @@ impl Experiment for Params {
     fn metrics(&self) -> Vec<String> {
         let names = PATHS.iter().map(|path| path.name);
         let mut metrics = metric_names(names, &["order_committed", "shipment_created", "ended"]);
+        let crashing = PATHS.iter().filter(|path| path.crash.is_some());
+        metrics.extend(metric_names(crashing.map(|path| path.name), &["crashed"]));
         let totals = [
             "orders",
             "shipments",

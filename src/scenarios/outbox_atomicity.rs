@@ -16,10 +16,10 @@ pub struct Params {}
 
 impl Experiment for Params {
     fn metrics(&self) -> Vec<String> {
-        metric_names(
-            ["rollback", "crash", "commit"],
-            &["orders", "outbox", "writer"],
-        )
+        let steps = ["rollback", "crash", "commit"];
+        let mut metrics = metric_names(steps, &["orders", "outbox", "writer"]);
+        metrics.push("crash.crashed".into());
+        metrics
     }
 
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
