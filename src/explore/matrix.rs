@@ -1,6 +1,7 @@
 //! What explore reports: each design's runs summed up per invariant (its verdict, the
-//! schedule that reproduces each violation), the design x invariant matrix as a [`Report`], and
-//! its terminal form.
+//! schedule that reproduces each violation), the schedules with a fault not reached set apart,
+//! the self-test (every design's flaw must be seen, or the checker is blind to it), the design x
+//! invariant matrix as a [`Report`], and its terminal form.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -108,7 +109,7 @@ fn names(invariants: &[Invariant]) -> String {
 const SELF_TEST: &str = "checker sees ";
 
 /// The run as a [`Report`]: the design x invariant matrix, the smallest reproducers, a check
-/// per claim.
+/// per claim (over the schedules whose faults all fired) and one per flaw (the self-test).
 pub fn report(
     plan: &Plan,
     results: &[DesignResult],

@@ -3,7 +3,8 @@
 //! The parts, in Jepsen's words: the [`designs`] (what runs, what it claims), the generator of
 //! [`schedule`]s (exhaustive or seeded random), the [`supervisor`] that runs a schedule with real
 //! processes dying at crash points and restarts them (the nemesis and the clients: their roles
-//! are `explore-writer` and `explore-relay` in [`crate::harness::child`]), the [`checker`] that judges the database left behind, and the
+//! are `explore-writer` and `explore-relay` in [`crate::harness::child`]), recording each fault
+//! as fired or not reached, the [`checker`] that judges the database left behind, and the
 //! [`history`] of every run, saved for audit. This file is the engine: checking the options into
 //! a [`Plan`], running a design's schedules, and the matrix it reports. The command that drives
 //! it (its arguments, the run's server, the output) is `outbox-lab explore` in cmd/explore.rs.
