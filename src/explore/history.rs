@@ -11,6 +11,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use crate::harness::nemesis::NemesisOutcome;
+
 /// A sender's log line before each try (relays: `[relay r0] outbox id=3 sending`).
 const SENDING: &str = " sending";
 const SENT: &str = " sent";
@@ -69,6 +71,9 @@ pub struct History {
     pub attempts: Vec<Attempt>,
     /// Offending ids per violated invariant.
     pub violations: BTreeMap<String, Vec<String>>,
+    /// Each nemesis of the schedule: fired (on which process, when) or not reached.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nemeses: Vec<NemesisOutcome>,
 }
 
 impl History {

@@ -3,7 +3,9 @@
 //! processes armed with the schedule's faults, restarts every process that dies — as production
 //! would — until the writer is done and the outbox drained, and hands the database to the
 //! checker. Every wait is bounded; a run that does not drain within its bounds is a liveness
-//! failure, not a hang.
+//! failure, not a hang. Beside the processes it strikes the schedule's [`nemeses`] (it tells
+//! them which process of each role runs now), with the relays talking to the consumer through
+//! a [`Proxy`] when the schedule has network faults.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -16,10 +18,12 @@ use tokio_postgres::Client;
 use super::checker;
 use super::designs::{Design, RelayVariant, Writer};
 use super::history::History;
+use super::nemeses::{self, Arena, LiveProcesses};
 use super::schedule::{Role, Schedule};
 use crate::harness::child::role::{ConsumerRole, ExploreRelayRole, ExploreWriterRole};
 use crate::harness::child::{ChildCommand, ChildEnd, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
+use crate::harness::proxy::Proxy;
 use crate::outbox::consumer::Faults;
 use crate::outbox::crash::CrashPlan;
 use crate::outbox::relay::{RelayConfig, RelayDesign, RelayOptions};
@@ -41,6 +45,9 @@ const RELAY_BACKOFF: Duration = Duration::from_millis(10);
 const RELAY_MAX_ATTEMPTS: i32 = 20;
 /// How often an idle relay polls.
 const RELAY_IDLE_POLL: Duration = Duration::from_millis(5);
+/// A delivery unanswered this long failed (a lost or delayed reply): short, so that a network
+/// nemesis costs a run half a second, not the default five.
+const RELAY_REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 /// The reset between runs waits this long at most for a killed child's session (which the
 /// server ends a moment after the process) to release its locks.
 const RESET_LOCK_TIMEOUT: &str = "SET lock_timeout = '5s'";
@@ -56,11 +63,13 @@ pub struct Workload {
 }
 
 /// One design's database, consumer port and workload, reused for all its runs.
-pub struct Lab {
+pub struct Lab<'s> {
     pub design: &'static Design,
+    /// The run's server: the db-restart nemesis restarts it.
+    server: &'s PgServer,
     db: Database,
-    /// Resets the database and runs the checker.
-    client: Client,
+    /// Resets the database and runs the checker; connected again after a database restart.
+    client: tokio::sync::Mutex<Client>,
     /// The consumer's port, the same for every restart so that senders find it again.
     port: u16,
     workload: Workload,
@@ -93,13 +102,22 @@ impl UnfiredFaults {
     }
 }
 
-impl Lab {
+/// What the processes of one run share with the nemeses: where relays send, which process of
+/// each role runs now, where the first process of a role stops itself.
+struct Stage<'r> {
+    schedule: &'r Schedule,
+    live: LiveProcesses,
+    /// The consumer's URL, or the proxy's in front of it.
+    sink: String,
+}
+
+impl<'s> Lab<'s> {
     /// Creates the design's database with the article's schema (and the watermark table).
     pub async fn prepare(
-        server: &PgServer,
+        server: &'s PgServer,
         design: &'static Design,
         workload: Workload,
-    ) -> Result<Lab> {
+    ) -> Result<Lab<'s>> {
         let db = server.create_database(design.name).await?;
         let client = db.connect().await?;
         schema::create(&client).await?;
@@ -110,34 +128,79 @@ impl Lab {
             .port();
         Ok(Lab {
             design,
+            server,
             db,
-            client,
+            client: tokio::sync::Mutex::new(client),
             port,
             workload,
         })
     }
 
+    /// The lab's own connection, made again if the database restarted under it.
+    async fn client(&self) -> Result<tokio::sync::MutexGuard<'_, Client>> {
+        let mut client = self.client.lock().await;
+        if client.is_closed() {
+            *client = crate::connect::patiently(crate::connect::RECONNECT_PATIENCE, async || {
+                self.db.connect().await
+            })
+            .await?;
+            client.batch_execute(RESET_LOCK_TIMEOUT).await?;
+        }
+        Ok(client)
+    }
+
     /// Runs `schedule` from an empty database and judges what it left.
     pub async fn run(&self, schedule: &Schedule) -> Result<History> {
         let started = Instant::now();
-        self.client.batch_execute(schema::RESET).await?;
-        self.client
-            .batch_execute(schema::RESET_RELAY_WATERMARK)
-            .await?;
+        {
+            let client = self.client().await?;
+            client.batch_execute(schema::RESET).await?;
+            client.batch_execute(schema::RESET_RELAY_WATERMARK).await?;
+        }
         let history = Mutex::new(History {
             design: self.design.name.to_string(),
             schedule: schedule.to_string(),
             ..History::default()
         });
         let faults = UnfiredFaults::new(schedule);
-        let stuck = match tokio::time::timeout(RUN_TIMEOUT, self.supervise(&faults, &history)).await
-        {
-            Ok(stuck) => stuck?,
+        let proxy = match nemeses::proxy_faults(schedule) {
+            Some(faults) => Some(Proxy::start(&self.sink_url(), faults).await?),
+            None => None,
+        };
+        let stage = Stage {
+            schedule,
+            live: LiveProcesses::default(),
+            sink: proxy
+                .as_ref()
+                .map_or_else(|| self.sink_url(), |p| p.url.clone()),
+        };
+        let outcomes = nemeses::not_reached(schedule);
+        let (over, over_seen) = watch::channel(false);
+        let arena = Arena {
+            started: Instant::now(),
+            live: &stage.live,
+            server: self.server,
+            db: &self.db,
+            over: over_seen,
+        };
+        let supervised = async {
+            let stuck = self.supervise(&faults, &history, &stage).await;
+            over.send_replace(true);
+            stuck
+        };
+        let run = async { tokio::join!(supervised, nemeses::strike(schedule, &arena, &outcomes)) };
+        let stuck = match tokio::time::timeout(RUN_TIMEOUT, run).await {
+            Ok((stuck, struck)) => {
+                struck?;
+                stuck?
+            }
             // Dropping the supervision kills every child it still had (kill_on_drop).
             Err(_) => Some(format!("not drained within {RUN_TIMEOUT:?}")),
         };
-        let violations = checker::check(&self.client, stuck.as_deref()).await?;
+        nemeses::settle(schedule, proxy.as_ref(), arena.started, &outcomes);
+        let violations = checker::check(&*self.client().await?, stuck.as_deref()).await?;
         let mut history = history.into_inner().expect("not poisoned");
+        history.nemeses = outcomes.into_inner().expect("not poisoned");
         for (invariant, ids) in violations {
             history.violations.insert(invariant.name().to_string(), ids);
         }
@@ -150,25 +213,30 @@ impl Lab {
         &self,
         faults: &UnfiredFaults,
         history: &Mutex<History>,
+        stage: &Stage<'_>,
     ) -> Result<Option<String>> {
         let (writer_done, _) = watch::channel(false);
         let (all_done, _) = watch::channel(false);
         let first_consumer = self
             .consumer_command(faults.next(Role::Consumer))
+            .pause_at(nemeses::pause_point(stage.schedule, Role::Consumer))
             .spawn_consumer()
             .await?;
+        stage
+            .live
+            .started(Role::Consumer, "consumer#1", first_consumer.pid());
         let producers = async {
-            let relays =
-                (0..self.design.relays).map(|i| self.keep_relay(i, faults, history, &writer_done));
+            let relays = (0..self.design.relays)
+                .map(|i| self.keep_relay(i, faults, history, &writer_done, stage));
             let (writer, relays) = tokio::join!(
-                self.keep_writer(faults, history, &writer_done),
+                self.keep_writer(faults, history, &writer_done, stage),
                 join_all(relays)
             );
             all_done.send_replace(true);
             (writer, relays)
         };
         let (consumer, (writer, relays)) = tokio::join!(
-            self.keep_consumer(first_consumer, faults, history, &all_done),
+            self.keep_consumer(first_consumer, faults, history, &all_done, stage),
             producers
         );
         let mut stuck = vec![consumer?, writer?];
@@ -184,18 +252,23 @@ impl Lab {
         faults: &UnfiredFaults,
         history: &Mutex<History>,
         writer_done: &watch::Sender<bool>,
+        stage: &Stage<'_>,
     ) -> Result<Option<String>> {
         let mut stuck = Some(format!(
             "the writer did not finish in {MAX_PROCESSES_PER_ROLE} processes"
         ));
         for n in 1..=MAX_PROCESSES_PER_ROLE {
             let plan = faults.next(Role::Writer);
-            let run = self
-                .writer_command()
+            let label = format!("writer#{n}");
+            let writer = self
+                .writer_command(&stage.sink)
                 .crash_at(plan)
-                .run(CHILD_TIMEOUT)
-                .await?;
-            record(history, &format!("writer#{n}"), plan, &run);
+                .pause_at(nemeses::pause_point(stage.schedule, Role::Writer).filter(|_| n == 1))
+                .spawn()?;
+            stage.live.started(Role::Writer, &label, writer.pid());
+            let run = writer.finish(CHILD_TIMEOUT).await?;
+            stage.live.ended(Role::Writer, &label);
+            record(history, &label, plan, &run);
             match run.end {
                 ChildEnd::Ok => {
                     stuck = None;
@@ -218,11 +291,21 @@ impl Lab {
         faults: &UnfiredFaults,
         history: &Mutex<History>,
         writer_done: &watch::Sender<bool>,
+        stage: &Stage<'_>,
     ) -> Result<Option<String>> {
         for n in 1..=MAX_PROCESSES_PER_ROLE {
             // Faults aimed at "relay" hit relay 0; the others run unarmed.
             let plan = faults.next(Role::Relay).filter(|_| index == 0);
-            let mut relay = self.relay_command(index).crash_at(plan).spawn()?;
+            let pause = nemeses::pause_point(stage.schedule, Role::Relay);
+            let label = format!("relay{index}#{n}");
+            let mut relay = self
+                .relay_command(index, &stage.sink)
+                .crash_at(plan)
+                .pause_at(pause.filter(|_| index == 0 && n == 1))
+                .spawn()?;
+            if index == 0 {
+                stage.live.started(Role::Relay, &label, relay.pid());
+            }
             let mut done = writer_done.subscribe();
             tokio::select! {
                 _ = relay.exited() => {}
@@ -230,7 +313,8 @@ impl Lab {
             }
             relay.close_stdin();
             let run = relay.finish(CHILD_TIMEOUT).await?;
-            record(history, &format!("relay{index}#{n}"), plan, &run);
+            stage.live.ended(Role::Relay, &label);
+            record(history, &label, plan, &run);
             match run.end {
                 ChildEnd::Ok => return Ok(None),
                 ChildEnd::Crashed { .. } if index == 0 => faults.fired(Role::Relay),
@@ -249,6 +333,7 @@ impl Lab {
         faults: &UnfiredFaults,
         history: &Mutex<History>,
         all_done: &watch::Sender<bool>,
+        stage: &Stage<'_>,
     ) -> Result<Option<String>> {
         let mut consumer = first;
         let mut plan = faults.next(Role::Consumer);
@@ -258,6 +343,7 @@ impl Lab {
             tokio::select! {
                 end = consumer.ended() => {
                     let end = end?;
+                    stage.live.ended(Role::Consumer, &label);
                     record_end(history, &label, plan, &end);
                     if matches!(end, ChildEnd::Crashed { .. }) {
                         faults.fired(Role::Consumer);
@@ -271,6 +357,8 @@ impl Lab {
             }
             plan = faults.next(Role::Consumer);
             consumer = self.consumer_command(plan).spawn_consumer().await?;
+            let label = format!("consumer#{}", n + 1);
+            stage.live.started(Role::Consumer, &label, consumer.pid());
         }
         consumer.stop().await?;
         Ok(Some(format!(
@@ -291,20 +379,22 @@ impl Lab {
         ChildCommand::new(&self.db, role).crash_at(plan)
     }
 
-    fn writer_command(&self) -> ChildCommand<ExploreWriterRole> {
+    /// The writer; a dual write sends to `sink` itself.
+    fn writer_command(&self, sink: &str) -> ChildCommand<ExploreWriterRole> {
         let role = ExploreWriterRole {
             orders: self.workload.orders,
             events_per_order: self.workload.events_per_order,
             overlap: self.workload.overlap,
             dual_write: match self.design.writer {
                 Writer::Outbox => None,
-                Writer::DualWrite(order) => Some((order, self.sink_url())),
+                Writer::DualWrite(order) => Some((order, sink.to_string())),
             },
         };
         ChildCommand::new(&self.db, role)
     }
 
-    fn relay_command(&self, index: u32) -> ChildCommand<ExploreRelayRole> {
+    /// Relay `index`, delivering to `sink`.
+    fn relay_command(&self, index: u32, sink: &str) -> ChildCommand<ExploreRelayRole> {
         let variant = self
             .design
             .relay
@@ -320,13 +410,14 @@ impl Lab {
             idle_poll: RELAY_IDLE_POLL,
             deadline: RELAY_DEADLINE,
             head_of_line_guard: variant == RelayVariant::Guarded,
+            request_timeout: RELAY_REQUEST_TIMEOUT,
             // Every attempt in the log: the history the checker audits.
             log_attempts: true,
             ..RelayConfig::default()
         };
         let relay = RelayOptions {
             name: format!("r{index}"),
-            sink: SinkOptions::new(&self.sink_url()),
+            sink: SinkOptions::new(sink),
             config,
             follow: None,
         };

@@ -50,6 +50,10 @@ WITH first_delivery AS (
 INSERT INTO consumer.shipments(order_id, event_id)
 SELECT $1, event_id FROM first_delivery";
 
+/// The consumer names its sessions so (`application_name`): the db-kill-backend nemesis finds
+/// them by it.
+pub const CONSUMER_APPLICATION_NAME: &str = "outbox-lab consumer";
+
 /// How long a stopping consumer waits for requests under way.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
@@ -121,6 +125,8 @@ pub async fn serve(
     on_ready: impl FnOnce(std::net::SocketAddr),
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
+    let mut db = db;
+    db.application_name(CONSUMER_APPLICATION_NAME);
     let pool = pool(db, POOL_SIZE)?;
     // Fail now, not at the first request, if the database is unreachable.
     drop(

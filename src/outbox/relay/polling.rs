@@ -105,8 +105,18 @@ impl OutboxRelay for Relay {
         &self.name
     }
 
+    /// A lost connection (the database restarted, the session was terminated) is not the
+    /// relay's end: it connects again and goes on; what the lost batch left unmarked is
+    /// delivered again, as after any crash.
     async fn pass(&mut self) -> Result<Pass> {
-        self.deliver_batch().await
+        match self.deliver_batch().await {
+            Err(e) if self.client.is_closed() || connect::lost_connection(&e) => {
+                info!(relay = %self.name, "connection lost ({e:#}), connecting again");
+                self.reconnect().await?;
+                Ok(Pass::default())
+            }
+            passed => passed,
+        }
     }
 
     /// Undelivered rows under the attempt limit, due or not.
@@ -146,13 +156,28 @@ impl Relay {
             }
             Ok(None) => {
                 info!(relay = %self.name, "connection lost, listening again");
-                let (client, notifications) = open_connection(&self.db, true).await?;
-                (self.fetch, self.mark) = prepare(&client, &self.config).await?;
-                self.client = client;
-                self.notifications = notifications;
+                self.reconnect().await?;
             }
             Err(_) => {} // fallback poll
         }
+        Ok(())
+    }
+
+    /// A new connection (LISTENing again if it listened), its statements prepared, waiting
+    /// for the database to come back for at most [`connect::RECONNECT_PATIENCE`].
+    async fn reconnect(&mut self) -> Result<()> {
+        let listen = self.notifications.is_some();
+        let (db, config) = (&self.db, &self.config);
+        let (client, notifications, (fetch, mark)) =
+            connect::patiently(connect::RECONNECT_PATIENCE, async || {
+                let (client, notifications) = open_connection(db, listen).await?;
+                let statements = prepare(&client, config).await?;
+                Ok((client, notifications, statements))
+            })
+            .await?;
+        self.client = client;
+        self.notifications = notifications;
+        (self.fetch, self.mark) = (fetch, mark);
         Ok(())
     }
 }
