@@ -81,3 +81,47 @@ fn a_database_restart_of_an_external_server_is_refused() {
     assert_usage_error(&run, "db:restart restarts the throwaway cluster only");
     assert_eq!(std::fs::read_dir(&results).unwrap().count(), 0);
 }
+
+/// Relay 0 stops right after claiming its first batch, for longer than the lease; relay 1
+/// re-claims and delivers those rows; relay 0 goes on and delivers them again. Without a
+/// fencing token the naive consumer ships them twice (claim-lease); with one, the consumer
+/// refuses relay 0's stale deliveries (409) and ships each event once (claim-lease-fenced).
+#[test]
+fn a_relay_paused_past_its_lease_ships_twice_unless_fenced() {
+    let schedule = "pause:relay:after-fetch@1+1s";
+    let mut runs = Vec::new();
+    for design in ["claim-lease", "claim-lease-fenced"] {
+        let results = scratch_dir(&format!("nemeses-{design}"));
+        let run = run_json(
+            &["explore"],
+            &results,
+            &["--design", design, "--schedule", schedule],
+        );
+        assert_passed(&run); // neither design claims duplicate: the metric says what happened
+        let history = history(&results, design);
+        assert_eq!(history["nemeses"][0]["outcome"], "fired", "{history}");
+        assert_eq!(history["nemeses"][0]["process"], "relay0#1", "{history}");
+        runs.push((run, history));
+    }
+    let (unfenced, history) = &runs[0];
+    assert_eq!(
+        unfenced.metric("claim-lease.duplicate.violating"),
+        1,
+        "{history}"
+    );
+    let (fenced, history) = &runs[1];
+    assert_eq!(
+        fenced.metric("claim-lease-fenced.duplicate.violating"),
+        0,
+        "{history}"
+    );
+    assert_eq!(fenced.metric("claim-lease-fenced.lost.violating"), 0);
+    // Not by luck: relay 0 did deliver after the re-claim, and was refused.
+    let refused = history["attempts"].as_array().unwrap().iter().any(|a| {
+        a["process"] == "relay0#1" && a["error"].as_str().is_some_and(|e| e.contains("409"))
+    });
+    assert!(
+        refused,
+        "relay 0's stale deliveries were not refused: {history}"
+    );
+}

@@ -102,10 +102,10 @@ pub const KINDS: [(&str, &str, &str); 7] = [
     ),
 ];
 
-/// The nemesis schedules of the default run, for the designs that get them.
+/// The nemesis schedules of the default run: all of them for the design that claims everything.
 const DEFAULT_SCHEDULES: [&str; 12] = [
     "pause:relay@60ms+300ms",
-    "pause:relay:after-fetch@1+300ms",
+    LEASE_OUTLIVED,
     "pause:consumer@60ms+300ms",
     "kill:writer@30ms",
     "kill:relay@60ms",
@@ -118,8 +118,17 @@ const DEFAULT_SCHEDULES: [&str; 12] = [
     "net:delay@2+700ms",
 ];
 
-/// The designs the default run strikes with every nemesis.
-const STRUCK_BY_DEFAULT: [&str; 1] = ["outbox-idempotent-ordered"];
+/// Relay 0 stops right after its first claim, before sending, for longer than the claim
+/// designs' lease: another relay re-claims its rows before it goes on.
+pub const LEASE_OUTLIVED: &str = "pause:relay:after-fetch@1+600ms";
+
+/// The designs the default run strikes, and with what: every nemesis for the design that
+/// claims everything; the lease outlived for the claim designs.
+const STRUCK_BY_DEFAULT: [(&str, &[&str]); 3] = [
+    ("outbox-idempotent-ordered", &DEFAULT_SCHEDULES),
+    ("claim-lease", &[LEASE_OUTLIVED]),
+    ("claim-lease-fenced", &[LEASE_OUTLIVED]),
+];
 
 impl Nemesis {
     /// Whether a schedule's item is a nemesis (else it is a crash fault).
@@ -149,13 +158,13 @@ impl Nemesis {
         matches!(self, Nemesis::DbRestart { .. })
     }
 
-    /// The nemesis schedules the default run adds for `design`: none, or all of them (the
-    /// database restart only on the throwaway cluster).
+    /// The nemesis schedules the default run adds for `design` (the database restart only on
+    /// the throwaway cluster).
     pub fn default_schedules(design: &Design, throwaway_cluster: bool) -> Vec<Schedule> {
-        if !STRUCK_BY_DEFAULT.contains(&design.name) {
+        let Some((_, schedules)) = STRUCK_BY_DEFAULT.iter().find(|(d, _)| *d == design.name) else {
             return Vec::new();
-        }
-        DEFAULT_SCHEDULES
+        };
+        schedules
             .iter()
             .map(|text| text.parse::<Schedule>().expect("default schedules parse"))
             .filter(|s| throwaway_cluster || !s.nemeses.iter().any(|n| n.needs_throwaway_cluster()))

@@ -45,6 +45,8 @@ const RELAY_BACKOFF: Duration = Duration::from_millis(10);
 const RELAY_MAX_ATTEMPTS: i32 = 20;
 /// How often an idle relay polls.
 const RELAY_IDLE_POLL: Duration = Duration::from_millis(5);
+/// The claim designs' lease: shorter than the pause nemeses' holds, longer than any delivery.
+const CLAIM_LEASE: Duration = Duration::from_millis(250);
 /// A delivery unanswered this long failed (a lost or delayed reply): short, so that a network
 /// nemesis costs a run half a second, not the default five.
 const RELAY_REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
@@ -122,6 +124,8 @@ impl<'s> Lab<'s> {
         let client = db.connect().await?;
         schema::create(&client).await?;
         client.batch_execute(schema::ADD_RELAY_WATERMARK).await?;
+        client.batch_execute(schema::ADD_CLAIM_COLUMNS).await?;
+        client.batch_execute(schema::ADD_FENCING).await?;
         client.batch_execute(RESET_LOCK_TIMEOUT).await?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
@@ -156,6 +160,7 @@ impl<'s> Lab<'s> {
             let client = self.client().await?;
             client.batch_execute(schema::RESET).await?;
             client.batch_execute(schema::RESET_RELAY_WATERMARK).await?;
+            client.batch_execute(schema::RESET_FENCES).await?;
         }
         let history = Mutex::new(History {
             design: self.design.name.to_string(),
@@ -402,8 +407,11 @@ impl<'s> Lab<'s> {
         let config = RelayConfig {
             design: match variant {
                 RelayVariant::MarkFirst => RelayDesign::MarkBeforeSend,
+                RelayVariant::ClaimLease => RelayDesign::Claim,
+                RelayVariant::ClaimLeaseFenced => RelayDesign::FencedClaim,
                 _ => RelayDesign::Lock,
             },
+            lease: CLAIM_LEASE,
             batch: self.design.batch,
             max_attempts: RELAY_MAX_ATTEMPTS,
             backoff_base: RELAY_BACKOFF,

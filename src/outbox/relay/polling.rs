@@ -13,7 +13,8 @@ use tokio_postgres::{Client, GenericClient, Notification, Row, Statement};
 use tracing::info;
 
 use super::sql::{
-    fetch_statement, CLAIM_BATCH, MARK_CLAIMED_PUBLISHED, MARK_FAILED, MARK_PUBLISHED, PENDING,
+    fetch_statement, CLAIM_BATCH, CLAIM_BATCH_FENCED, MARK_CLAIMED_PUBLISHED, MARK_FAILED,
+    MARK_FENCED_PUBLISHED, MARK_PUBLISHED, PENDING,
 };
 use super::{OutboxRelay, Pass, Pending, RelayConfig, RelayDesign, RelayStats, Wakeup};
 use crate::connect;
@@ -52,7 +53,7 @@ impl Relay {
         name: &str,
         listen: bool,
     ) -> Result<Relay> {
-        if config.design == RelayDesign::Claim
+        if matches!(config.design, RelayDesign::Claim | RelayDesign::FencedClaim)
             && (config.partition.is_some() || config.head_of_line_guard)
         {
             bail!("the claim design takes no partition and no head-of-line guard");
@@ -86,7 +87,7 @@ impl Relay {
     async fn deliver_batch(&mut self) -> Result<Pass> {
         let mut outcome = match self.config.design {
             RelayDesign::Lock => self.deliver_locked_batch().await?,
-            RelayDesign::Claim => self.deliver_claimed_batch().await?,
+            RelayDesign::Claim | RelayDesign::FencedClaim => self.deliver_claimed_batch().await?,
             RelayDesign::MarkBeforeSend => self.deliver_marked_first_batch().await?,
         };
         outcome.full = outcome.fetched as i64 >= self.config.batch;
@@ -190,6 +191,7 @@ async fn prepare(client: &Client, config: &RelayConfig) -> Result<(Statement, St
             MARK_PUBLISHED,
         ),
         RelayDesign::Claim => (CLAIM_BATCH.to_string(), MARK_CLAIMED_PUBLISHED),
+        RelayDesign::FencedClaim => (CLAIM_BATCH_FENCED.to_string(), MARK_FENCED_PUBLISHED),
     };
     Ok((client.prepare(&fetch).await?, client.prepare(mark).await?))
 }
