@@ -31,8 +31,8 @@ hold nemeses (pause:relay@60ms+300ms, db:restart@60ms, net:reply-lost@2, ...: se
 `outbox-lab explore --list-nemeses`).
 
 Designs: dual-write-commit-first, dual-write-send-first, outbox-naive, outbox-idempotent,
-outbox-idempotent-ordered, and the deliberately broken watermark-relay, mark-before-send,
-multi-relay-unpartitioned.
+outbox-idempotent-ordered, claim-lease-fenced, and the deliberately broken watermark-relay,
+mark-before-send, multi-relay-unpartitioned, claim-lease.
 
 Exit status: 0 every design holds what it claims, 1 a design violated a claim, 2 bad input,
 3 the harness failed mid-run.";

@@ -4,8 +4,9 @@
 //! module owns their grammar, the list `outbox-lab explore --list-nemeses` prints, the
 //! nemesis schedules of the default run, and striking them during a run.
 //!
-//! Grammar (AT and FOR are durations like `60ms` or `1.5s`, counted from the start of the run;
-//! N counts passes or requests, from 1):
+//! Grammar (AT and FOR are durations like `60ms` or `1.5s`, counted from the start of the run:
+//! when the writer and relays start, the consumer listening; N counts passes or requests, from
+//! 1):
 //! - `pause:ROLE@AT+FOR`: SIGSTOP the role's process at AT, SIGCONT after FOR.
 //! - `pause:ROLE:STEP@N+FOR`: the role's first process stops itself on the N-th pass of its
 //!   crash point STEP (as in `relay:after-fetch@1`) and is held FOR: a pause at a known place.

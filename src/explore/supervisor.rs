@@ -181,6 +181,15 @@ impl<'s> Lab<'s> {
         };
         let outcomes = nemeses::not_reached(schedule);
         let (over, over_seen) = watch::channel(false);
+        // The consumer first: the nemeses' clock starts when the writer and relays do.
+        let first_consumer = self
+            .consumer_command(faults.next(Role::Consumer))
+            .pause_at(nemeses::pause_point(schedule, Role::Consumer))
+            .spawn_consumer()
+            .await?;
+        stage
+            .live
+            .started(Role::Consumer, "consumer#1", first_consumer.pid());
         let arena = Arena {
             started: Instant::now(),
             live: &stage.live,
@@ -189,7 +198,9 @@ impl<'s> Lab<'s> {
             over: over_seen,
         };
         let supervised = async {
-            let stuck = self.supervise(&faults, &history, &stage).await;
+            let stuck = self
+                .supervise(first_consumer, &faults, &history, &stage)
+                .await;
             over.send_replace(true);
             stuck
         };
@@ -213,23 +224,17 @@ impl<'s> Lab<'s> {
         Ok(history)
     }
 
-    /// Starts everything, keeps it running until drained; `Some(why)` when a bound was hit.
+    /// Starts the writer and relays beside the first consumer, keeps everything running until
+    /// drained; `Some(why)` when a bound was hit.
     async fn supervise(
         &self,
+        first_consumer: ConsumerProcess,
         faults: &UnfiredFaults,
         history: &Mutex<History>,
         stage: &Stage<'_>,
     ) -> Result<Option<String>> {
         let (writer_done, _) = watch::channel(false);
         let (all_done, _) = watch::channel(false);
-        let first_consumer = self
-            .consumer_command(faults.next(Role::Consumer))
-            .pause_at(nemeses::pause_point(stage.schedule, Role::Consumer))
-            .spawn_consumer()
-            .await?;
-        stage
-            .live
-            .started(Role::Consumer, "consumer#1", first_consumer.pid());
         let producers = async {
             let relays = (0..self.design.relays)
                 .map(|i| self.keep_relay(i, faults, history, &writer_done, stage));

@@ -158,28 +158,28 @@ async fn explore_writer(db: &Database, args: ExploreWriterRole) -> Result<()> {
     let customers: Vec<i64> = (1..=i64::from(args.orders)).collect();
     let connect =
         async || connect::patiently(connect::RECONNECT_PATIENCE, async || db.connect().await).await;
-    let mut client = connect().await?;
     let Some((order, sink)) = args.dual_write else {
         for _ in 0..WRITER_RECONNECTS {
-            let mut second_session = connect().await?;
-            let todo = writer::uncommitted_customers(&client, &customers).await?;
-            let written = writer::write_overlapping_pairs(
-                &mut client,
-                &mut second_session,
-                &todo,
-                args.events_per_order,
-                args.overlap,
-            )
-            .await;
-            match written {
-                Err(e) if connect::lost_connection(&e) || client.is_closed() => {
-                    client = connect().await?;
-                }
+            let (mut first, mut second) = (connect().await?, connect().await?);
+            let written = async {
+                let todo = writer::uncommitted_customers(&first, &customers).await?;
+                writer::write_overlapping_pairs(
+                    &mut first,
+                    &mut second,
+                    &todo,
+                    args.events_per_order,
+                    args.overlap,
+                )
+                .await
+            };
+            match written.await {
+                Err(e) if connect::lost_connection(&e) => {}
                 written => return written,
             }
         }
         bail!("the writer lost its connection {WRITER_RECONNECTS} times");
     };
+    let mut client = connect().await?;
     let todo = writer::uncommitted_customers(&client, &customers).await?;
     let sink = HttpSink::new(&sink)?;
     for customer in todo {
