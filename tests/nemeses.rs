@@ -125,3 +125,30 @@ fn a_relay_paused_past_its_lease_ships_twice_unless_fenced() {
         "relay 0's stale deliveries were not refused: {history}"
     );
 }
+
+/// A nemesis with a typo, or a pause at a crash point the design never passes, is one line on
+/// stderr and exit 2, before any server is started.
+#[test]
+fn a_bad_nemesis_is_a_one_line_usage_error() {
+    for (schedule, needle) in [
+        ("pause:relay@60ms", "needs how long"),
+        ("kill:relay@soon", "not a duration"),
+        ("db:reboot@1s", "unknown database nemesis"),
+        ("net:delay@2", "needs how long"),
+        ("pause:relay:after-mark-before-send@1+1s", "never passes"),
+    ] {
+        let run = Run::from(
+            outbox_lab()
+                .args([
+                    "explore",
+                    "--design",
+                    "outbox-idempotent",
+                    "--schedule",
+                    schedule,
+                ])
+                .output()
+                .unwrap(),
+        );
+        assert_usage_error(&run, needle);
+    }
+}

@@ -117,10 +117,13 @@ impl Plan {
                 }
                 let fits = |d: &&Design| {
                     let points = d.crash_points();
+                    let pauses = schedule.nemeses.iter().filter_map(Nemesis::crash_point);
                     schedule
                         .faults
                         .iter()
-                        .all(|f| points.contains(&f.plan.point))
+                        .map(|f| f.plan.point)
+                        .chain(pauses)
+                        .all(|point| points.contains(&point))
                 };
                 if explicit {
                     if let Some(d) = designs.iter().find(|d| !fits(d)) {

@@ -36,9 +36,9 @@ use crate::harness::db::{Database, PgServer};
 use crate::harness::nemesis::{
     format_duration, parse_duration, terminate_backends, NemesisOutcome, OwnChild, Struck,
 };
-use crate::harness::proxy::{FaultPlan, Proxy, ProxyFaults};
+use crate::harness::proxy::{FaultPlan, NetworkFault, Proxy, ProxyFaults};
 use crate::outbox::consumer::CONSUMER_APPLICATION_NAME;
-use crate::outbox::crash::CrashPlan;
+use crate::outbox::crash::{CrashPlan, CrashPoint};
 use crate::outbox::relay::RELAY_APPLICATION_NAME;
 
 /// One nemesis of a schedule.
@@ -146,11 +146,19 @@ impl Nemesis {
             Nemesis::Kill { .. } => "kill",
             Nemesis::DbRestart { .. } => "db-restart",
             Nemesis::DbKillBackend { .. } => "db-kill-backend",
-            Nemesis::Net(plan) => match plan.fault.name() {
-                "reset" => "net-reset",
-                "reply-lost" => "net-reply-lost",
-                _ => "net-delay",
+            Nemesis::Net(plan) => match plan.fault {
+                NetworkFault::Reset => "net-reset",
+                NetworkFault::ReplyLost => "net-reply-lost",
+                NetworkFault::Delay(_) => "net-delay",
             },
+        }
+    }
+
+    /// The crash point a pause at a point waits for: one the design must pass.
+    pub fn crash_point(&self) -> Option<CrashPoint> {
+        match self {
+            Nemesis::PauseAtPoint { fault, .. } => Some(fault.plan.point),
+            _ => None,
         }
     }
 
