@@ -28,6 +28,44 @@ pub async fn postgres(config: &Config) -> Result<Client> {
     Ok(client)
 }
 
+/// How long an actor waits for its database to come back (a server restarting after a crash)
+/// before it gives up: a bound, so that a server that is gone for good ends the actor.
+pub const RECONNECT_PATIENCE: Duration = Duration::from_secs(15);
+
+/// Tries `attempt` (a connection and what is set up on it) until it works, every 50 ms for at
+/// most `limit`: an actor waits for its database to come back, as a service would; after the
+/// limit, the last error.
+pub async fn patiently<T>(
+    limit: Duration,
+    mut attempt: impl AsyncFnMut() -> Result<T>,
+) -> Result<T> {
+    let mut last = None;
+    let done = crate::wait::up_to(limit, Duration::from_millis(50), async || {
+        match attempt().await {
+            Ok(value) => Ok(Some(value)),
+            Err(e) => {
+                last = Some(e);
+                Ok(None)
+            }
+        }
+    })
+    .await?;
+    done.ok_or_else(|| {
+        last.expect("up_to tries at least once")
+            .context(format!("still failing after {limit:?}"))
+    })
+}
+
+/// Whether `error` means the connection is gone (the server ended the session, crashed or is
+/// restarting: SQLSTATE class 57), rather than a statement failing on a live one.
+pub fn lost_connection(error: &anyhow::Error) -> bool {
+    error.chain().any(|e| {
+        e.downcast_ref::<tokio_postgres::Error>().is_some_and(|e| {
+            e.is_closed() || e.code().is_some_and(|code| code.code().starts_with("57P"))
+        })
+    })
+}
+
 /// Connects and forwards the connection's notifications (LISTEN/NOTIFY) to the receiver; the
 /// receiver ends when the connection does.
 pub async fn postgres_listening(

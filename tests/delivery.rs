@@ -189,6 +189,7 @@ fn redis_sink_marks_each_acknowledged_xadd() {
         aggregate_id: format!("agg-{n}"),
         event_type: "Created".to_string(),
         payload: serde_json::json!({ "n": n }),
+        fence: None,
     };
     let events = vec![
         event(1, "orders"),

@@ -9,11 +9,11 @@ use clap::Args;
 
 use super::{outln, Format, RunArgs};
 use crate::error::{self, exit};
-use crate::explore::{self, history, Options, Plan};
+use crate::explore::{self, history, nemeses, Options, Plan};
 use crate::harness::db::PgServer;
 use crate::harness::run::{new_run_id, on_server};
 use crate::report::html;
-use crate::report::Environment;
+use crate::report::{Environment, Table};
 
 pub const EXAMPLES: &str = "\
 Examples:
@@ -26,11 +26,13 @@ Examples:
 A schedule lists faults ROLE:STEP@PASS (roles writer, relay, consumer; STEP a crash point
 without its role, or a unique start of it, see `outbox-lab crash-points`; PASS from 1).
 Faults of one role fire in order, one per process: after a crash the restarted process gets
-the next. In designs with several relays, relay faults hit the first.
+the next. In designs with several relays, relay faults hit the first. A schedule may also
+hold nemeses (pause:relay@60ms+300ms, db:restart@60ms, net:reply-lost@2, ...: see
+`outbox-lab explore --list-nemeses`).
 
 Designs: dual-write-commit-first, dual-write-send-first, outbox-naive, outbox-idempotent,
-outbox-idempotent-ordered, and the deliberately broken watermark-relay, mark-before-send,
-multi-relay-unpartitioned, guarded-no-dead-letter.
+outbox-idempotent-ordered, claim-lease-fenced, and the deliberately broken watermark-relay,
+mark-before-send, multi-relay-unpartitioned, claim-lease, guarded-no-dead-letter.
 
 A schedule whose fault is never reached (its process never passes the point that often) is
 reported apart and counts for no claim.
@@ -62,6 +64,9 @@ pub struct ExploreArgs {
     /// Events per order (OrderCreated, OrderUpdated2, ...), in the order's transaction.
     #[arg(long, default_value_t = explore::DEFAULT_EVENTS_PER_ORDER, value_name = "N")]
     events_per_order: u32,
+    /// List the nemeses a schedule may hold, with their forms, and exit.
+    #[arg(long)]
+    list_nemeses: bool,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -76,12 +81,16 @@ impl ExploreArgs {
             max_pass: self.max_pass,
             orders: self.orders,
             events_per_order: self.events_per_order,
+            external_server: self.run.database_url.is_some(),
         }
     }
 }
 
 /// `outbox-lab explore`.
 pub async fn run(args: ExploreArgs) -> Result<ExitCode> {
+    if args.list_nemeses {
+        return list_nemeses();
+    }
     // Everything is checked before a server is started: bad input leaves nothing behind.
     let plan = Plan::new(&args.options())?;
     let run_id = new_run_id();
@@ -139,4 +148,19 @@ pub async fn run(args: ExploreArgs) -> Result<ExitCode> {
     } else {
         exit::CHECK_FAILED
     }))
+}
+
+/// `outbox-lab explore --list-nemeses`: every nemesis, its form, what it does.
+fn list_nemeses() -> Result<ExitCode> {
+    let mut table = Table::new("nemeses", &["nemesis", "in a schedule", "what it does"]);
+    for (name, form, what) in nemeses::KINDS {
+        table.push(vec![name.into(), form.into(), what.into()]);
+    }
+    outln!("{}", table.render())?;
+    outln!(
+        "\nAT and FOR are durations (60ms, 1.5s) from the start of the run; N counts passes of a \
+         crash point or requests through the proxy. ROLE is writer, relay (relay 0) or consumer. \
+         A nemesis that fires is recorded with its process and moment, else as not reached."
+    )?;
+    Ok(ExitCode::from(exit::OK))
 }

@@ -31,6 +31,11 @@ pub enum RelayVariant {
     MarkFirst,
     /// Broken: `id > last_seen`, watermark stored in a table.
     StoredWatermark,
+    /// Broken: a `claimed_at` lease and no fencing token: a relay paused past its lease still
+    /// delivers what another relay re-claimed.
+    ClaimLease,
+    /// The lease with a fencing token, checked by the mark and by the consumer.
+    ClaimLeaseFenced,
 }
 
 /// One combination the harness can run.
@@ -60,7 +65,7 @@ pub struct Design {
 use Invariant::{Duplicate, Ghost, Liveness, Lost, Order};
 
 /// Every design, correct ones first.
-pub const DESIGNS: [Design; 9] = [
+pub const DESIGNS: [Design; 11] = [
     Design {
         name: "dual-write-commit-first",
         summary: "naive app: COMMIT the order, then POST the event",
@@ -171,6 +176,31 @@ pub const DESIGNS: [Design; 9] = [
         // Order 1's first event: its second waits behind it forever.
         poison_without_dead_letter: Some(1),
     },
+    Design {
+        name: "claim-lease",
+        summary: "broken: two relays under a claimed_at lease, no fencing token, naive consumer",
+        writer: Writer::Outbox,
+        relay: Some(RelayVariant::ClaimLease),
+        relays: 2,
+        batch: 100,
+        consumer: ConsumerKind::Naive,
+        claims: &[Ghost, Lost, Liveness],
+        flaws: &[Duplicate],
+        poison_without_dead_letter: None,
+    },
+    Design {
+        name: "claim-lease-fenced",
+        summary: "two relays under a lease with a fencing token (mark and consumer check it), \
+                  naive consumer",
+        writer: Writer::Outbox,
+        relay: Some(RelayVariant::ClaimLeaseFenced),
+        relays: 2,
+        batch: 100,
+        consumer: ConsumerKind::Naive,
+        claims: &[Ghost, Lost, Liveness],
+        flaws: &[],
+        poison_without_dead_letter: None,
+    },
 ];
 
 impl Design {
@@ -218,6 +248,10 @@ impl Design {
             Some(RelayVariant::MarkFirst) => &[
                 CrashPoint::RelayAfterMarkBeforeCommit,
                 CrashPoint::RelayAfterMarkBeforeSend,
+            ],
+            Some(RelayVariant::ClaimLease | RelayVariant::ClaimLeaseFenced) => &[
+                CrashPoint::RelayAfterFetchBeforeSend,
+                CrashPoint::RelayAfterSendBeforeMark,
             ],
             Some(RelayVariant::StoredWatermark) => &[
                 CrashPoint::RelayAfterFetchBeforeSend,

@@ -12,6 +12,8 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+pub use crate::harness::nemesis::FaultOutcome;
+
 /// A sender's log line before each try (relays: `[relay r0] outbox id=3 sending`).
 const SENDING: &str = " sending";
 const SENT: &str = " sent";
@@ -76,16 +78,6 @@ impl FaultRecord {
     }
 }
 
-/// Whether a scheduled fault happened.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-pub enum FaultOutcome {
-    /// It hit `process` (`relay0#1`), seen by the supervisor `at_ms` after the run started.
-    Fired { process: String, at_ms: u64 },
-    /// The run ended without it: the schedule ran without this fault, and tested nothing of it.
-    NotReached,
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct Process {
     pub process: String,
@@ -103,7 +95,7 @@ pub struct History {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rerun_of: Option<String>,
     pub elapsed_ms: u64,
-    /// Every fault of the schedule, in its order, fired or not reached.
+    /// Every fault of the schedule, crash points then nemeses, fired or not reached.
     pub faults: Vec<FaultRecord>,
     pub processes: Vec<Process>,
     pub attempts: Vec<Attempt>,

@@ -13,6 +13,7 @@ pub mod checker;
 pub mod designs;
 pub mod history;
 mod matrix;
+pub mod nemeses;
 pub mod plots;
 pub mod schedule;
 pub mod supervisor;
@@ -25,6 +26,7 @@ use serde_json::json;
 
 use crate::harness::db::PgServer;
 use designs::{Design, Invariant, DESIGNS};
+use nemeses::Nemesis;
 use schedule::Schedule;
 use supervisor::{Lab, Workload};
 
@@ -56,6 +58,9 @@ pub struct Options {
     pub orders: u32,
     /// Events per order.
     pub events_per_order: u32,
+    /// The server is the user's (`--database-url`), not the throwaway cluster: it is never
+    /// restarted.
+    pub external_server: bool,
 }
 
 /// How the schedules are generated.
@@ -72,6 +77,8 @@ pub struct Plan {
     mode: Mode,
     max_pass: u32,
     workload: Workload,
+    /// Whether the database may be restarted (db:restart): only the throwaway cluster.
+    restartable: bool,
 }
 
 impl Plan {
@@ -104,12 +111,20 @@ impl Plan {
                 let schedule: Schedule = text
                     .parse()
                     .map_err(|e| anyhow!("invalid --schedule: {e}"))?;
+                if args.external_server
+                    && schedule.nemeses.iter().any(|n| n.needs_throwaway_cluster())
+                {
+                    bail!("db:restart restarts the throwaway cluster only: run it without --database-url");
+                }
                 let fits = |d: &&Design| {
                     let points = d.crash_points();
+                    let pauses = schedule.nemeses.iter().filter_map(Nemesis::crash_point);
                     schedule
                         .faults
                         .iter()
-                        .all(|f| points.contains(&f.plan.point))
+                        .map(|f| f.plan.point)
+                        .chain(pauses)
+                        .all(|point| points.contains(&point))
                 };
                 if explicit {
                     if let Some(d) = designs.iter().find(|d| !fits(d)) {
@@ -142,6 +157,7 @@ impl Plan {
             designs,
             mode,
             max_pass: args.max_pass,
+            restartable: !args.external_server,
             workload: Workload {
                 orders: args.orders,
                 events_per_order: args.events_per_order,
@@ -156,7 +172,11 @@ impl Plan {
             Mode::Exhaustive | Mode::Random { .. } if points.is_empty() => {
                 vec![Schedule::default()]
             }
-            Mode::Exhaustive => Schedule::exhaustive(&points, self.max_pass),
+            Mode::Exhaustive => {
+                let mut all = Schedule::exhaustive(&points, self.max_pass);
+                all.extend(Nemesis::default_schedules(design, self.restartable));
+                all
+            }
             Mode::Random { count, seed } => {
                 Schedule::random(&points, self.max_pass, *count, *seed, design.index())
             }
@@ -166,8 +186,19 @@ impl Plan {
 
     fn params(&self) -> serde_json::Value {
         let designs: Vec<&str> = self.designs.iter().map(|d| d.name).collect();
+        let nemeses: BTreeMap<&str, Vec<String>> = self
+            .designs
+            .iter()
+            .map(|d| {
+                let schedules = self.schedules(d);
+                let struck = schedules.iter().flat_map(|s| &s.nemeses);
+                (d.name, struck.map(Nemesis::to_string).collect::<Vec<_>>())
+            })
+            .filter(|(_, struck)| !struck.is_empty())
+            .collect();
         let mut params = json!({
             "designs": designs,
+            "nemeses": nemeses,
             "max_pass": self.max_pass,
             "orders": self.workload.orders,
             "events_per_order": self.workload.events_per_order,

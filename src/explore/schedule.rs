@@ -1,6 +1,7 @@
 //! Schedules: which process dies at which crash point on which pass. Parsed and printed
 //! (`relay:after-send-before-mark@3,consumer:after-commit-before-reply@2`), enumerated
-//! exhaustively for a design, or drawn at random from a seed.
+//! exhaustively for a design, or drawn at random from a seed. A schedule may also hold
+//! [`Nemesis`]es (`pause:relay@60ms+300ms`, `db:restart@60ms`; see [`super::nemeses`]).
 //!
 //! The faults of one role fire in the order given, one per incarnation: the first arms the
 //! role's first process; once it has fired, the restarted process is armed with the next. Pass
@@ -12,6 +13,7 @@ use std::str::FromStr;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::nemeses::Nemesis;
 use crate::outbox::crash::{CrashPlan, CrashPoint};
 
 /// The actors a fault can hit.
@@ -23,7 +25,7 @@ pub enum Role {
 }
 
 impl Role {
-    const ALL: [Role; 3] = [Role::Writer, Role::Relay, Role::Consumer];
+    pub const ALL: [Role; 3] = [Role::Writer, Role::Relay, Role::Consumer];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -128,13 +130,15 @@ impl FromStr for Fault {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Schedule {
     pub faults: Vec<Fault>,
+    /// Faults from outside: pauses, kills, the database, the network.
+    pub nemeses: Vec<Nemesis>,
 }
 
 impl Schedule {
     /// Smaller is simpler to read: fewer faults, then earlier passes.
     pub fn size(&self) -> (usize, u32) {
         (
-            self.faults.len(),
+            self.faults.len() + self.nemeses.len(),
             self.faults.iter().map(|f| f.plan.on_pass).sum(),
         )
     }
@@ -146,6 +150,7 @@ impl Schedule {
             for pass in 1..=max_pass {
                 all.push(Schedule {
                     faults: vec![Fault::new(point, pass)],
+                    ..Schedule::default()
                 });
             }
         }
@@ -173,6 +178,7 @@ impl Schedule {
                             Fault::new(point, rng.random_range(1..=max_pass))
                         })
                         .collect(),
+                    ..Schedule::default()
                 }
             })
             .collect()
@@ -181,10 +187,15 @@ impl Schedule {
 
 impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.faults.is_empty() {
+        if self.faults.is_empty() && self.nemeses.is_empty() {
             return f.write_str("none");
         }
-        let faults: Vec<String> = self.faults.iter().map(Fault::to_string).collect();
+        let faults: Vec<String> = self
+            .faults
+            .iter()
+            .map(Fault::to_string)
+            .chain(self.nemeses.iter().map(Nemesis::to_string))
+            .collect();
         f.write_str(&faults.join(","))
     }
 }
@@ -201,11 +212,15 @@ impl FromStr for Schedule {
         if s.is_empty() {
             return Err("empty schedule (give faults like relay:after-send@3, or none)".into());
         }
-        let faults = s
-            .split(',')
-            .map(|f| f.trim().parse())
-            .collect::<Result<Vec<Fault>, String>>()?;
-        Ok(Schedule { faults })
+        let mut schedule = Schedule::default();
+        for item in s.split(',').map(str::trim) {
+            if Nemesis::written_as(item) {
+                schedule.nemeses.push(item.parse()?);
+            } else {
+                schedule.faults.push(item.parse()?);
+            }
+        }
+        Ok(schedule)
     }
 }
 
@@ -227,7 +242,8 @@ mod tests {
         assert_eq!(
             "writer-after-insert-before-commit".parse::<Schedule>(),
             Ok(Schedule {
-                faults: vec![Fault::new(CrashPoint::WriterAfterInsertBeforeCommit, 1)]
+                faults: vec![Fault::new(CrashPoint::WriterAfterInsertBeforeCommit, 1)],
+                ..Schedule::default()
             })
         );
         assert_eq!("none".parse::<Schedule>(), Ok(Schedule::default()));

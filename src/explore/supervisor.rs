@@ -2,9 +2,12 @@
 //! It resets the design's database, starts the consumer, the writer and the relays as child
 //! processes armed with the schedule's faults, restarts every process that dies — as production
 //! would — until the writer is done and the outbox drained, and hands the database to the
-//! checker. It records every fault of the schedule as fired (which process, when) or not
-//! reached. Every wait is bounded; a run that does not drain within [`LIVENESS_BOUND`] after
-//! its faults end is a liveness failure, not a hang.
+//! checker. It records every fault of the schedule — crash points and nemeses — as fired
+//! (which process, when) or not reached. Beside the processes it strikes the schedule's
+//! [`nemeses`] (it tells them which process of each role runs now), with the relays talking to
+//! the consumer through a [`Proxy`] when the schedule has network faults. Every wait is
+//! bounded; a run that does not drain within [`LIVENESS_BOUND`] after its faults end is a
+//! liveness failure, not a hang.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -17,10 +20,12 @@ use tokio_postgres::Client;
 use super::checker;
 use super::designs::{Design, RelayVariant, Writer};
 use super::history::{FaultOutcome, FaultRecord, History};
+use super::nemeses::{self, Arena, LiveProcesses};
 use super::schedule::{Fault, Role, Schedule};
 use crate::harness::child::role::{ConsumerRole, ExploreRelayRole, ExploreWriterRole};
 use crate::harness::child::{ChildCommand, ChildEnd, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
+use crate::harness::proxy::Proxy;
 use crate::outbox::consumer::Faults;
 use crate::outbox::crash::CrashPlan;
 use crate::outbox::relay::{RelayConfig, RelayDesign, RelayOptions};
@@ -47,6 +52,11 @@ const RELAY_BACKOFF: Duration = Duration::from_millis(10);
 const RELAY_MAX_ATTEMPTS: i32 = 20;
 /// How often an idle relay polls.
 const RELAY_IDLE_POLL: Duration = Duration::from_millis(5);
+/// The claim designs' lease: shorter than the pause nemeses' holds, longer than any delivery.
+const CLAIM_LEASE: Duration = Duration::from_millis(250);
+/// A delivery unanswered this long failed (a lost or delayed reply): short, so that a network
+/// nemesis costs a run half a second, not the default five.
+const RELAY_REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 /// The reset between runs waits this long at most for a killed child's session (which the
 /// server ends a moment after the process) to release its locks.
 const RESET_LOCK_TIMEOUT: &str = "SET lock_timeout = '5s'";
@@ -62,11 +72,13 @@ pub struct Workload {
 }
 
 /// One design's database, consumer port and workload, reused for all its runs.
-pub struct Lab {
+pub struct Lab<'s> {
     pub design: &'static Design,
+    /// The run's server: the db-restart nemesis restarts it.
+    server: &'s PgServer,
     db: Database,
-    /// Resets the database and runs the checker.
-    client: Client,
+    /// Resets the database and runs the checker; connected again after a database restart.
+    client: tokio::sync::Mutex<Client>,
     /// The consumer's port, the same for every restart so that senders find it again.
     port: u16,
     workload: Workload,
@@ -149,52 +161,145 @@ impl FaultLog {
     }
 }
 
-impl Lab {
+/// The nemeses' outcomes as they strike, on their clock (started with the writer and relays).
+struct Struck<'r> {
+    started: Instant,
+    outcomes: &'r Mutex<Vec<FaultOutcome>>,
+}
+
+impl Struck<'_> {
+    /// When the last nemesis struck, if any did.
+    fn last(&self) -> Option<Instant> {
+        let outcomes = self.outcomes.lock().expect("not poisoned");
+        let fired = outcomes.iter().filter_map(|outcome| match outcome {
+            FaultOutcome::Fired { at_ms, .. } => Some(*at_ms),
+            FaultOutcome::NotReached => None,
+        });
+        fired
+            .max()
+            .map(|at_ms| self.started + Duration::from_millis(at_ms))
+    }
+}
+
+/// What the processes of one run share with the nemeses: where relays send, which process of
+/// each role runs now, where the first process of a role stops itself.
+struct Stage<'r> {
+    schedule: &'r Schedule,
+    live: LiveProcesses,
+    /// The consumer's URL, or the proxy's in front of it.
+    sink: String,
+}
+
+impl<'s> Lab<'s> {
     /// Creates the design's database with the article's schema (and the watermark table).
     pub async fn prepare(
-        server: &PgServer,
+        server: &'s PgServer,
         design: &'static Design,
         workload: Workload,
-    ) -> Result<Lab> {
+    ) -> Result<Lab<'s>> {
         let db = server.create_database(design.name).await?;
         let client = db.connect().await?;
         schema::create(&client).await?;
         client.batch_execute(schema::ADD_RELAY_WATERMARK).await?;
+        client.batch_execute(schema::ADD_CLAIM_COLUMNS).await?;
+        client.batch_execute(schema::ADD_FENCING).await?;
         client.batch_execute(RESET_LOCK_TIMEOUT).await?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
         Ok(Lab {
             design,
+            server,
             db,
-            client,
+            client: tokio::sync::Mutex::new(client),
             port,
             workload,
         })
     }
 
+    /// The lab's own connection, made again if the database restarted under it.
+    async fn client(&self) -> Result<tokio::sync::MutexGuard<'_, Client>> {
+        let mut client = self.client.lock().await;
+        if client.is_closed() {
+            *client = crate::connect::patiently(crate::connect::RECONNECT_PATIENCE, async || {
+                self.db.connect().await
+            })
+            .await?;
+            client.batch_execute(RESET_LOCK_TIMEOUT).await?;
+        }
+        Ok(client)
+    }
+
     /// Runs `schedule` from an empty database and judges what it left.
     pub async fn run(&self, schedule: &Schedule) -> Result<History> {
         let started = Instant::now();
-        self.client.batch_execute(schema::RESET).await?;
-        self.client
-            .batch_execute(schema::RESET_RELAY_WATERMARK)
-            .await?;
+        {
+            let client = self.client().await?;
+            client.batch_execute(schema::RESET).await?;
+            client.batch_execute(schema::RESET_RELAY_WATERMARK).await?;
+            client.batch_execute(schema::RESET_FENCES).await?;
+        }
         let history = Mutex::new(History {
             design: self.design.name.to_string(),
             schedule: schedule.to_string(),
             ..History::default()
         });
         let faults = FaultLog::new(schedule, started);
-        let stuck = match tokio::time::timeout(RUN_TIMEOUT, self.supervise(&faults, &history)).await
-        {
-            Ok(stuck) => stuck?,
+        let proxy = match nemeses::proxy_faults(schedule) {
+            Some(faults) => Some(Proxy::start(&self.sink_url(), faults).await?),
+            None => None,
+        };
+        let stage = Stage {
+            schedule,
+            live: LiveProcesses::default(),
+            sink: proxy
+                .as_ref()
+                .map_or_else(|| self.sink_url(), |p| p.url.clone()),
+        };
+        let outcomes = nemeses::not_reached(schedule);
+        let (over, over_seen) = watch::channel(false);
+        // The consumer first: the nemeses' clock starts when the writer and relays do.
+        let first_consumer = self
+            .consumer_command(faults.next(Role::Consumer))
+            .pause_at(nemeses::pause_point(schedule, Role::Consumer))
+            .spawn_consumer()
+            .await?;
+        stage
+            .live
+            .started(Role::Consumer, "consumer#1", first_consumer.pid());
+        let arena = Arena {
+            started: Instant::now(),
+            live: &stage.live,
+            server: self.server,
+            db: &self.db,
+            over: over_seen,
+        };
+        let struck = Struck {
+            started: arena.started,
+            outcomes: &outcomes,
+        };
+        let supervised = async {
+            let stuck = self
+                .supervise(first_consumer, &faults, &struck, &history, &stage)
+                .await;
+            over.send_replace(true);
+            stuck
+        };
+        let run = async { tokio::join!(supervised, nemeses::strike(schedule, &arena, &outcomes)) };
+        let stuck = match tokio::time::timeout(RUN_TIMEOUT, run).await {
+            Ok((stuck, struck)) => {
+                struck?;
+                stuck?
+            }
             // Dropping the supervision kills every child it still had (kill_on_drop).
             Err(_) => Some(format!("not drained within {RUN_TIMEOUT:?}")),
         };
-        let violations = checker::check(&self.client, stuck.as_deref()).await?;
+        nemeses::settle(schedule, proxy.as_ref(), arena.started, &outcomes);
+        let violations = checker::check(&*self.client().await?, stuck.as_deref()).await?;
         let mut history = history.into_inner().expect("not poisoned");
         history.faults = faults.records();
+        let nemeses = outcomes.into_inner().expect("not poisoned");
+        history.faults.extend(nemeses::records(schedule, nemeses));
         for (invariant, ids) in violations {
             history.violations.insert(invariant.name().to_string(), ids);
         }
@@ -202,23 +307,23 @@ impl Lab {
         Ok(history)
     }
 
-    /// Starts everything, keeps it running until drained; `Some(why)` when a bound was hit.
+    /// Starts the writer and relays beside the first consumer, keeps everything running until
+    /// drained; `Some(why)` when a bound was hit.
     async fn supervise(
         &self,
+        first_consumer: ConsumerProcess,
         faults: &FaultLog,
+        struck: &Struck<'_>,
         history: &Mutex<History>,
+        stage: &Stage<'_>,
     ) -> Result<Option<String>> {
         let (writer_done, _) = watch::channel(false);
         let (all_done, _) = watch::channel(false);
-        let first_consumer = self
-            .consumer_command(faults.next(Role::Consumer))
-            .spawn_consumer()
-            .await?;
         let producers = async {
-            let relays =
-                (0..self.design.relays).map(|i| self.keep_relay(i, faults, history, &writer_done));
+            let relays = (0..self.design.relays)
+                .map(|i| self.keep_relay(i, faults, history, &writer_done, stage));
             let (writer, relays) = tokio::join!(
-                self.keep_writer(faults, history, &writer_done),
+                self.keep_writer(faults, history, &writer_done, stage),
                 join_all(relays)
             );
             all_done.send_replace(true);
@@ -226,14 +331,14 @@ impl Lab {
         };
         let everything = async {
             tokio::join!(
-                self.keep_consumer(first_consumer, faults, history, &all_done),
+                self.keep_consumer(first_consumer, faults, history, &all_done, stage),
                 producers
             )
         };
         // Returning drops the supervision, which kills every child it still has (kill_on_drop).
         let (consumer, (writer, relays)) = tokio::select! {
             ended = everything => ended,
-            why = liveness_watchdog(faults, &writer_done) => return Ok(Some(why)),
+            why = liveness_watchdog(faults, struck, &writer_done) => return Ok(Some(why)),
         };
         let mut stuck = vec![consumer?, writer?];
         for relay in relays {
@@ -248,18 +353,22 @@ impl Lab {
         faults: &FaultLog,
         history: &Mutex<History>,
         writer_done: &watch::Sender<bool>,
+        stage: &Stage<'_>,
     ) -> Result<Option<String>> {
         let mut stuck = Some(format!(
             "the writer did not finish in {MAX_PROCESSES_PER_ROLE} processes"
         ));
         for n in 1..=MAX_PROCESSES_PER_ROLE {
             let plan = faults.next(Role::Writer);
-            let run = self
-                .writer_command()
-                .crash_at(plan)
-                .run(CHILD_TIMEOUT)
-                .await?;
             let label = format!("writer#{n}");
+            let writer = self
+                .writer_command(&stage.sink)
+                .crash_at(plan)
+                .pause_at(nemeses::pause_point(stage.schedule, Role::Writer).filter(|_| n == 1))
+                .spawn()?;
+            stage.live.started(Role::Writer, &label, writer.pid());
+            let run = writer.finish(CHILD_TIMEOUT).await?;
+            stage.live.ended(Role::Writer, &label);
             record(history, &label, plan, &run);
             match run.end {
                 ChildEnd::Ok => {
@@ -283,11 +392,21 @@ impl Lab {
         faults: &FaultLog,
         history: &Mutex<History>,
         writer_done: &watch::Sender<bool>,
+        stage: &Stage<'_>,
     ) -> Result<Option<String>> {
         for n in 1..=MAX_PROCESSES_PER_ROLE {
             // Faults aimed at "relay" hit relay 0; the others run unarmed.
             let plan = faults.next(Role::Relay).filter(|_| index == 0);
-            let mut relay = self.relay_command(index).crash_at(plan).spawn()?;
+            let pause = nemeses::pause_point(stage.schedule, Role::Relay);
+            let label = format!("relay{index}#{n}");
+            let mut relay = self
+                .relay_command(index, &stage.sink)
+                .crash_at(plan)
+                .pause_at(pause.filter(|_| index == 0 && n == 1))
+                .spawn()?;
+            if index == 0 {
+                stage.live.started(Role::Relay, &label, relay.pid());
+            }
             let mut done = writer_done.subscribe();
             tokio::select! {
                 _ = relay.exited() => {}
@@ -295,7 +414,7 @@ impl Lab {
             }
             relay.close_stdin();
             let run = relay.finish(CHILD_TIMEOUT).await?;
-            let label = format!("relay{index}#{n}");
+            stage.live.ended(Role::Relay, &label);
             record(history, &label, plan, &run);
             match run.end {
                 ChildEnd::Ok => return Ok(None),
@@ -315,6 +434,7 @@ impl Lab {
         faults: &FaultLog,
         history: &Mutex<History>,
         all_done: &watch::Sender<bool>,
+        stage: &Stage<'_>,
     ) -> Result<Option<String>> {
         let mut consumer = first;
         let mut plan = faults.next(Role::Consumer);
@@ -324,6 +444,7 @@ impl Lab {
             tokio::select! {
                 end = consumer.ended() => {
                     let end = end?;
+                    stage.live.ended(Role::Consumer, &label);
                     record_end(history, &label, plan, &end);
                     if matches!(end, ChildEnd::Crashed { .. }) {
                         faults.fired(Role::Consumer, &label);
@@ -337,6 +458,8 @@ impl Lab {
             }
             plan = faults.next(Role::Consumer);
             consumer = self.consumer_command(plan).spawn_consumer().await?;
+            let label = format!("consumer#{}", n + 1);
+            stage.live.started(Role::Consumer, &label, consumer.pid());
         }
         consumer.stop().await?;
         Ok(Some(format!(
@@ -360,20 +483,22 @@ impl Lab {
         ChildCommand::new(&self.db, role).crash_at(plan)
     }
 
-    fn writer_command(&self) -> ChildCommand<ExploreWriterRole> {
+    /// The writer; a dual write sends to `sink` itself.
+    fn writer_command(&self, sink: &str) -> ChildCommand<ExploreWriterRole> {
         let role = ExploreWriterRole {
             orders: self.workload.orders,
             events_per_order: self.workload.events_per_order,
             overlap: self.workload.overlap,
             dual_write: match self.design.writer {
                 Writer::Outbox => None,
-                Writer::DualWrite(order) => Some((order, self.sink_url())),
+                Writer::DualWrite(order) => Some((order, sink.to_string())),
             },
         };
         ChildCommand::new(&self.db, role)
     }
 
-    fn relay_command(&self, index: u32) -> ChildCommand<ExploreRelayRole> {
+    /// Relay `index`, delivering to `sink`.
+    fn relay_command(&self, index: u32, sink: &str) -> ChildCommand<ExploreRelayRole> {
         let variant = self
             .design
             .relay
@@ -381,8 +506,11 @@ impl Lab {
         let config = RelayConfig {
             design: match variant {
                 RelayVariant::MarkFirst => RelayDesign::MarkBeforeSend,
+                RelayVariant::ClaimLease => RelayDesign::Claim,
+                RelayVariant::ClaimLeaseFenced => RelayDesign::FencedClaim,
                 _ => RelayDesign::Lock,
             },
+            lease: CLAIM_LEASE,
             batch: self.design.batch,
             max_attempts: match self.design.poison_without_dead_letter {
                 // No dead letter: a row is retried for ever.
@@ -393,13 +521,14 @@ impl Lab {
             idle_poll: RELAY_IDLE_POLL,
             deadline: RELAY_DEADLINE,
             head_of_line_guard: variant == RelayVariant::Guarded,
+            request_timeout: RELAY_REQUEST_TIMEOUT,
             // Every attempt in the log: the history the checker audits.
             log_attempts: true,
             ..RelayConfig::default()
         };
         let relay = RelayOptions {
             name: format!("r{index}"),
-            sink: SinkOptions::new(&self.sink_url()),
+            sink: SinkOptions::new(sink),
             config,
             follow: None,
         };
@@ -412,16 +541,22 @@ impl Lab {
 }
 
 /// Liveness: once the writer is done, the relays must drain within [`LIVENESS_BOUND`] of the
-/// last fault (a fault that fires later starts the wait again); returns the bound they missed.
-async fn liveness_watchdog(faults: &FaultLog, writer_done: &watch::Sender<bool>) -> String {
+/// last fault, crash or nemesis (a fault that fires later starts the wait again); returns the
+/// bound they missed.
+async fn liveness_watchdog(
+    faults: &FaultLog,
+    struck: &Struck<'_>,
+    writer_done: &watch::Sender<bool>,
+) -> String {
     let mut done = writer_done.subscribe();
     // The sender outlives this future: it lives in the supervision that polls it.
     let _ = done.wait_for(|done| *done).await;
     let writer_done_at = Instant::now();
     loop {
-        let faults_ended = faults
-            .last_fired()
-            .map_or(writer_done_at, |at| at.max(writer_done_at));
+        let faults_ended = [faults.last_fired(), struck.last()]
+            .into_iter()
+            .flatten()
+            .fold(writer_done_at, Instant::max);
         let deadline = faults_ended + LIVENESS_BOUND;
         if Instant::now() >= deadline {
             return format!(

@@ -81,8 +81,9 @@ impl Database {
 pub struct PgServer {
     /// The maintenance connection string: the cluster's, or `--database-url`.
     url: String,
-    /// The throwaway cluster, when there is one; dropping it stops and removes it.
-    cluster: Option<Cluster>,
+    /// The throwaway cluster, when there is one; dropping it stops and removes it. Behind a
+    /// lock: the db-restart nemesis restarts it in the middle of a run.
+    cluster: Option<tokio::sync::Mutex<Cluster>>,
     /// Held open, named after the run, for as long as the run lives.
     _holder: Client,
     /// Names created in this run; dropped at close unless kept.
@@ -110,7 +111,7 @@ impl PgServer {
             None => {
                 let bins = PgBinaries::find(choice.pg_bin)?;
                 let cluster = Cluster::start(&bins, choice.keep).await?;
-                (cluster.url(), Some(cluster))
+                (cluster.url(), Some(tokio::sync::Mutex::new(cluster)))
             }
         };
         let run_id = run_id
@@ -138,6 +139,17 @@ impl PgServer {
         } else {
             "external server"
         }
+    }
+
+    /// The db-restart nemesis: the throwaway cluster stopped with `pg_ctl stop -m immediate`
+    /// and started again (see [`Cluster::restart_immediately`]); an external server is never
+    /// restarted. The run's own held connection does not survive it, and need not: it only
+    /// names the run's databases on external servers.
+    pub async fn restart_immediately(&self) -> Result<()> {
+        let Some(cluster) = &self.cluster else {
+            bail!("db:restart needs the throwaway cluster, not an external server");
+        };
+        cluster.lock().await.restart_immediately().await
     }
 
     /// Creates `outboxlab_<run>_<label>`, empty, labelled with this run.
@@ -178,7 +190,7 @@ impl PgServer {
     /// Drops every database this run created (unless kept) and stops the throwaway cluster.
     pub async fn close(mut self) -> Result<()> {
         if self.keep {
-            if let Some(mut cluster) = self.cluster.take() {
+            if let Some(mut cluster) = self.cluster.take().map(tokio::sync::Mutex::into_inner) {
                 if cluster.is_running() {
                     eprintln!(
                         "kept the throwaway cluster running in {}: psql {}; remove it with \

@@ -5,18 +5,22 @@
 //! relay's first bytes after a reply, or on a new connection, start a request), which holds for
 //! the relays' one-request-at-a-time keep-alive connections. Faults are planned like crash
 //! points, by count (`reply-lost@2`: the reply to the second request), so runs reproduce.
+//! Each planned fault records when it struck, for the history of a run.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
+
+use crate::harness::nemesis::{format_duration, parse_duration};
 
 /// A proxy holding a lost reply's connection gives up on it after this long.
 const HOLD_LIMIT: Duration = Duration::from_secs(60);
@@ -29,20 +33,22 @@ pub enum NetworkFault {
     /// The request reaches the consumer, which acts and commits; its reply is swallowed and the
     /// connection kept silent, so the relay only learns of it from its request timeout.
     ReplyLost,
+    /// The request is held this long before it is passed on (longer than the sender's request
+    /// timeout: it arrives after the sender gave up on it).
+    Delay(Duration),
 }
 
 impl NetworkFault {
-    pub const ALL: [NetworkFault; 2] = [NetworkFault::Reset, NetworkFault::ReplyLost];
-
     pub fn name(self) -> &'static str {
         match self {
             NetworkFault::Reset => "reset",
             NetworkFault::ReplyLost => "reply-lost",
+            NetworkFault::Delay(_) => "delay",
         }
     }
 }
 
-/// `NAME@N`: the fault hits the N-th request through the proxy.
+/// `NAME@N` (`delay@N+FOR`): the fault hits the N-th request through the proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(try_from = "String")]
 pub struct FaultPlan {
@@ -52,7 +58,11 @@ pub struct FaultPlan {
 
 impl fmt::Display for FaultPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}@{}", self.fault.name(), self.on_request)
+        write!(f, "{}@{}", self.fault.name(), self.on_request)?;
+        match self.fault {
+            NetworkFault::Delay(held) => write!(f, "+{}", format_duration(held)),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -63,10 +73,24 @@ impl FromStr for FaultPlan {
         let (name, number) = s
             .split_once('@')
             .ok_or_else(|| format!("'{s}' is not a network fault NAME@REQUEST"))?;
-        let fault = NetworkFault::ALL
-            .into_iter()
-            .find(|f| f.name() == name)
-            .ok_or_else(|| format!("unknown network fault '{name}' (reset, reply-lost)"))?;
+        let (number, held) = match number.split_once('+') {
+            Some((number, held)) => (number, Some(held)),
+            None => (number, None),
+        };
+        let fault = match (name, held) {
+            ("reset", None) => NetworkFault::Reset,
+            ("reply-lost", None) => NetworkFault::ReplyLost,
+            ("delay", Some(held)) => NetworkFault::Delay(parse_duration(held)?),
+            ("delay", None) => return Err(format!("'{s}' needs how long: delay@REQUEST+FOR")),
+            ("reset" | "reply-lost", Some(_)) => {
+                return Err(format!("'{s}': only delay takes +FOR"))
+            }
+            _ => {
+                return Err(format!(
+                    "unknown network fault '{name}' (reset, reply-lost, delay)"
+                ))
+            }
+        };
         let on_request =
             number.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
                 format!("'{number}' in '{s}' is not a request number of 1 or more")
@@ -106,6 +130,8 @@ struct Counters {
     requests: AtomicU32,
     resets: AtomicU32,
     replies_lost: AtomicU32,
+    /// When each planned fault struck, by request number.
+    struck: Mutex<BTreeMap<u32, Instant>>,
 }
 
 /// What the proxy counted, for the report.
@@ -146,6 +172,12 @@ impl Proxy {
             counters,
             task,
         })
+    }
+
+    /// When the fault planned for request `on_request` struck (`None`: not reached).
+    pub fn struck_at(&self, on_request: u32) -> Option<Instant> {
+        let struck = self.counters.struck.lock().expect("not poisoned");
+        struck.get(&on_request).copied()
     }
 
     pub fn counts(&self) -> ProxyCounts {
@@ -234,9 +266,17 @@ async fn forward(
                     awaiting_request = false;
                     let number = counters.requests.fetch_add(1, Ordering::SeqCst) + 1;
                     fault = faults.on_request(number);
-                    if fault == Some(NetworkFault::Reset) {
-                        counters.resets.fetch_add(1, Ordering::SeqCst);
-                        return Ending::Reset;
+                    if fault.is_some() {
+                        let mut struck = counters.struck.lock().expect("not poisoned");
+                        struck.insert(number, Instant::now());
+                    }
+                    match fault {
+                        Some(NetworkFault::Reset) => {
+                            counters.resets.fetch_add(1, Ordering::SeqCst);
+                            return Ending::Reset;
+                        }
+                        Some(NetworkFault::Delay(held)) => tokio::time::sleep(held).await,
+                        _ => {}
                     }
                 }
                 tokio::time::sleep(faults.latency).await;
@@ -266,7 +306,11 @@ mod tests {
     /// Fault plans parse back from their names, and a typo is an error.
     #[test]
     fn plans_round_trip_and_typos_are_rejected() {
-        for fault in NetworkFault::ALL {
+        for fault in [
+            NetworkFault::Reset,
+            NetworkFault::ReplyLost,
+            NetworkFault::Delay(Duration::from_millis(300)),
+        ] {
             let plan = FaultPlan {
                 fault,
                 on_request: 3,
@@ -276,5 +320,7 @@ mod tests {
         assert!("reply-lost".parse::<FaultPlan>().is_err());
         assert!("reply-lots@2".parse::<FaultPlan>().is_err());
         assert!("reset@0".parse::<FaultPlan>().is_err());
+        assert!("delay@2".parse::<FaultPlan>().is_err());
+        assert!("reset@2+1s".parse::<FaultPlan>().is_err());
     }
 }

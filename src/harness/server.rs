@@ -69,8 +69,9 @@ impl Server {
         every: Duration,
         mut ready: impl AsyncFnMut() -> Result<bool>,
     ) -> Result<()> {
-        // Ours, in our directory: the server writes to it through the descriptor it inherits.
-        let log = self.run.create_file(self.log)?;
+        // Ours, in our directory: the server writes to it through the descriptor it inherits
+        // (a restarted server goes on after its predecessor's lines).
+        let log = self.run.append_file(self.log)?;
         cmd.current_dir(self.run.server_dir())
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -117,6 +118,25 @@ impl Server {
             line if line.is_empty() => Err(failure),
             line => Err(anyhow::anyhow!("{failure:#}: {line}")),
         }
+    }
+
+    /// Waits for the process that was stopped from outside (`pg_ctl stop`) to end, within
+    /// `limit`: then [`Server::start`] can run it again in the same directory.
+    pub async fn collect_stopped(&mut self, limit: Duration) -> Result<()> {
+        let name = self.name;
+        let process = &mut self.process;
+        let ended = wait::up_to(limit, Duration::from_millis(5), async || {
+            Ok(match process.as_mut() {
+                Some(child) => child.try_wait()?.is_some(),
+                None => true,
+            })
+        })
+        .await?;
+        if ended.is_none() {
+            bail!("{name} did not stop within {limit:?}");
+        }
+        self.process = None;
+        Ok(())
     }
 
     /// Whether dropping it leaves it running (`--keep`); the marker says so too, so that no

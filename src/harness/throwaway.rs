@@ -49,14 +49,24 @@ pub struct ProcessId {
 impl ProcessId {
     /// The process running as `pid` now, if any (a zombie counts as gone).
     pub fn of(pid: i32) -> Option<ProcessId> {
-        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // Fields after the command name (which may hold spaces) start at field 3, the state.
-        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        if fields.first() == Some(&"Z") {
+        let fields = stat_fields(pid)?;
+        if fields.first().map(String::as_str) == Some("Z") {
             return None;
         }
         let start = fields.get(19)?.parse().ok()?;
         Some(ProcessId { pid, start })
+    }
+
+    /// Still this process, and a child of ours: the only processes a nemesis may signal.
+    pub fn is_our_child(&self) -> bool {
+        let parent = stat_fields(self.pid).and_then(|f| f.get(1)?.parse::<u32>().ok());
+        self.is_running() && parent == Some(std::process::id())
+    }
+
+    /// Stopped by a signal (SIGSTOP): `T` in `/proc/PID/stat`.
+    pub fn is_stopped(&self) -> bool {
+        self.is_running()
+            && stat_fields(self.pid).is_some_and(|f| f.first().map(String::as_str) == Some("T"))
     }
 
     pub fn own() -> ProcessId {
@@ -83,6 +93,19 @@ impl ProcessId {
             wait_gone(self);
         }
     }
+}
+
+/// The fields of `/proc/PID/stat` after the command name (which may hold spaces): the state
+/// first, then the parent's pid, ... (proc(5) fields 3 onwards).
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+    )
 }
 
 /// The server a directory started: enough to prove a pid is still that server.
@@ -190,8 +213,17 @@ impl RunDir {
     }
 
     /// Creates a new file of ours (mode 0600), never following a link, never reusing a file.
-    pub fn create_file(&self, name: &str) -> Result<File> {
-        create_new(&self.path.join(name))
+    /// A file of ours opened to append (created if missing), never through a link: a server's
+    /// log, which a restarted server goes on writing.
+    pub fn append_file(&self, name: &str) -> Result<File> {
+        let path = self.path.join(name);
+        OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))
     }
 
     pub fn write_marker(&self, marker: &Marker) -> Result<()> {

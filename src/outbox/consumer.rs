@@ -6,7 +6,9 @@
 //! transaction of its side effect, so scenarios count deliveries from the database. Faults are
 //! injected here on request: answer 500 to the next N requests, to the first delivery of one
 //! outbox row, or to every delivery of one (a poison event) — those requests are logged as
-//! receipts with `injected_fault` — or wait before answering (a slow sink).
+//! receipts with `injected_fault` — or wait before answering (a slow sink). An event sent under
+//! a fencing token (claim-lease-fenced) is refused (409) once a delivery under a newer token
+//! was accepted for its aggregate.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -49,6 +51,22 @@ WITH first_delivery AS (
   RETURNING event_id)
 INSERT INTO consumer.shipments(order_id, event_id)
 SELECT $1, event_id FROM first_delivery";
+
+/// The consumer names its sessions so (`application_name`): the db-kill-backend nemesis finds
+/// them by it.
+pub const CONSUMER_APPLICATION_NAME: &str = "outbox-lab consumer";
+
+/// The fence: the event's token is accepted if no newer one was accepted for its aggregate, and
+/// becomes the aggregate's; in the delivery's transaction, so that two deliveries under
+/// different tokens cannot both pass. No row back: the token is stale.
+pub const ADVANCE_FENCE: &str = "
+INSERT INTO consumer.fences AS f (aggregate_id, token) VALUES ($1, $2)
+ON CONFLICT (aggregate_id) DO UPDATE SET token = EXCLUDED.token
+ WHERE f.token <= EXCLUDED.token
+RETURNING token";
+
+/// The answer to a delivery under a stale fencing token (HTTP 409): nothing was done.
+pub const STALE_FENCE: &str = "stale-fence";
 
 /// How long a stopping consumer waits for requests under way.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -127,6 +145,8 @@ pub async fn serve(
     on_ready: impl FnOnce(std::net::SocketAddr),
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
+    let mut db = db;
+    db.application_name(CONSUMER_APPLICATION_NAME);
     let pool = pool(db, POOL_SIZE)?;
     // Fail now, not at the first request, if the database is unreachable.
     drop(
@@ -189,6 +209,7 @@ async fn handle(
         tokio::time::sleep(state.delay).await;
     }
     Ok(match handle_delivery(&state, &event).await {
+        Ok(Some(STALE_FENCE)) => reply(StatusCode::CONFLICT, STALE_FENCE),
         Ok(Some(result)) => reply(StatusCode::OK, result),
         Ok(None) => reply(StatusCode::INTERNAL_SERVER_ERROR, "injected fault"),
         Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e:#}")),
@@ -222,7 +243,8 @@ async fn record_receipt(client: &ClientWrapper, event: &Event, injected_fault: b
 /// One transaction: the receipt, and the side effect, for every delivery (naive) or only for
 /// an event's first (idempotent, with the event id recorded in the same transaction). BEGIN and
 /// the two statements go out together (pipelined): one round trip, then the COMMIT. Used for
-/// HTTP deliveries and for the Redis stream's workers alike.
+/// HTTP deliveries and for the Redis stream's workers alike. A fenced event passes its fence
+/// first, in the same transaction, or nothing is done ([`STALE_FENCE`]).
 pub async fn apply(
     client: &ClientWrapper,
     kind: ConsumerKind,
@@ -233,8 +255,27 @@ pub async fn apply(
         ConsumerKind::Idempotent => SHIP_FIRST_DELIVERY,
     };
     let effect = client.prepare_cached(effect).await?;
+    let began = match event.fence {
+        None => false,
+        Some(token) => {
+            client.batch_execute("BEGIN").await?;
+            let fence = client
+                .query_opt(ADVANCE_FENCE, &[&event.aggregate_id, &token])
+                .await;
+            if !matches!(fence, Ok(Some(_))) {
+                let _ = client.batch_execute("ROLLBACK").await;
+                return fence.map(|_| STALE_FENCE).map_err(Into::into);
+            }
+            true
+        }
+    };
     let written = tokio::try_join!(
-        async { Ok(client.batch_execute("BEGIN").await?) },
+        async {
+            if !began {
+                client.batch_execute("BEGIN").await?;
+            }
+            Ok(())
+        },
         record_receipt(client, event, false),
         async {
             Ok(client

@@ -196,14 +196,31 @@ impl FromStr for CrashPlan {
 
 static PLAN: OnceLock<CrashPlan> = OnceLock::new();
 static PASSES: AtomicU32 = AtomicU32::new(0);
+static PAUSE: OnceLock<CrashPlan> = OnceLock::new();
+static PAUSE_PASSES: AtomicU32 = AtomicU32::new(0);
 
 /// Arms the plan for this process; called once by a child at start.
 pub fn arm(plan: CrashPlan) {
     let _ = PLAN.set(plan);
 }
 
-/// Passes a crash point: dies here if this is the armed point's N-th pass.
+/// Arms a pause (explore's `pause:ROLE:STEP@N+FOR` nemesis): on the N-th pass of the point the
+/// process stops itself with SIGSTOP, and the parent, which sees it stopped, sends SIGCONT when
+/// the pause is over. Stopping at a named point makes a pause reproducible, as a crash is.
+pub fn arm_pause(plan: CrashPlan) {
+    let _ = PAUSE.set(plan);
+}
+
+/// Passes a crash point: stops here if this is the armed pause's N-th pass, and dies here if
+/// this is the armed crash's N-th pass.
 pub fn point(here: CrashPoint) {
+    if let Some(pause) = PAUSE.get().filter(|p| p.point == here) {
+        if PAUSE_PASSES.fetch_add(1, Ordering::SeqCst) + 1 == pause.on_pass {
+            eprintln!("pause point {here} reached: SIGSTOP");
+            // SAFETY: raise only sends a signal to this process; it has no memory effects.
+            unsafe { libc::raise(libc::SIGSTOP) };
+        }
+    }
     let Some(plan) = PLAN.get() else { return };
     if plan.point != here {
         return;

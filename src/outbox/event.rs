@@ -14,6 +14,10 @@ pub struct Event {
     pub aggregate_id: String,
     pub event_type: String,
     pub payload: serde_json::Value,
+    /// The fencing token of the claim it was sent under (claim-lease-fenced only): the
+    /// consumer refuses it once it accepted a newer claim's delivery for the aggregate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<i64>,
 }
 
 impl Event {
@@ -26,6 +30,8 @@ impl Event {
             aggregate_id: row.get("aggregate_id"),
             event_type: row.get("event_type"),
             payload: row.get("payload"),
+            // Only the fenced claim returns it.
+            fence: row.try_get("claim_token").ok(),
         }
     }
 }

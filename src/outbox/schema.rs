@@ -100,6 +100,20 @@ pub const NO_AUTOVACUUM: &str = "ALTER TABLE outbox SET (autovacuum_enabled = of
 pub const ADD_CLAIM_COLUMNS: &str =
     "ALTER TABLE outbox ADD COLUMN claimed_at timestamptz, ADD COLUMN claimed_by text";
 
+/// Fencing tokens (explore's claim-lease-fenced): every claim takes the next number of a
+/// sequence, the relay marks only rows still under its token, and the consumer keeps per
+/// aggregate the highest token it accepted, refusing deliveries under an older one.
+pub const ADD_FENCING: &str = "
+CREATE SEQUENCE outbox_claim_token;
+ALTER TABLE outbox ADD COLUMN claim_token bigint;
+CREATE TABLE consumer.fences (
+  aggregate_id text   PRIMARY KEY,
+  token        bigint NOT NULL  -- the highest claim token accepted for the aggregate
+);";
+
+/// [`RESET`] for the consumer's fences, where they exist.
+pub const RESET_FENCES: &str = "TRUNCATE consumer.fences";
+
 /// Both sides, in a scenario's fresh database.
 pub async fn create(client: &Client) -> Result<()> {
     client

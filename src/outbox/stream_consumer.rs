@@ -80,5 +80,6 @@ fn event_of(stream: &str, entry: &StreamId) -> Result<Event> {
         aggregate_id: field("aggregate_id")?,
         event_type: field("event_type")?,
         payload: serde_json::from_str(&field("payload")?)?,
+        fence: None,
     })
 }

@@ -190,6 +190,7 @@ pub async fn dual_write(
         aggregate_id: order_id.to_string(),
         event_type: event_type(1),
         payload: order_payload(order_id),
+        fence: None,
     };
     match order {
         DualWriteOrder::CommitFirst => {

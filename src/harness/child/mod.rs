@@ -91,6 +91,7 @@ impl ChildRun {
 pub struct ChildCommand<R> {
     database: Database,
     crash_at: Option<CrashPlan>,
+    pause_at: Option<CrashPlan>,
     pub role: R,
 }
 
@@ -99,6 +100,7 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
         ChildCommand {
             database: database.clone(),
             crash_at: None,
+            pause_at: None,
             role,
         }
     }
@@ -108,6 +110,7 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
         ChildCommand {
             database: self.database,
             crash_at: self.crash_at,
+            pause_at: self.pause_at,
             role: self.role.into(),
         }
     }
@@ -123,10 +126,17 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
         self
     }
 
+    /// Where it stops itself for a pause nemesis (the parent sends SIGCONT).
+    pub fn pause_at(mut self, plan: Option<CrashPlan>) -> ChildCommand<R> {
+        self.pause_at = plan;
+        self
+    }
+
     fn command(&self, stdin: Stdio) -> Result<Command> {
         let spec = role::ChildSpec {
             database: self.database.clone(),
             crash_at: self.crash_at,
+            pause_at: self.pause_at,
             role: self.role.clone().into(),
         };
         let exe = std::env::current_exe().context("cannot find the outbox-lab binary")?;
@@ -207,6 +217,11 @@ pub struct RunningChild {
 }
 
 impl RunningChild {
+    /// Its pid while it has not been waited for (a nemesis proves it is ours before signalling).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Resolves when the process has ended (cancel-safe: a `select!` may drop it).
     pub async fn exited(&mut self) {
         let _ = self.child.wait().await;
@@ -251,6 +266,10 @@ pub struct ConsumerProcess {
 }
 
 impl ConsumerProcess {
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
     /// Waits until it ends by itself (a crash) and classifies how (cancel-safe).
     pub async fn ended(&mut self) -> Result<ChildEnd> {
         let child = &mut self.process.child;

@@ -35,6 +35,9 @@ pub struct ChildSpec {
     pub database: Database,
     /// Where it dies, if it is to die.
     pub crash_at: Option<CrashPlan>,
+    /// Where it stops itself (SIGSTOP) for a pause nemesis, if anywhere.
+    #[serde(default)]
+    pub pause_at: Option<CrashPlan>,
     pub role: Role,
 }
 

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use tokio::io::AsyncReadExt;
 use uuid::Uuid;
 
@@ -40,6 +40,9 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
         .with_context(|| format!("child {}: unreadable {SPEC_ENV}", args.role))?;
     if let Some(plan) = spec.crash_at {
         crash::arm(plan);
+    }
+    if let Some(plan) = spec.pause_at {
+        crash::arm_pause(plan);
     }
     let db = spec.database;
     match spec.role {
@@ -92,6 +95,8 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             Ok(())
         }
         Role::Consumer(role) => {
+            // A consumer restarted while its database restarts waits for it.
+            connect::patiently(connect::RECONNECT_PATIENCE, async || db.connect().await).await?;
             let listener = tokio::net::TcpListener::bind(("127.0.0.1", role.port)).await?;
             // Serves until the parent kills it.
             let until_killed = std::future::pending();
@@ -143,23 +148,40 @@ async fn write_orders(db: &Database, role: WriterRole) -> Result<()> {
     Ok(())
 }
 
-/// Writes the orders not committed yet (a restarted writer retries only those).
+/// An explore writer connects again at most this often before it gives up (and the
+/// supervisor starts another).
+const WRITER_RECONNECTS: u32 = 10;
+
+/// Writes the orders not committed yet (a restarted writer retries only those). The outbox
+/// writer connects again when its connection is lost (the database restarted, its session was
+/// terminated) and goes on with what is not committed yet.
 async fn explore_writer(db: &Database, args: ExploreWriterRole) -> Result<()> {
     let customers: Vec<i64> = (1..=i64::from(args.orders)).collect();
-    let mut client = db.connect().await?;
-    let todo = writer::uncommitted_customers(&client, &customers).await?;
+    let connect =
+        async || connect::patiently(connect::RECONNECT_PATIENCE, async || db.connect().await).await;
     let Some((order, sink)) = args.dual_write else {
-        let mut second_session = db.connect().await?;
-        let overlap = args.overlap;
-        return writer::write_overlapping_pairs(
-            &mut client,
-            &mut second_session,
-            &todo,
-            args.events_per_order,
-            overlap,
-        )
-        .await;
+        for _ in 0..WRITER_RECONNECTS {
+            let (mut first, mut second) = (connect().await?, connect().await?);
+            let written = async {
+                let todo = writer::uncommitted_customers(&first, &customers).await?;
+                writer::write_overlapping_pairs(
+                    &mut first,
+                    &mut second,
+                    &todo,
+                    args.events_per_order,
+                    args.overlap,
+                )
+                .await
+            };
+            match written.await {
+                Err(e) if connect::lost_connection(&e) => {}
+                written => return written,
+            }
+        }
+        bail!("the writer lost its connection {WRITER_RECONNECTS} times");
     };
+    let mut client = connect().await?;
+    let todo = writer::uncommitted_customers(&client, &customers).await?;
     let sink = HttpSink::new(&sink)?;
     for customer in todo {
         // The same attempt lines as a relay's, for the history.
@@ -208,13 +230,19 @@ async fn explore_relay(db: &Database, role: ExploreRelayRole) -> Result<()> {
     };
     let ended = match role.stored_watermark {
         true => {
-            let client = db.connect().await?;
+            let client =
+                connect::patiently(connect::RECONNECT_PATIENCE, async || db.connect().await)
+                    .await?;
             let sink = HttpSink::new(&options.sink.url)?;
             let mut relay = StoredWatermarkRelay::new(client, sink, options.name.clone());
             drive(&mut relay, until, std::future::pending()).await?
         }
         false => {
-            let mut relay = options.connect(&db.config()?).await?;
+            let config = db.config()?;
+            let mut relay = connect::patiently(connect::RECONNECT_PATIENCE, async || {
+                options.connect(&config).await
+            })
+            .await?;
             drive(&mut relay, until, std::future::pending()).await?
         }
     };

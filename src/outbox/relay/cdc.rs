@@ -358,6 +358,7 @@ fn event_from_insert(relation: &Relation, values: &[Option<String>]) -> Result<E
         aggregate_id: column("aggregate_id")?.to_string(),
         event_type: column("event_type")?.to_string(),
         payload: serde_json::from_str(column("payload")?).context("outbox payload")?,
+        fence: None,
     })
 }
 

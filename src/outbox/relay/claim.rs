@@ -1,12 +1,14 @@
 //! The claim design: a `claimed_at`/`claimed_by` lease written and committed before delivering,
 //! so no transaction stays open while the sink answers; a crashed relay's rows wait for the
-//! lease to expire (claim-vs-lock).
+//! lease to expire (claim-vs-lock). The fenced claim (explore's claim-lease-fenced) also takes
+//! a fencing token with each claim: its events carry it, and its mark counts only where the
+//! row still holds it.
 
 use anyhow::Result;
 use tokio_postgres::types::ToSql;
 
 use super::polling::{deliver_rows, Relay};
-use super::Pass;
+use super::{Pass, RelayDesign};
 
 impl Relay {
     /// The lease: claim (committed), deliver outside any transaction, mark what was delivered.
@@ -25,9 +27,19 @@ impl Relay {
         let (outcome, delivered) =
             deliver_rows(&self.sink, &self.config, &self.name, &self.client, &rows).await?;
         if !delivered.is_empty() {
-            self.client
-                .execute(&self.mark, &[&delivered, &self.claimant])
-                .await?;
+            match self.config.design {
+                RelayDesign::FencedClaim => {
+                    let token: i64 = rows[0].get("claim_token");
+                    self.client
+                        .execute(&self.mark, &[&delivered, &token])
+                        .await?
+                }
+                _ => {
+                    self.client
+                        .execute(&self.mark, &[&delivered, &self.claimant])
+                        .await?
+                }
+            };
         }
         Ok(outcome)
     }

@@ -57,6 +57,12 @@ pub enum RelayDesign {
     Lock,
     /// A lease: `claimed_at`/`claimed_by` written and committed before delivering.
     Claim,
+    /// The lease with a fencing token (explore's claim-lease-fenced): each claim takes a new
+    /// token, sent with its events and checked by the mark; needs [`schema::ADD_FENCING`].
+    ///
+    /// [`schema::ADD_FENCING`]: crate::outbox::schema::ADD_FENCING
+    #[value(skip)]
+    FencedClaim,
     /// Broken on purpose (explore): mark the batch published and commit, then send.
     MarkBeforeSend,
 }
@@ -66,6 +72,7 @@ impl RelayDesign {
         match self {
             RelayDesign::Lock => "lock",
             RelayDesign::Claim => "claim",
+            RelayDesign::FencedClaim => "fenced-claim",
             RelayDesign::MarkBeforeSend => "mark-before-send",
         }
     }

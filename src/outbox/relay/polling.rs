@@ -13,7 +13,8 @@ use tokio_postgres::{Client, GenericClient, Notification, Row, Statement};
 use tracing::info;
 
 use super::sql::{
-    fetch_statement, CLAIM_BATCH, MARK_CLAIMED_PUBLISHED, MARK_FAILED, MARK_PUBLISHED, PENDING,
+    fetch_statement, CLAIM_BATCH, CLAIM_BATCH_FENCED, MARK_CLAIMED_PUBLISHED, MARK_FAILED,
+    MARK_FENCED_PUBLISHED, MARK_PUBLISHED, PENDING,
 };
 use super::{OutboxRelay, Pass, Pending, RelayConfig, RelayDesign, RelayStats, Wakeup};
 use crate::connect;
@@ -52,7 +53,7 @@ impl Relay {
         name: &str,
         listen: bool,
     ) -> Result<Relay> {
-        if config.design == RelayDesign::Claim
+        if matches!(config.design, RelayDesign::Claim | RelayDesign::FencedClaim)
             && (config.partition.is_some() || config.head_of_line_guard)
         {
             bail!("the claim design takes no partition and no head-of-line guard");
@@ -86,7 +87,7 @@ impl Relay {
     async fn deliver_batch(&mut self) -> Result<Pass> {
         let mut outcome = match self.config.design {
             RelayDesign::Lock => self.deliver_locked_batch().await?,
-            RelayDesign::Claim => self.deliver_claimed_batch().await?,
+            RelayDesign::Claim | RelayDesign::FencedClaim => self.deliver_claimed_batch().await?,
             RelayDesign::MarkBeforeSend => self.deliver_marked_first_batch().await?,
         };
         outcome.full = outcome.fetched as i64 >= self.config.batch;
@@ -105,8 +106,18 @@ impl OutboxRelay for Relay {
         &self.name
     }
 
+    /// A lost connection (the database restarted, the session was terminated) is not the
+    /// relay's end: it connects again and goes on; what the lost batch left unmarked is
+    /// delivered again, as after any crash.
     async fn pass(&mut self) -> Result<Pass> {
-        self.deliver_batch().await
+        match self.deliver_batch().await {
+            Err(e) if self.client.is_closed() || connect::lost_connection(&e) => {
+                info!(relay = %self.name, "connection lost ({e:#}), connecting again");
+                self.reconnect().await?;
+                Ok(Pass::default())
+            }
+            passed => passed,
+        }
     }
 
     /// Undelivered rows under the attempt limit, due or not.
@@ -146,13 +157,28 @@ impl Relay {
             }
             Ok(None) => {
                 info!(relay = %self.name, "connection lost, listening again");
-                let (client, notifications) = open_connection(&self.db, true).await?;
-                (self.fetch, self.mark) = prepare(&client, &self.config).await?;
-                self.client = client;
-                self.notifications = notifications;
+                self.reconnect().await?;
             }
             Err(_) => {} // fallback poll
         }
+        Ok(())
+    }
+
+    /// A new connection (LISTENing again if it listened), its statements prepared, waiting
+    /// for the database to come back for at most [`connect::RECONNECT_PATIENCE`].
+    async fn reconnect(&mut self) -> Result<()> {
+        let listen = self.notifications.is_some();
+        let (db, config) = (&self.db, &self.config);
+        let (client, notifications, (fetch, mark)) =
+            connect::patiently(connect::RECONNECT_PATIENCE, async || {
+                let (client, notifications) = open_connection(db, listen).await?;
+                let statements = prepare(&client, config).await?;
+                Ok((client, notifications, statements))
+            })
+            .await?;
+        self.client = client;
+        self.notifications = notifications;
+        (self.fetch, self.mark) = (fetch, mark);
         Ok(())
     }
 }
@@ -165,6 +191,7 @@ async fn prepare(client: &Client, config: &RelayConfig) -> Result<(Statement, St
             MARK_PUBLISHED,
         ),
         RelayDesign::Claim => (CLAIM_BATCH.to_string(), MARK_CLAIMED_PUBLISHED),
+        RelayDesign::FencedClaim => (CLAIM_BATCH_FENCED.to_string(), MARK_FENCED_PUBLISHED),
     };
     Ok((client.prepare(&fetch).await?, client.prepare(mark).await?))
 }

@@ -77,6 +77,31 @@ UPDATE outbox
    SET published_at = clock_timestamp(), attempts = attempts + 1
  WHERE id = ANY($1) AND claimed_by = $2";
 
+/// The fenced claim (claim-lease-fenced): [`CLAIM_BATCH`], the claim taking one new fencing
+/// token from a sequence for its whole batch; the token travels with each event.
+pub const CLAIM_BATCH_FENCED: &str = "
+WITH token AS (SELECT nextval('outbox_claim_token') AS token)
+UPDATE outbox
+   SET claimed_at = clock_timestamp(), claimed_by = $3, claim_token = (SELECT token FROM token)
+ WHERE id IN (SELECT id
+                FROM outbox
+               WHERE published_at IS NULL
+                 AND next_attempt_at <= clock_timestamp()
+                 AND attempts < $1
+                 AND (claimed_at IS NULL
+                      OR claimed_at < clock_timestamp() - $4::float8 * interval '1 millisecond')
+               ORDER BY id
+               LIMIT $2
+                 FOR UPDATE SKIP LOCKED)
+RETURNING id, event_id, aggregate_type, aggregate_id, event_type, payload, claim_token";
+
+/// The fenced claim's mark: only rows still under the claim's token ($2), whoever re-claimed
+/// them since.
+pub const MARK_FENCED_PUBLISHED: &str = "
+UPDATE outbox
+   SET published_at = clock_timestamp(), attempts = attempts + 1
+ WHERE id = ANY($1) AND claim_token = $2";
+
 /// What is left to do: undelivered rows under the limit, and how long until the next is due.
 pub const PENDING: &str = "
 SELECT count(*),

@@ -1,0 +1,518 @@
+//! explore's nemeses (Jepsen's word): faults from outside the code under test, named and
+//! written in a schedule beside the crash points. What each does to a process, the database or
+//! the network is the harness's ([`crate::harness::nemesis`], the cluster, the proxy); this
+//! module owns their grammar, the list `outbox-lab explore --list-nemeses` prints, the
+//! nemesis schedules of the default run, and striking them during a run.
+//!
+//! Grammar (AT and FOR are durations like `60ms` or `1.5s`, counted from the start of the run:
+//! when the writer and relays start, the consumer listening; N counts passes or requests, from
+//! 1):
+//! - `pause:ROLE@AT+FOR`: SIGSTOP the role's process at AT, SIGCONT after FOR.
+//! - `pause:ROLE:STEP@N+FOR`: the role's first process stops itself on the N-th pass of its
+//!   crash point STEP (as in `relay:after-fetch@1`) and is held FOR: a pause at a known place.
+//! - `kill:ROLE@AT`: SIGKILL the role's process at AT (a crash at a moment, not at a point).
+//! - `db:restart@AT`: the throwaway PostgreSQL stopped with `pg_ctl stop -m immediate` at AT
+//!   and started again.
+//! - `db:kill-backend:ROLE@AT`: `pg_terminate_backend` of the relay's or consumer's sessions.
+//! - `net:reset@N`, `net:reply-lost@N`, `net:delay@N+FOR`: the N-th request from the relays to
+//!   the consumer, through the proxy.
+//!
+//! ROLE is writer, relay or consumer; `relay` is relay 0, as for crash points.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use futures_util::future::join_all;
+use nix::sys::signal::Signal;
+use tokio::sync::watch;
+
+use super::designs::Design;
+use super::history::FaultRecord;
+use super::schedule::{Fault, Role, Schedule};
+use crate::harness::db::{Database, PgServer};
+use crate::harness::nemesis::{
+    format_duration, parse_duration, terminate_backends, FaultOutcome, OwnChild,
+};
+use crate::harness::proxy::{FaultPlan, NetworkFault, Proxy, ProxyFaults};
+use crate::outbox::consumer::CONSUMER_APPLICATION_NAME;
+use crate::outbox::crash::{CrashPlan, CrashPoint};
+use crate::outbox::relay::RELAY_APPLICATION_NAME;
+
+/// One nemesis of a schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nemesis {
+    /// SIGSTOP the role's process `at` after the run started; SIGCONT after `hold`.
+    Pause {
+        role: Role,
+        at: Duration,
+        hold: Duration,
+    },
+    /// The role's first process stops itself at `fault`'s point and pass; held for `hold`.
+    PauseAtPoint { fault: Fault, hold: Duration },
+    /// SIGKILL the role's process `at` after the run started.
+    Kill { role: Role, at: Duration },
+    /// PostgreSQL's own crash (`-m immediate`) and restart, `at` after the run started.
+    DbRestart { at: Duration },
+    /// The role's database sessions terminated `at` after the run started.
+    DbKillBackend { role: Role, at: Duration },
+    /// A planned network fault on the relay-to-consumer traffic.
+    Net(FaultPlan),
+}
+
+/// Every kind, as `--list-nemeses` shows it: name, form, what it does.
+pub const KINDS: [(&str, &str, &str); 7] = [
+    (
+        "pause",
+        "pause:ROLE@AT+FOR | pause:ROLE:STEP@N+FOR",
+        "SIGSTOP the role's process at AT (or where it passes its crash point STEP the N-th \
+         time), SIGCONT after FOR: a GC pause, a frozen VM",
+    ),
+    (
+        "kill",
+        "kill:ROLE@AT",
+        "SIGKILL the role's process at AT, wherever it is",
+    ),
+    (
+        "db-restart",
+        "db:restart@AT",
+        "pg_ctl stop -m immediate (PostgreSQL's own crash), then started again on the same \
+         socket and data: committed rows must survive, every actor must reconnect",
+    ),
+    (
+        "db-kill-backend",
+        "db:kill-backend:ROLE@AT",
+        "pg_terminate_backend of the relay's or the consumer's sessions (by application_name)",
+    ),
+    (
+        "net-reset",
+        "net:reset@N",
+        "the N-th request from a relay to the consumer is reset before it arrives",
+    ),
+    (
+        "net-reply-lost",
+        "net:reply-lost@N",
+        "the consumer acts on the N-th request and commits; its reply never comes back",
+    ),
+    (
+        "net-delay",
+        "net:delay@N+FOR",
+        "the N-th request is held FOR before it is passed on (past the sender's timeout)",
+    ),
+];
+
+/// The nemesis schedules of the default run: all of them for the design that claims everything.
+const DEFAULT_SCHEDULES: [&str; 12] = [
+    "pause:relay@60ms+300ms",
+    LEASE_OUTLIVED,
+    "pause:consumer@60ms+300ms",
+    "kill:writer@30ms",
+    "kill:relay@60ms",
+    "kill:consumer@60ms",
+    "db:restart@60ms",
+    "db:kill-backend:relay@60ms",
+    "db:kill-backend:consumer@60ms",
+    "net:reset@2",
+    "net:reply-lost@2",
+    "net:delay@2+700ms",
+];
+
+/// Relay 0 stops right after its first claim, before sending, for longer than the claim
+/// designs' lease: another relay re-claims its rows before it goes on.
+pub const LEASE_OUTLIVED: &str = "pause:relay:after-fetch@1+600ms";
+
+/// The designs the default run strikes, and with what: every nemesis for the design that
+/// claims everything; the lease outlived for the claim designs.
+const STRUCK_BY_DEFAULT: [(&str, &[&str]); 3] = [
+    ("outbox-idempotent-ordered", &DEFAULT_SCHEDULES),
+    ("claim-lease", &[LEASE_OUTLIVED]),
+    ("claim-lease-fenced", &[LEASE_OUTLIVED]),
+];
+
+impl Nemesis {
+    /// Whether a schedule's item is a nemesis (else it is a crash fault).
+    pub fn written_as(item: &str) -> bool {
+        ["pause:", "kill:", "db:", "net:"]
+            .iter()
+            .any(|kind| item.starts_with(kind))
+    }
+
+    /// Its kind's name, as listed in [`KINDS`].
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Nemesis::Pause { .. } | Nemesis::PauseAtPoint { .. } => "pause",
+            Nemesis::Kill { .. } => "kill",
+            Nemesis::DbRestart { .. } => "db-restart",
+            Nemesis::DbKillBackend { .. } => "db-kill-backend",
+            Nemesis::Net(plan) => match plan.fault {
+                NetworkFault::Reset => "net-reset",
+                NetworkFault::ReplyLost => "net-reply-lost",
+                NetworkFault::Delay(_) => "net-delay",
+            },
+        }
+    }
+
+    /// The crash point a pause at a point waits for: one the design must pass.
+    pub fn crash_point(&self) -> Option<CrashPoint> {
+        match self {
+            Nemesis::PauseAtPoint { fault, .. } => Some(fault.plan.point),
+            _ => None,
+        }
+    }
+
+    /// Only the throwaway cluster can be restarted.
+    pub fn needs_throwaway_cluster(&self) -> bool {
+        matches!(self, Nemesis::DbRestart { .. })
+    }
+
+    /// The nemesis schedules the default run adds for `design` (the database restart only on
+    /// the throwaway cluster).
+    pub fn default_schedules(design: &Design, throwaway_cluster: bool) -> Vec<Schedule> {
+        let Some((_, schedules)) = STRUCK_BY_DEFAULT.iter().find(|(d, _)| *d == design.name) else {
+            return Vec::new();
+        };
+        schedules
+            .iter()
+            .map(|text| text.parse::<Schedule>().expect("default schedules parse"))
+            .filter(|s| throwaway_cluster || !s.nemeses.iter().any(|n| n.needs_throwaway_cluster()))
+            .collect()
+    }
+}
+
+impl fmt::Display for Nemesis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Nemesis::Pause { role, at, hold } => write!(
+                f,
+                "pause:{}@{}+{}",
+                role.name(),
+                format_duration(*at),
+                format_duration(*hold)
+            ),
+            Nemesis::PauseAtPoint { fault, hold } => {
+                write!(f, "pause:{fault}+{}", format_duration(*hold))
+            }
+            Nemesis::Kill { role, at } => {
+                write!(f, "kill:{}@{}", role.name(), format_duration(*at))
+            }
+            Nemesis::DbRestart { at } => write!(f, "db:restart@{}", format_duration(*at)),
+            Nemesis::DbKillBackend { role, at } => write!(
+                f,
+                "db:kill-backend:{}@{}",
+                role.name(),
+                format_duration(*at)
+            ),
+            Nemesis::Net(plan) => write!(f, "net:{plan}"),
+        }
+    }
+}
+
+fn role_named(name: &str, item: &str) -> Result<Role, String> {
+    Role::ALL
+        .into_iter()
+        .find(|r| r.name() == name)
+        .ok_or_else(|| format!("unknown role '{name}' in '{item}' (writer, relay or consumer)"))
+}
+
+/// `ROLE@AT` of a timed nemesis.
+fn role_at(spec: &str, item: &str) -> Result<(Role, Duration), String> {
+    let (role, at) = spec
+        .split_once('@')
+        .ok_or_else(|| format!("'{item}' needs a moment: ...ROLE@AT (e.g. relay@60ms)"))?;
+    Ok((role_named(role, item)?, parse_duration(at)?))
+}
+
+impl FromStr for Nemesis {
+    type Err = String;
+
+    fn from_str(item: &str) -> Result<Nemesis, String> {
+        let (kind, spec) = item.split_once(':').unwrap_or((item, ""));
+        match kind {
+            "pause" => {
+                let (what, hold) = spec
+                    .rsplit_once('+')
+                    .ok_or_else(|| format!("'{item}' needs how long: pause:...+FOR"))?;
+                let hold = parse_duration(hold)?;
+                if what.contains(':') {
+                    let fault: Fault = what.parse()?;
+                    return Ok(Nemesis::PauseAtPoint { fault, hold });
+                }
+                let (role, at) = role_at(what, item)?;
+                Ok(Nemesis::Pause { role, at, hold })
+            }
+            "kill" => {
+                let (role, at) = role_at(spec, item)?;
+                Ok(Nemesis::Kill { role, at })
+            }
+            "db" => {
+                if let Some(at) = spec.strip_prefix("restart@") {
+                    return Ok(Nemesis::DbRestart {
+                        at: parse_duration(at)?,
+                    });
+                }
+                let Some(target) = spec.strip_prefix("kill-backend:") else {
+                    return Err(format!(
+                        "unknown database nemesis '{item}' (db:restart@AT, db:kill-backend:ROLE@AT)"
+                    ));
+                };
+                let (role, at) = role_at(target, item)?;
+                if role == Role::Writer {
+                    return Err(format!(
+                        "'{item}': db:kill-backend hits the relay's or the consumer's sessions"
+                    ));
+                }
+                Ok(Nemesis::DbKillBackend { role, at })
+            }
+            "net" => Ok(Nemesis::Net(spec.parse()?)),
+            _ => Err(format!(
+                "unknown nemesis '{item}' (see `outbox-lab explore --list-nemeses`)"
+            )),
+        }
+    }
+}
+
+/// The proxy's plan for the schedule's network nemeses; `None` when there are none (the relays
+/// then talk to the consumer directly).
+pub fn proxy_faults(schedule: &Schedule) -> Option<ProxyFaults> {
+    let plans: Vec<FaultPlan> = schedule
+        .nemeses
+        .iter()
+        .filter_map(|n| match n {
+            Nemesis::Net(plan) => Some(*plan),
+            _ => None,
+        })
+        .collect();
+    (!plans.is_empty()).then_some(ProxyFaults {
+        latency: Duration::ZERO,
+        plans,
+    })
+}
+
+/// Where the role's first process stops itself, for a `pause:ROLE:STEP@N+FOR` nemesis.
+pub fn pause_point(schedule: &Schedule, role: Role) -> Option<CrashPlan> {
+    schedule.nemeses.iter().find_map(|n| match n {
+        Nemesis::PauseAtPoint { fault, .. } if fault.role == role => Some(fault.plan),
+        _ => None,
+    })
+}
+
+/// The process of each role a nemesis may hit now: the one the supervisor started last, until
+/// it ends (relay 0 for `relay`).
+#[derive(Default)]
+pub struct LiveProcesses {
+    running: Mutex<BTreeMap<Role, (String, OwnChild)>>,
+}
+
+impl LiveProcesses {
+    /// The supervisor started `label` (`relay0#2`) as `pid`.
+    pub fn started(&self, role: Role, label: &str, pid: Option<u32>) {
+        if let Some(child) = pid.and_then(OwnChild::spawned) {
+            let mut running = self.running.lock().expect("not poisoned");
+            running.insert(role, (label.to_string(), child));
+        }
+    }
+
+    /// `label` ended: nothing of its role to hit until the next one starts.
+    pub fn ended(&self, role: Role, label: &str) {
+        let mut running = self.running.lock().expect("not poisoned");
+        if running.get(&role).is_some_and(|(l, _)| l == label) {
+            running.remove(&role);
+        }
+    }
+
+    fn now(&self, role: Role) -> Option<(String, OwnChild)> {
+        let running = self.running.lock().expect("not poisoned");
+        running.get(&role).cloned()
+    }
+}
+
+/// What the nemeses of one run work on.
+pub struct Arena<'a> {
+    pub started: Instant,
+    pub live: &'a LiveProcesses,
+    pub server: &'a PgServer,
+    pub db: &'a Database,
+    /// Set when the supervisor is done: a nemesis not yet due is then not reached.
+    pub over: watch::Receiver<bool>,
+}
+
+impl Arena<'_> {
+    fn since_start_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Sleeps until `at` after the start; false if the run was over first.
+    async fn until(&self, at: Duration) -> bool {
+        let mut over = self.over.clone();
+        let due = tokio::select! {
+            _ = tokio::time::sleep_until((self.started + at).into()) => true,
+            _ = over.wait_for(|over| *over) => false,
+        };
+        due && !*self.over.borrow()
+    }
+}
+
+/// Strikes every nemesis of `schedule` (the network ones are the proxy's: see [`settle`]);
+/// each outcome is written as it fires into `outcomes`, which starts all not reached.
+pub async fn strike(
+    schedule: &Schedule,
+    arena: &Arena<'_>,
+    outcomes: &Mutex<Vec<FaultOutcome>>,
+) -> Result<()> {
+    let fire = |i: usize, process: String| {
+        let mut outcomes = outcomes.lock().expect("not poisoned");
+        outcomes[i] = FaultOutcome::Fired {
+            process,
+            at_ms: arena.since_start_ms(),
+        };
+    };
+    let strikes = schedule.nemeses.iter().enumerate().map(|(i, nemesis)| {
+        let fire = &fire;
+        async move {
+            match *nemesis {
+                Nemesis::Pause { role, at, hold } => {
+                    if arena.until(at).await {
+                        if let Some((label, child)) = arena.live.now(role) {
+                            if child.signal(Signal::SIGSTOP) {
+                                fire(i, label);
+                                child.resume_after(hold).await;
+                            }
+                        }
+                    }
+                }
+                Nemesis::PauseAtPoint { fault, hold } => {
+                    let first = loop {
+                        if let Some(found) = arena.live.now(fault.role) {
+                            break Some(found);
+                        }
+                        if *arena.over.borrow() {
+                            break None;
+                        }
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    };
+                    if let Some((label, child)) = first {
+                        if child.stopped_within(arena.over.clone()).await {
+                            fire(i, label);
+                            child.resume_after(hold).await;
+                        }
+                    }
+                }
+                Nemesis::Kill { role, at } => {
+                    if arena.until(at).await {
+                        if let Some((label, child)) = arena.live.now(role) {
+                            if child.signal(Signal::SIGKILL) {
+                                fire(i, label);
+                            }
+                        }
+                    }
+                }
+                Nemesis::DbRestart { at } => {
+                    if arena.until(at).await {
+                        fire(i, "postgres".into());
+                        arena.server.restart_immediately().await?;
+                    }
+                }
+                Nemesis::DbKillBackend { role, at } => {
+                    if arena.until(at).await {
+                        let name = match role {
+                            Role::Consumer => CONSUMER_APPLICATION_NAME.to_string(),
+                            _ => format!("{RELAY_APPLICATION_NAME} r0"),
+                        };
+                        let client = arena.db.connect().await?;
+                        if terminate_backends(&client, &name).await? > 0 {
+                            let label = arena.live.now(role).map(|(l, _)| l);
+                            fire(i, format!("{} (its session)", label.unwrap_or(name)));
+                        }
+                    }
+                }
+                Nemesis::Net(_) => {}
+            }
+            anyhow::Ok(())
+        }
+    });
+    for result in join_all(strikes).await {
+        result?;
+    }
+    Ok(())
+}
+
+/// The outcomes of the network nemeses, read from the proxy after the run.
+pub fn settle(
+    schedule: &Schedule,
+    proxy: Option<&Proxy>,
+    started: Instant,
+    outcomes: &Mutex<Vec<FaultOutcome>>,
+) {
+    let mut outcomes = outcomes.lock().expect("not poisoned");
+    for (i, nemesis) in schedule.nemeses.iter().enumerate() {
+        if let (Nemesis::Net(plan), Some(proxy)) = (nemesis, proxy) {
+            if let Some(at) = proxy.struck_at(plan.on_request) {
+                outcomes[i] = FaultOutcome::Fired {
+                    process: format!("request {} through the proxy", plan.on_request),
+                    at_ms: at.saturating_duration_since(started).as_millis() as u64,
+                };
+            }
+        }
+    }
+}
+
+/// Every nemesis of `schedule`, not reached yet (in the schedule's order).
+pub fn not_reached(schedule: &Schedule) -> Mutex<Vec<FaultOutcome>> {
+    Mutex::new(vec![FaultOutcome::NotReached; schedule.nemeses.len()])
+}
+
+/// The history's record of each nemesis of `schedule`, with its outcome.
+pub fn records(schedule: &Schedule, outcomes: Vec<FaultOutcome>) -> Vec<FaultRecord> {
+    let nemeses = schedule.nemeses.iter().map(Nemesis::to_string);
+    nemeses
+        .zip(outcomes)
+        .map(|(nemesis, outcome)| FaultRecord::new(nemesis, outcome))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every form parses to what prints back the same; the default schedules parse.
+    #[test]
+    fn nemeses_round_trip() {
+        for text in DEFAULT_SCHEDULES.iter().chain(&[
+            "pause:relay@1.5s+3s",
+            "db:restart@1.5s",
+            "kill:consumer@2s",
+        ]) {
+            let nemesis: Nemesis = text.parse().unwrap();
+            assert_eq!(
+                nemesis.to_string().parse::<Nemesis>(),
+                Ok(nemesis),
+                "{text}"
+            );
+            assert!(KINDS.iter().any(|(kind, _, _)| *kind == nemesis.kind()));
+        }
+        assert_eq!(
+            "pause:relay:after-fetch@1+300ms"
+                .parse::<Nemesis>()
+                .unwrap()
+                .to_string(),
+            "pause:relay:after-fetch-before-send@1+300ms"
+        );
+    }
+
+    /// Typos and missing parts are errors that say what is wrong.
+    #[test]
+    fn bad_nemeses_are_explained() {
+        let err = |s: &str| s.parse::<Nemesis>().unwrap_err();
+        assert!(err("pause:relay@60ms").contains("needs how long"));
+        assert!(err("kill:relay").contains("needs a moment"));
+        assert!(err("kill:broker@1s").contains("unknown role"));
+        assert!(err("kill:relay@soon").contains("not a duration"));
+        assert!(err("db:reboot@1s").contains("unknown database nemesis"));
+        assert!(err("db:kill-backend:writer@1s").contains("relay's or the consumer's"));
+        assert!(err("net:delay@2").contains("needs how long"));
+        assert!(err("freeze:relay@1s").contains("unknown nemesis"));
+    }
+}
