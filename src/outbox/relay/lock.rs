@@ -2,11 +2,13 @@
 //! rows' locks (`FOR UPDATE SKIP LOCKED`); a crash releases them at once and the rows are simply
 //! fetched again. Beside it, mark-before-send: the same fetch, broken on purpose (explore).
 
+use std::time::Instant;
+
 use anyhow::Result;
 use tokio_postgres::types::ToSql;
 
 use super::polling::{deliver_rows, Relay};
-use super::Pass;
+use super::{BatchClock, Pass};
 use crate::outbox::crash::{self, CrashPoint};
 
 impl Relay {
@@ -38,17 +40,29 @@ impl Relay {
         } else {
             &all[..2]
         };
+        let started = Instant::now();
         let (_, rows) = tokio::try_join!(
             self.client.batch_execute("BEGIN"),
             self.client.query(&self.fetch, params),
         )?;
+        let fetched = Instant::now();
         let (outcome, delivered) =
             deliver_rows(&self.sink, &self.config, &self.name, &self.client, &rows).await?;
+        let sent = Instant::now();
         if !delivered.is_empty() {
             self.client.execute(&self.mark, &[&delivered]).await?;
             crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
         }
+        let marked = Instant::now();
         self.client.batch_execute("COMMIT").await?;
+        let clock = BatchClock {
+            started,
+            fetched,
+            sent,
+            marked,
+            committed: Instant::now(),
+        };
+        self.timer.record(rows.len(), &clock);
         Ok(outcome)
     }
 

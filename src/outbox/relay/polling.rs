@@ -15,7 +15,10 @@ use tracing::info;
 use super::sql::{
     fetch_statement, CLAIM_BATCH, MARK_CLAIMED_PUBLISHED, MARK_FAILED, MARK_PUBLISHED, PENDING,
 };
-use super::{OutboxRelay, Pass, Pending, RelayConfig, RelayDesign, RelayStats, Wakeup};
+use super::{
+    BatchTimer, BatchTimings, OutboxRelay, Pass, Pending, RelayConfig, RelayDesign, RelayStats,
+    Wakeup,
+};
 use crate::connect;
 use crate::outbox::crash::{self, CrashPoint};
 use crate::outbox::event::Event;
@@ -41,6 +44,8 @@ pub struct Relay {
     pub(super) stats: Arc<RelayStats>,
     /// Claim design: the `claimed_by` of this relay's leases, unique to its process.
     pub(super) claimant: String,
+    /// Lock design: how its batches spent their time.
+    pub(super) timer: BatchTimer,
 }
 
 impl Relay {
@@ -74,12 +79,18 @@ impl Relay {
             name: name.to_string(),
             stats: Arc::default(),
             claimant,
+            timer: BatchTimer::default(),
         })
     }
 
     /// Its counters, shared with a `/metrics` endpoint.
     pub fn stats(&self) -> Arc<RelayStats> {
         self.stats.clone()
+    }
+
+    /// How its batches spent their time so far (lock design; zero for the others).
+    pub fn timings(&self) -> BatchTimings {
+        self.timer.timings()
     }
 
     /// Fetch, deliver and mark one batch, as the design says.
