@@ -324,7 +324,9 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     outcome.notes.push(
         "Each figure is events / the relay's own time from its first fetch to its last commit: \
          the child's start, its connections and the final empty fetch are outside it. \
-         in_flight: events sent and not yet acknowledged at once (Redis: the batch's pipeline)."
+         in_flight: events sent and not yet acknowledged at once (Redis: the batch's pipeline). \
+         The relay fetches the next batch on a second connection while it delivers a full one \
+         (fetch then shows only the wait left)."
             .into(),
     );
     Ok(outcome)

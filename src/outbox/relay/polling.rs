@@ -46,6 +46,18 @@ pub struct Relay {
     pub(super) claimant: String,
     /// Lock design: how its batches spent their time.
     pub(super) timer: BatchTimer,
+    /// Lock design: the second connection that fetches the next batch while this one is
+    /// delivered ([`lock`](super::lock)); opened at the first full batch.
+    pub(super) ahead: Option<Ahead>,
+}
+
+/// A connection of the lock design's, with the design's statements prepared on it, and the rows
+/// its open transaction holds locked (fetched ahead, not sent yet).
+pub(super) struct Ahead {
+    pub client: Client,
+    pub fetch: Statement,
+    pub mark: Statement,
+    pub rows: Option<Vec<Row>>,
 }
 
 impl Relay {
@@ -80,6 +92,7 @@ impl Relay {
             stats: Arc::default(),
             claimant,
             timer: BatchTimer::default(),
+            ahead: None,
         })
     }
 
@@ -161,6 +174,8 @@ impl Relay {
                 (self.fetch, self.mark) = prepare(&client, &self.config).await?;
                 self.client = client;
                 self.notifications = notifications;
+                // Its second connection may be gone too: the next full batch opens a new one.
+                self.ahead = None;
             }
             Err(_) => {} // fallback poll
         }
@@ -169,7 +184,10 @@ impl Relay {
 }
 
 /// The design's fetch and mark, prepared on `client`.
-async fn prepare(client: &Client, config: &RelayConfig) -> Result<(Statement, Statement)> {
+pub(super) async fn prepare(
+    client: &Client,
+    config: &RelayConfig,
+) -> Result<(Statement, Statement)> {
     let (fetch, mark) = match config.design {
         RelayDesign::Lock | RelayDesign::MarkBeforeSend => (
             fetch_statement(config.partition.is_some(), config.head_of_line_guard),
@@ -181,7 +199,7 @@ async fn prepare(client: &Client, config: &RelayConfig) -> Result<(Statement, St
 }
 
 /// A connection, LISTENing when asked.
-async fn open_connection(
+pub(super) async fn open_connection(
     db: &tokio_postgres::Config,
     listen: bool,
 ) -> Result<(Client, Option<UnboundedReceiver<Notification>>)> {
