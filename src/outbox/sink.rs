@@ -267,21 +267,32 @@ impl RedisSink {
     async fn deliver(&self, events: &[Event], on_delivered: impl Fn(&Event)) -> Vec<Result<()>> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
+        // Built once per run of events of one aggregate type, the event id and the payload
+        // written into buffers reused from event to event: no allocation per event here.
+        let mut stream = (None, String::new());
+        let mut event_id = uuid::Uuid::encode_buffer();
+        let mut payload = Vec::new();
         for event in events {
+            if stream.0 != Some(event.aggregate_type.as_str()) {
+                stream = (
+                    Some(event.aggregate_type.as_str()),
+                    Self::stream_name(&self.stream_prefix, &event.aggregate_type),
+                );
+            }
+            payload.clear();
+            // A Value always serializes.
+            let _ = serde_json::to_writer(&mut payload, &event.payload);
             pipe.cmd("XADD")
-                .arg(Self::stream_name(
-                    &self.stream_prefix,
-                    &event.aggregate_type,
-                ))
+                .arg(&stream.1)
                 .arg("*")
                 .arg("event_id")
-                .arg(event.event_id.to_string())
+                .arg(&*event.event_id.hyphenated().encode_lower(&mut event_id))
                 .arg("aggregate_id")
                 .arg(&event.aggregate_id)
                 .arg("event_type")
                 .arg(&event.event_type)
                 .arg("payload")
-                .arg(event.payload.to_string())
+                .arg(&payload[..])
                 .arg("outbox_id")
                 .arg(event.outbox_id.unwrap_or_default());
         }

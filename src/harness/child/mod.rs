@@ -25,6 +25,10 @@ use crate::outbox::crash::{CrashPlan, CrashPoint};
 pub use role::{ChildArgs, Role};
 pub use run::run_role;
 
+/// Starts the line on which a child gives the parent its account (JSON of a type both sides
+/// share, e.g. a relay's [`BatchTimings`](crate::outbox::relay::BatchTimings)).
+pub const REPORT_PREFIX: &str = "report ";
+
 /// How long a consumer may take to say where it listens.
 const CONSUMER_READY_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -73,7 +77,19 @@ pub struct ChildRun {
 impl ChildRun {
     /// The child's own log lines (relays print the article's `[relay 0] ...` lines).
     pub fn log_lines(&self) -> impl Iterator<Item = &str> {
-        self.stdout.lines()
+        self.stdout
+            .lines()
+            .filter(|line| !line.starts_with(REPORT_PREFIX))
+    }
+
+    /// The account the child gave on its [`REPORT_PREFIX`] line.
+    pub fn report<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        let line = self
+            .stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(REPORT_PREFIX))
+            .ok_or_else(|| anyhow!("the child gave no report"))?;
+        serde_json::from_str(line).context("the child's report is unreadable")
     }
 
     /// Errors unless the child ended as expected: a scenario whose setup went wrong must not

@@ -13,6 +13,7 @@ use super::role::{
     ChildArgs, ChildSpec, ExploreRelayRole, ExploreWriterRole, NaiveAppRole, Role, WriterRole,
     SPEC_ENV,
 };
+use super::REPORT_PREFIX;
 use crate::connect;
 use crate::harness::db::Database;
 use crate::ops::logging::{self, LogFormat};
@@ -64,8 +65,8 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             let mut relay = options.connect(&db.config()?).await?;
             drive(&mut relay, options.until(), std::future::pending())
                 .await?
-                .or_gave_up(&options.name)
-                .map(drop)
+                .or_gave_up(&options.name)?;
+            report(&relay.timings())
         }
         Role::CdcRelay(role) => {
             let config = CdcConfig {
@@ -247,6 +248,14 @@ async fn explore_relay(db: &Database, role: ExploreRelayRole) -> Result<()> {
         }
     };
     ended.or_gave_up(&options.name).map(drop)
+}
+
+/// The child's account for the parent ([`ChildRun::report`](super::ChildRun::report)).
+fn report(account: &impl serde::Serialize) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{REPORT_PREFIX}{}", serde_json::to_string(account)?)?;
+    out.flush()?;
+    Ok(())
 }
 
 /// A consumer child prints `listening URL` once it serves; the parent reads that line.

@@ -403,6 +403,64 @@ pub async fn drive<R: OutboxRelay>(
     }
 }
 
+/// How a draining relay spent its time on the batches that found rows, on its own clock: what a
+/// throughput figure divides by. The phases are the steps of a batch as the relay waits on
+/// them; whatever is left of `busy` went between batches.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BatchTimings {
+    /// Batches that found rows, and the rows they fetched.
+    pub batches: u64,
+    pub events: u64,
+    /// From the start of the first fetch that found rows to the end of the last commit: the
+    /// process's start, its connections and the final empty fetch are outside it.
+    pub busy: Duration,
+    /// BEGIN and the fetch, until the rows are in hand.
+    pub fetch: Duration,
+    /// The sink's deliveries (and the record of any failure).
+    pub send: Duration,
+    /// The UPDATE that marks the delivered rows published.
+    pub mark: Duration,
+    pub commit: Duration,
+}
+
+/// When each step of one batch ended.
+pub(crate) struct BatchClock {
+    pub started: Instant,
+    pub fetched: Instant,
+    pub sent: Instant,
+    pub marked: Instant,
+    pub committed: Instant,
+}
+
+/// Adds up a relay's [`BatchTimings`], batch after batch.
+#[derive(Debug, Default)]
+pub(crate) struct BatchTimer {
+    first_fetch: Option<Instant>,
+    timings: BatchTimings,
+}
+
+impl BatchTimer {
+    /// Counts a batch of `rows` rows; an empty fetch is not a batch.
+    pub fn record(&mut self, rows: usize, clock: &BatchClock) {
+        if rows == 0 {
+            return;
+        }
+        let first_fetch = *self.first_fetch.get_or_insert(clock.started);
+        let timings = &mut self.timings;
+        timings.batches += 1;
+        timings.events += rows as u64;
+        timings.busy = clock.committed - first_fetch;
+        timings.fetch += clock.fetched - clock.started;
+        timings.send += clock.sent - clock.fetched;
+        timings.mark += clock.marked - clock.sent;
+        timings.commit += clock.committed - clock.marked;
+    }
+
+    pub fn timings(&self) -> BatchTimings {
+        self.timings
+    }
+}
+
 /// A relay's counters since it started.
 #[derive(Debug, Default)]
 pub struct RelayStats {

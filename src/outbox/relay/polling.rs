@@ -16,7 +16,10 @@ use super::sql::{
     fetch_statement, CLAIM_BATCH, CLAIM_BATCH_FENCED, MARK_CLAIMED_PUBLISHED, MARK_FAILED,
     MARK_FENCED_PUBLISHED, MARK_PUBLISHED, PENDING,
 };
-use super::{OutboxRelay, Pass, Pending, RelayConfig, RelayDesign, RelayStats, Wakeup};
+use super::{
+    BatchTimer, BatchTimings, OutboxRelay, Pass, Pending, RelayConfig, RelayDesign, RelayStats,
+    Wakeup,
+};
 use crate::connect;
 use crate::outbox::crash::{self, CrashPoint};
 use crate::outbox::event::Event;
@@ -42,6 +45,20 @@ pub struct Relay {
     pub(super) stats: Arc<RelayStats>,
     /// Claim design: the `claimed_by` of this relay's leases, unique to its process.
     pub(super) claimant: String,
+    /// Lock design: how its batches spent their time.
+    pub(super) timer: BatchTimer,
+    /// Lock design: the second connection that fetches the next batch while this one is
+    /// delivered ([`lock`](super::lock)); opened at the first full batch.
+    pub(super) ahead: Option<Ahead>,
+}
+
+/// A connection of the lock design's, with the design's statements prepared on it, and the rows
+/// its open transaction holds locked (fetched ahead, not sent yet).
+pub(super) struct Ahead {
+    pub client: Client,
+    pub fetch: Statement,
+    pub mark: Statement,
+    pub rows: Option<Vec<Row>>,
 }
 
 impl Relay {
@@ -75,12 +92,19 @@ impl Relay {
             name: name.to_string(),
             stats: Arc::default(),
             claimant,
+            timer: BatchTimer::default(),
+            ahead: None,
         })
     }
 
     /// Its counters, shared with a `/metrics` endpoint.
     pub fn stats(&self) -> Arc<RelayStats> {
         self.stats.clone()
+    }
+
+    /// How its batches spent their time so far (lock design; zero for the others).
+    pub fn timings(&self) -> BatchTimings {
+        self.timer.timings()
     }
 
     /// Fetch, deliver and mark one batch, as the design says.
@@ -179,12 +203,17 @@ impl Relay {
         self.client = client;
         self.notifications = notifications;
         (self.fetch, self.mark) = (fetch, mark);
+        // Its second connection may be gone too: the next full batch opens a new one.
+        self.ahead = None;
         Ok(())
     }
 }
 
 /// The design's fetch and mark, prepared on `client`.
-async fn prepare(client: &Client, config: &RelayConfig) -> Result<(Statement, Statement)> {
+pub(super) async fn prepare(
+    client: &Client,
+    config: &RelayConfig,
+) -> Result<(Statement, Statement)> {
     let (fetch, mark) = match config.design {
         RelayDesign::Lock | RelayDesign::MarkBeforeSend => (
             fetch_statement(config.partition.is_some(), config.head_of_line_guard),
@@ -197,7 +226,7 @@ async fn prepare(client: &Client, config: &RelayConfig) -> Result<(Statement, St
 }
 
 /// A connection, LISTENing when asked.
-async fn open_connection(
+pub(super) async fn open_connection(
     db: &tokio_postgres::Config,
     listen: bool,
 ) -> Result<(Client, Option<UnboundedReceiver<Notification>>)> {
