@@ -95,7 +95,8 @@ fn a_relay_paused_past_its_lease_ships_twice_unless_fenced() {
         let run = run_json(
             &["explore"],
             &results,
-            &["--design", design, "--schedule", schedule],
+            // 12 orders: relay 0 surely claims a batch before relay 1 has taken everything.
+            &["--design", design, "--orders", "12", "--schedule", schedule],
         );
         assert_passed(&run); // neither design claims duplicate: the metric says what happened
         let history = history(&results, design);

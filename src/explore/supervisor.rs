@@ -191,7 +191,8 @@ struct Stage<'r> {
 }
 
 impl<'s> Lab<'s> {
-    /// Creates the design's database with the article's schema (and the watermark table).
+    /// Creates the design's database with the article's schema, the watermark table, and the
+    /// claim designs' lease columns and fences.
     pub async fn prepare(
         server: &'s PgServer,
         design: &'static Design,
