@@ -134,9 +134,6 @@ impl Cluster {
                 "max_replication_slots=20",
                 "-c",
                 "max_wal_senders=20",
-                // notify-latency splits each delivery's latency at its commit time.
-                "-c",
-                "track_commit_timestamp=on",
             ]);
         let pid_file = data_dir.join("postmaster.pid");
         let ready = async || {

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use super::{Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::connect;
 use crate::harness::child::ChildEnd;
-use crate::judge::counts;
+use crate::judge::{counts, median};
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::relay::RelayConfig;
 use crate::outbox::schema;
@@ -146,16 +146,6 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     bar.finish_and_clear();
     outcome.tables.push(table);
     Ok(outcome)
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    match sorted.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    }
 }
 
 /// Events per second against batch size, a line per sink, from the table of cells.

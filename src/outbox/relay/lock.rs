@@ -8,6 +8,7 @@ use tokio_postgres::types::ToSql;
 use super::polling::{deliver_rows, Relay};
 use super::Pass;
 use crate::outbox::crash::{self, CrashPoint};
+use crate::outbox::phases::{self, RelayMoment};
 
 impl Relay {
     /// The article's: fetch, deliver and mark in one transaction that holds the row locks.
@@ -42,6 +43,9 @@ impl Relay {
             self.client.batch_execute("BEGIN"),
             self.client.query(&self.fetch, params),
         )?;
+        if self.config.log_phases && !rows.is_empty() {
+            phases::relay_moment(RelayMoment::Fetched, &[]);
+        }
         let (outcome, delivered) =
             deliver_rows(&self.sink, &self.config, &self.name, &self.client, &rows).await?;
         if !delivered.is_empty() {
