@@ -236,15 +236,30 @@ fn batch_throughput_delivers_every_event_and_batching_pays() {
 }
 
 /// notify-latency (shortened): NOTIFY answers in milliseconds where 1 s polling takes hundreds,
-/// and idles with far fewer transactions than 100 ms polling.
+/// to HTTP and to Redis, every timed event with its commit -> receipt; it idles with far fewer
+/// transactions than 100 ms polling; and its trigger makes writers' commits queue up, which
+/// they never do without it.
 #[test]
 fn notify_beats_polling_on_latency_and_idle_cost() {
     let run = scenario("notify-latency", &["--quick"]);
     assert!(run.code == 0 || run.code == 1, "{}", run.stderr);
-    for mode in ["poll1000", "poll100", "notify"] {
-        assert_eq!(run.metric(&format!("{mode}.samples")), 12, "{mode}");
+    let param = |name: &str| run.json()["params"][name].as_i64().unwrap();
+    for mode in ["poll1000", "poll100"] {
+        assert_eq!(run.metric(&format!("{mode}.samples")), param("orders"));
     }
-    assert!(run.metric_f64("notify.p50_ms") < run.metric_f64("poll1000.p50_ms") / 10.0);
+    let poll_p50 = run.metric_f64("poll1000.p50_ms");
+    for mode in ["notify", "notify_redis"] {
+        assert_eq!(
+            run.metric(&format!("{mode}.samples")),
+            param("notify_events")
+        );
+        let commit_to_receipt = run.metric_f64(&format!("{mode}.commit_to_receipt_p50_ms"));
+        assert!(
+            commit_to_receipt < poll_p50 / 10.0,
+            "{mode}: {commit_to_receipt} ms"
+        );
+    }
     assert!(run.metric("notify.idle_xacts_10s") < run.metric("poll100.idle_xacts_10s") / 2);
-    assert!(run.metric_f64("writer_tps.with_trigger") > 0.0);
+    assert!(run.metric_f64("commit_queue.with_trigger") >= 0.1);
+    assert_eq!(run.metric_f64("commit_queue.without_trigger"), 0.0);
 }

@@ -159,9 +159,6 @@ impl Cluster {
                 "max_replication_slots=20",
                 "-c",
                 "max_wal_senders=20",
-                // notify-latency splits each delivery's latency at its commit time.
-                "-c",
-                "track_commit_timestamp=on",
             ]);
         if after_crash {
             // Crash recovery first flushes the data directory: one syncfs, not an fsync per

@@ -278,6 +278,12 @@ SELECT r.seq, (EXTRACT(EPOCH FROM r.received_at - o.created_at) * 1000)::float8 
 pub const XACT_COMMIT: &str =
     "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
 
+/// Sessions of this database waiting for the lock a notifying COMMIT takes (a lock on database
+/// object 0, held until the commit ends): notifying commits go one at a time.
+pub const WAITING_TO_NOTIFY: &str = "
+SELECT count(*) FROM pg_stat_activity
+ WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'object'";
+
 /// Throughput of the writers: orders per second between the first and the last order.
 pub const ORDERS_PER_S: &str = "
 SELECT count(*) / GREATEST(EXTRACT(EPOCH FROM max(created_at) - min(created_at)), 0.001)::float8
@@ -335,18 +341,18 @@ pub async fn count(client: &Client, sql: &str) -> Result<i64> {
     Ok(client.query_one(sql, &[]).await?.get(0))
 }
 
-/// Where a delivery's time goes, as medians: from the INSERT to the writer's COMMIT (the commit
-/// timestamp of the order row, written in the same transaction and never updated), and from
-/// that COMMIT to the consumer's receipt (WAL flush, NOTIFY or poll, the relay's fetch, HTTP,
-/// the consumer's insert). Empty unless the server has track_commit_timestamp on.
-pub const LATENCY_BREAKDOWN_MS: &str = "
-SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY
-         EXTRACT(EPOCH FROM pg_xact_commit_timestamp(w.xmin) - o.created_at) * 1000)::float8
-         AS insert_to_commit_p50_ms,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY
-         EXTRACT(EPOCH FROM r.received_at - pg_xact_commit_timestamp(w.xmin)) * 1000)::float8
-         AS commit_to_receipt_p50_ms
-  FROM outbox o
-  JOIN orders w ON w.id::text = o.aggregate_id
-  JOIN consumer.receipts r ON r.event_id = o.event_id AND NOT r.injected_fault
- WHERE current_setting('track_commit_timestamp') = 'on'";
+/// Each delivery's times on the server's clock, in microseconds since the epoch: the outbox
+/// row's INSERT and the consumer's receipt, with the row's ids (notify-latency sets the
+/// writer's and the relay's own times beside them).
+pub const RECEIPT_TIMES_US: &str = "
+SELECT r.seq, o.id AS outbox_id, o.aggregate_id AS order_id,
+       (EXTRACT(EPOCH FROM o.created_at) * 1000000)::bigint AS inserted_us,
+       (EXTRACT(EPOCH FROM r.received_at) * 1000000)::bigint AS received_us
+  FROM consumer.receipts r
+  JOIN outbox o ON o.event_id = r.event_id
+ WHERE NOT r.injected_fault
+ ORDER BY r.seq";
+
+/// The server's clock, in microseconds since the epoch.
+pub const SERVER_CLOCK_US: &str =
+    "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::bigint";

@@ -23,12 +23,20 @@ pub struct LatencySummary {
 
 /// Every delivery the consumer received in this database.
 pub async fn measure(client: &Client) -> Result<LatencySummary> {
+    let rows = client.query(counts::LATENCIES_MS, &[]).await?;
+    summarise(
+        rows.iter()
+            .map(|row| (row.get("seq"), row.get("latency_ms")))
+            .collect(),
+    )
+}
+
+/// The distribution of latencies measured some other way (by receipt `seq`, in ms). A latency
+/// under a microsecond counts as one (a phase can even be negative: the histogram's floor).
+pub fn summarise(each_ms: Vec<(i64, f64)>) -> Result<LatencySummary> {
     let mut histogram = Histogram::<u64>::new_with_bounds(1, HISTOGRAM_MAX_US, 3)?;
-    let mut each_ms = Vec::new();
-    for row in client.query(counts::LATENCIES_MS, &[]).await? {
-        let (seq, latency_ms): (i64, f64) = (row.get("seq"), row.get("latency_ms"));
+    for (_, latency_ms) in &each_ms {
         histogram.saturating_record((latency_ms * 1000.0).round().max(1.0) as u64);
-        each_ms.push((seq, latency_ms));
     }
     let ms = |us: u64| (us as f64 / 10.0).round() / 100.0;
     Ok(LatencySummary {

@@ -1,8 +1,8 @@
 //! The judge: the invariants, each defined once ([`invariants`]: ghost, lost, duplicate, order,
 //! liveness), what happened, counted from the database after the run ([`counts`]), latency
 //! summaries ([`latency`]), plans read with EXPLAIN ([`explain`]), the scenarios' expected
-//! figures held against what was measured ([`expectations`]), and judging a consumer whose
-//! tables live in another database ([`two_databases`]).
+//! figures held against what was measured ([`expectations`]), judging a consumer whose tables
+//! live in another database ([`two_databases`]), and the [`median`] of a figure's rounds.
 
 pub mod counts;
 pub mod expectations;
@@ -10,3 +10,15 @@ pub mod explain;
 pub mod invariants;
 pub mod latency;
 pub mod two_databases;
+
+/// The median of a figure measured in several rounds (0 for none): one slow round on a shared
+/// machine does not move it.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}

@@ -172,6 +172,8 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         while connections.try_join_next().is_some() {} // reap closed connections
+                                                       // Each reply goes out at once, not held back by Nagle for an earlier segment's ACK.
+        let _ = stream.set_nodelay(true);
         let state = state.clone();
         connections.spawn(async move {
             let service = service_fn(move |request| handle(state.clone(), request));

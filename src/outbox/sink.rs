@@ -148,7 +148,10 @@ impl HttpSink {
         let uri: Uri = format!("{}/events", base_url.trim_end_matches('/'))
             .parse()
             .with_context(|| format!("invalid sink URL '{base_url}'"))?;
-        let client = Client::builder(TokioExecutor::new()).build_http();
+        let mut connector = HttpConnector::new();
+        // Each request goes out at once, not held back by Nagle for an earlier segment's ACK.
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
         Ok(HttpSink {
             uri,
             client,

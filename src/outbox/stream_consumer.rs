@@ -3,6 +3,8 @@
 //! consumer's logic ([`consumer::apply`]) and XACKs. The stream is at-least-once too: a worker
 //! that dies before XACK leaves its entries pending, and another worker claims them.
 
+use std::time::Duration;
+
 use anyhow::{anyhow, Result};
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamId, StreamReadOptions, StreamReadReply};
@@ -18,6 +20,9 @@ pub const GROUP: &str = "shipping";
 /// XREADGROUP start ids: "0" re-reads this worker's own pending entries, ">" reads new ones.
 const OWN_PENDING: &str = "0";
 const NEW_ENTRIES: &str = ">";
+/// A following worker's XREADGROUP waits this long for an entry before asking again: under the
+/// connection's response timeout, so an idle stream is no error.
+const FOLLOW_BLOCK: Option<Duration> = Some(Duration::from_millis(100));
 
 pub struct StreamWorker {
     pub redis: MultiplexedConnection,
@@ -50,10 +55,39 @@ impl StreamWorker {
         Ok(applied)
     }
 
+    /// Applies and acknowledges new entries as they arrive, until the process is killed
+    /// (notify-latency's Redis consumer: its receipts time the deliveries).
+    pub async fn follow(&mut self, count: usize) -> Result<()> {
+        loop {
+            let entries = self.read_blocking(NEW_ENTRIES, count, FOLLOW_BLOCK).await?;
+            for entry in &entries {
+                let event = event_of(&self.stream, entry)?;
+                consumer::apply(&self.db, self.kind, &event).await?;
+            }
+            if !entries.is_empty() {
+                let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+                let _: i64 = self.redis.xack(&self.stream, GROUP, &ids).await?;
+            }
+        }
+    }
+
     async fn read(&mut self, start: &str, count: usize) -> Result<Vec<StreamId>> {
-        let options = StreamReadOptions::default()
+        self.read_blocking(start, count, None).await
+    }
+
+    /// XREADGROUP, waiting up to `block` for an entry when there is none.
+    async fn read_blocking(
+        &mut self,
+        start: &str,
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<StreamId>> {
+        let mut options = StreamReadOptions::default()
             .group(GROUP, &self.name)
             .count(count);
+        if let Some(block) = block {
+            options = options.block(block.as_millis() as usize);
+        }
         let reply: Option<StreamReadReply> = self
             .redis
             .xread_options(&[&self.stream], &[start], &options)

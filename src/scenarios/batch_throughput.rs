@@ -20,7 +20,7 @@ use super::{metric_names, Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::connect;
 use crate::harness::child::{ChildEnd, ConsumerProcess};
 use crate::harness::db::Database;
-use crate::judge::counts;
+use crate::judge::{counts, median};
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::relay::{BatchTimings, RelayConfig};
 use crate::outbox::schema;
@@ -397,16 +397,6 @@ fn phase_split(timings: &BatchTimings) -> [String; 7] {
         format!("{:.0}", pct(timings.commit)),
         format!("{:.0}", between.max(0.0)),
     ]
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    match sorted.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    }
 }
 
 /// Events per second against batch size, a line per sink and (one-event-per-request HTTP)

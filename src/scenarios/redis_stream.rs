@@ -98,6 +98,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
                 worker: name.to_string(),
                 kind,
                 count,
+                follow: false,
             };
             ChildCommand::new(&db, role)
         };

@@ -248,6 +248,12 @@ impl RunningChild {
         drop(self.stdin.take());
     }
 
+    /// The write end of its stdin, held apart: [`RunningChild::finish`] then reads its output
+    /// while it runs, and dropping this tells it to stop (a following relay).
+    pub fn take_stdin(&mut self) -> Option<ChildStdin> {
+        self.stdin.take()
+    }
+
     /// Waits for its end (or kills it after `timeout`) and classifies how it ended.
     pub async fn finish(self, timeout: Duration) -> Result<ChildRun> {
         match tokio::time::timeout(timeout, self.child.wait_with_output()).await {

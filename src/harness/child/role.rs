@@ -94,6 +94,8 @@ pub struct WriterRole {
     pub duration: Option<Duration>,
     /// Delete the outbox rows again in the same transaction (the Debezium-style outbox).
     pub delete_outbox: bool,
+    /// Print when each COMMIT returned ([`crate::outbox::phases`]).
+    pub report_commits: bool,
 }
 
 impl WriterRole {
@@ -106,6 +108,7 @@ impl WriterRole {
             seed: 1,
             duration: None,
             delete_outbox: false,
+            report_commits: false,
         }
     }
 }
@@ -139,7 +142,10 @@ pub struct StreamWorkerRole {
     pub stream: String,
     pub worker: String,
     pub kind: ConsumerKind,
+    /// Entries read at a time.
     pub count: usize,
+    /// Keep reading new entries until killed, instead of stopping after one read of each kind.
+    pub follow: bool,
 }
 
 /// The HTTP consumer; prints `listening URL` and serves until killed.

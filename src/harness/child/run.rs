@@ -19,6 +19,7 @@ use crate::harness::db::Database;
 use crate::ops::logging::{self, LogFormat};
 use crate::outbox::consumer;
 use crate::outbox::crash;
+use crate::outbox::phases;
 use crate::outbox::relay::cdc::{CdcConfig, CdcRelay};
 use crate::outbox::relay::watermark::StoredWatermarkRelay;
 use crate::outbox::relay::{drive, Until, RELAY_APPLICATION_NAME};
@@ -46,8 +47,16 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
         crash::arm_pause(plan);
     }
     let db = spec.database;
-    match spec.role {
-        Role::Writer(role) => write_orders(&db, role).await,
+    let ended = perform(&db, spec.role).await;
+    // What the role noted for notify-latency, now that nothing is timed any more.
+    phases::print_held();
+    ended
+}
+
+/// Runs the role.
+async fn perform(db: &Database, role: Role) -> Result<()> {
+    match role {
+        Role::Writer(role) => write_orders(db, role).await,
         Role::NaiveApp(role) => {
             let mut client = db.connect().await?;
             let sink = HttpSink::new(&role.sink)?;
@@ -63,9 +72,15 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
         }
         Role::Relay(options) => {
             let mut relay = options.connect(&db.config()?).await?;
-            drive(&mut relay, options.until(), std::future::pending())
-                .await?
-                .or_gave_up(&options.name)?;
+            let until = options.until();
+            // A following relay stops, its last batch finished, once its stdin is closed: the
+            // parent then reads all it printed. A draining one reads nothing: a read of stdin
+            // left unfinished would hold the process at its exit.
+            let ended = match options.follow {
+                Some(_) => drive(&mut relay, until, stdin_closed()).await?,
+                None => drive(&mut relay, until, std::future::pending()).await?,
+            };
+            ended.or_gave_up(&options.name)?;
             report(&relay.timings())
         }
         Role::CdcRelay(role) => {
@@ -91,6 +106,9 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
                 name: role.worker,
                 kind: role.kind,
             };
+            if role.follow {
+                return worker.follow(role.count).await;
+            }
             let applied = worker.work(role.count).await?;
             println!("applied {applied}");
             Ok(())
@@ -111,8 +129,8 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
             )
             .await
         }
-        Role::ExploreWriter(role) => explore_writer(&db, role).await,
-        Role::ExploreRelay(role) => explore_relay(&db, role).await,
+        Role::ExploreWriter(role) => explore_writer(db, role).await,
+        Role::ExploreRelay(role) => explore_relay(db, role).await,
     }
 }
 
@@ -137,7 +155,7 @@ async fn write_orders(db: &Database, role: WriterRole) -> Result<()> {
             );
             tokio::time::sleep_until((started + at).into()).await;
         }
-        writer::create_order_with_events(
+        let order_id = writer::create_order_with_events(
             &mut client,
             customer_id,
             role.events_per_order,
@@ -145,6 +163,9 @@ async fn write_orders(db: &Database, role: WriterRole) -> Result<()> {
             role.delete_outbox,
         )
         .await?;
+        if role.report_commits {
+            phases::committed(order_id);
+        }
     }
     Ok(())
 }
@@ -214,13 +235,18 @@ fn log_line(line: std::fmt::Arguments<'_>) {
     let _ = out.flush();
 }
 
+/// Resolves once the parent has closed the child's stdin.
+async fn stdin_closed() {
+    let mut input = Vec::new();
+    let _ = tokio::io::stdin().read_to_end(&mut input).await;
+}
+
 /// Polls until stdin is closed and nothing is pending, or gives up at the deadline.
 async fn explore_relay(db: &Database, role: ExploreRelayRole) -> Result<()> {
     let writer_done = Arc::new(AtomicBool::new(false));
     let flag = writer_done.clone();
     tokio::spawn(async move {
-        let mut input = Vec::new();
-        let _ = tokio::io::stdin().read_to_end(&mut input).await;
+        stdin_closed().await;
         flag.store(true, Ordering::SeqCst);
     });
     let options = role.relay;

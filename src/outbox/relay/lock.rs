@@ -18,6 +18,7 @@ use tokio_postgres::{Client, Row, Statement};
 use super::polling::{deliver_rows, open_connection, prepare, Ahead, Relay};
 use super::{BatchClock, Pass, RelayConfig};
 use crate::outbox::crash::{self, CrashPoint};
+use crate::outbox::phases::{self, RelayMoment};
 
 impl Relay {
     /// The article's: fetch, deliver and mark in one transaction that holds the row locks.
@@ -37,6 +38,9 @@ impl Relay {
             None => begin_and_fetch(&self.client, &self.fetch, &self.config).await?,
         };
         let fetched = Instant::now();
+        if self.config.log_phases && !rows.is_empty() {
+            phases::relay_moment(RelayMoment::Fetched, &[]);
+        }
         let full = rows.len() as i64 >= self.config.batch;
         let Relay {
             db,

@@ -178,6 +178,9 @@ pub struct RelayConfig {
     pub request_timeout: Duration,
     /// Also log every delivery attempt (`sending`, `sent`): the history explore audits.
     pub log_attempts: bool,
+    /// Also log when it woke, fetched and sent ([`crate::outbox::phases`]): notify-latency's
+    /// split of a delivery's time.
+    pub log_phases: bool,
 }
 
 /// The attempts after which a row is a dead letter, unless a relay is told otherwise.
@@ -197,6 +200,7 @@ impl Default for RelayConfig {
             head_of_line_guard: false,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             log_attempts: false,
+            log_phases: false,
         }
     }
 }

@@ -23,6 +23,7 @@ use super::{
 use crate::connect;
 use crate::outbox::crash::{self, CrashPoint};
 use crate::outbox::event::Event;
+use crate::outbox::phases::{self, RelayMoment};
 use crate::outbox::schema;
 use crate::outbox::sink::Sink;
 
@@ -185,6 +186,9 @@ impl Relay {
             }
             Err(_) => {} // fallback poll
         }
+        if self.config.log_phases {
+            phases::relay_moment(RelayMoment::Woken, &[]);
+        }
         Ok(())
     }
 
@@ -260,6 +264,10 @@ pub(super) async fn deliver_rows(
     }
     crash::point(CrashPoint::RelayAfterFetchBeforeSend);
     let events: Vec<Event> = rows.iter().map(Event::from_outbox_row).collect();
+    if config.log_phases {
+        let ids: Vec<i64> = events.iter().filter_map(|e| e.outbox_id).collect();
+        phases::relay_moment(RelayMoment::Sending, &ids);
+    }
     if config.log_attempts {
         for event in &events {
             let id = event.outbox_id.expect("outbox rows have ids");
