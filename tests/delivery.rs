@@ -177,7 +177,7 @@ fn external_redis_keeps_user_keys_and_loses_ours() {
 #[test]
 fn redis_sink_marks_each_acknowledged_xadd() {
     use outbox_lab::outbox::event::Event;
-    use outbox_lab::outbox::sink::Sink;
+    use outbox_lab::outbox::sink::SinkOptions;
     use std::sync::Mutex;
 
     let redis = ExternalRedis::start();
@@ -198,7 +198,8 @@ fn redis_sink_marks_each_acknowledged_xadd() {
     ];
     let seen = Mutex::new(Vec::new());
     let results = common::block_on(async {
-        let sink = Sink::connect(&redis.url, 1, Duration::from_secs(5), "")
+        let sink = SinkOptions::new(&redis.url)
+            .connect(Duration::from_secs(5))
             .await
             .unwrap();
         sink.deliver(&events, |e| seen.lock().unwrap().push(e.outbox_id))
