@@ -268,7 +268,7 @@ fn batch_throughput_batching_pays_at_one_concurrency() {
         ("1000", "16"),
     ];
     assert_eq!(http_cells, expected, "HTTP cells (batch, in flight)");
-    for sink in ["redis", "http", "http_array"] {
+    for sink in ["redis", "http"] {
         let one = run.metric_f64(&format!("{sink}.batch1.events_per_s"));
         let hundred = run.metric_f64(&format!("{sink}.batch100.events_per_s"));
         assert!(
