@@ -177,7 +177,7 @@ fn external_redis_keeps_user_keys_and_loses_ours() {
 #[test]
 fn redis_sink_marks_each_acknowledged_xadd() {
     use outbox_lab::outbox::event::Event;
-    use outbox_lab::outbox::sink::Sink;
+    use outbox_lab::outbox::sink::SinkOptions;
     use std::sync::Mutex;
 
     let redis = ExternalRedis::start();
@@ -199,7 +199,8 @@ fn redis_sink_marks_each_acknowledged_xadd() {
     ];
     let seen = Mutex::new(Vec::new());
     let results = common::block_on(async {
-        let sink = Sink::connect(&redis.url, 1, Duration::from_secs(5), "")
+        let sink = SinkOptions::new(&redis.url)
+            .connect(Duration::from_secs(5))
             .await
             .unwrap();
         sink.deliver(&events, |e| seen.lock().unwrap().push(e.outbox_id))
@@ -216,23 +217,68 @@ fn redis_sink_marks_each_acknowledged_xadd() {
     assert_eq!(redis.cli(&["GET", "outbox.event.payments"]), "x");
 }
 
-/// batch-throughput (1,000 events): every cell delivers everything, and batching pays.
+/// batch-throughput (quick): every cell delivers every event (the scenario counts them from
+/// Redis and the database, and stops otherwise), and the article's checks pass: batching pays,
+/// compared at one concurrency. In-flight is its own axis (HTTP one request at a time at every
+/// size, 16 at a time where a batch holds 16), the relay timed every event it delivered, and a
+/// batch per request beats one event per request by far. Speed targets are judged apart (they
+/// may miss on a busy machine) and do not decide the exit status.
 #[test]
-fn batch_throughput_delivers_every_event_and_batching_pays() {
+fn batch_throughput_batching_pays_at_one_concurrency() {
     let run = scenario(
         "batch-throughput",
-        &["--quick", "--set", "batch_sizes=[1, 100]"],
+        &["--quick", "--set", "batch_sizes=[1, 100, 1000]"],
     );
-    assert!(run.code == 0 || run.code == 1, "{}", run.stderr);
+    assert_passed(&run);
+    let json = run.json();
+    let cells = &json["tables"][0];
+    let column = |name: &str| {
+        let columns = cells["columns"].as_array().unwrap();
+        columns.iter().position(|c| c == name).unwrap()
+    };
+    let (sink, batch, in_flight) = (column("sink"), column("batch"), column("in_flight"));
+    let mut http_cells: Vec<(&str, &str)> = cells["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|row| row[sink] == "http")
+        .map(|row| {
+            (
+                row[batch].as_str().unwrap(),
+                row[in_flight].as_str().unwrap(),
+            )
+        })
+        .collect();
+    http_cells.sort();
+    let expected = [
+        ("1", "1"),
+        ("100", "1"),
+        ("100", "16"),
+        ("1000", "1"),
+        ("1000", "16"),
+    ];
+    assert_eq!(http_cells, expected, "HTTP cells (batch, in flight)");
     for sink in ["redis", "http"] {
         let one = run.metric_f64(&format!("{sink}.batch1.events_per_s"));
         let hundred = run.metric_f64(&format!("{sink}.batch100.events_per_s"));
-        // 1,000 commits against 10: the margin is far beyond any machine's noise.
         assert!(
             hundred > one,
             "{sink}: batch 100 {hundred}/s vs batch 1 {one}/s"
         );
     }
+    // One commit of the consumer per batch instead of per event: a margin beyond any noise.
+    let array = run.metric_f64("http_array.batch100.events_per_s");
+    let per_event = run.metric_f64("http.batch100.in_flight16.events_per_s");
+    assert!(
+        array > 2.0 * per_event,
+        "array {array}/s vs 16 in flight {per_event}/s"
+    );
+    let phases = &json["tables"][1];
+    assert_eq!(
+        phases["rows"].as_array().unwrap().len(),
+        cells["rows"].as_array().unwrap().len(),
+        "a phase split per cell"
+    );
 }
 
 /// notify-latency (shortened): NOTIFY answers in milliseconds where 1 s polling takes hundreds,

@@ -1,4 +1,7 @@
 //! The consumer: an HTTP server (hyper) that turns each event into a shipment instruction.
+//! `POST /events` carries one event (the article's relay) or a JSON array of them (a batch per
+//! request, applied in one transaction: one commit for the whole batch, each event applied as
+//! its kind says).
 //!
 //! *Naive*: one shipment per delivery. *Idempotent*: records the event id in
 //! `consumer.processed_events` in the same transaction as the shipment, and answers 200 to a
@@ -68,6 +71,38 @@ RETURNING token";
 /// The answer to a delivery under a stale fencing token (HTTP 409): nothing was done.
 pub const STALE_FENCE: &str = "stale-fence";
 
+/// The receipts of a batch delivered in one request, in batch order.
+pub const RECORD_BATCH_RECEIPTS: &str = "
+INSERT INTO consumer.receipts(event_id, outbox_id, order_id, event_type, injected_fault)
+SELECT event_id, outbox_id, order_id, event_type, false
+  FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[]) WITH ORDINALITY
+       AS delivered(event_id, outbox_id, order_id, event_type, n)
+ ORDER BY n";
+
+/// [`CREATE_SHIPMENT`] for a batch: a shipment for every event in it.
+pub const CREATE_BATCH_SHIPMENTS: &str = "
+INSERT INTO consumer.shipments(order_id, event_id)
+SELECT order_id, event_id
+  FROM unnest($1::text[], $2::uuid[]) WITH ORDINALITY AS delivered(order_id, event_id, n)
+ ORDER BY n";
+
+/// [`SHIP_FIRST_DELIVERY`] for a batch: a shipment for each event delivered for the first time
+/// (once, should the batch carry it twice).
+pub const SHIP_BATCH_FIRST_DELIVERIES: &str = "
+WITH delivered AS (
+  SELECT DISTINCT ON (event_id) order_id, event_id, n
+    FROM unnest($1::text[], $2::uuid[]) WITH ORDINALITY AS d(order_id, event_id, n)
+   ORDER BY event_id, n),
+first_delivery AS (
+  INSERT INTO consumer.processed_events(event_id)
+  SELECT event_id FROM delivered
+  ON CONFLICT DO NOTHING
+  RETURNING event_id)
+INSERT INTO consumer.shipments(order_id, event_id)
+SELECT delivered.order_id, delivered.event_id
+  FROM delivered JOIN first_delivery USING (event_id)
+ ORDER BY delivered.n";
+
 /// How long a stopping consumer waits for requests under way.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
@@ -117,8 +152,8 @@ struct State {
 }
 
 impl State {
-    /// Whether this request gets an injected 500.
-    fn inject_fault(&self, event: &Event) -> bool {
+    /// Whether this request (carrying `events`) gets an injected 500.
+    fn inject_fault(&self, events: &[Event]) -> bool {
         let take_one = |n: u32| n.checked_sub(1);
         if self
             .fail_next
@@ -127,12 +162,15 @@ impl State {
         {
             return true;
         }
-        if event.outbox_id.is_some() && event.outbox_id == self.fail_every_delivery_of {
+        let poison = |event: &Event| {
+            event.outbox_id.is_some() && event.outbox_id == self.fail_every_delivery_of
+        };
+        if events.iter().any(poison) {
             return true;
         }
-        event.outbox_id.is_some()
-            && event.outbox_id == self.fail_first_delivery_of
-            && !self.failed_first_delivery.swap(true, Ordering::SeqCst)
+        events.iter().any(|event| {
+            event.outbox_id.is_some() && event.outbox_id == self.fail_first_delivery_of
+        }) && !self.failed_first_delivery.swap(true, Ordering::SeqCst)
     }
 }
 
@@ -199,18 +237,23 @@ async fn handle(
     if request.method() != Method::POST || request.uri().path() != "/events" {
         return Ok(reply(StatusCode::NOT_FOUND, "only POST /events"));
     }
-    let event = match request.into_body().collect().await {
-        Ok(body) => match serde_json::from_slice::<Event>(&body.to_bytes()) {
-            Ok(event) => event,
-            Err(e) => return Ok(reply(StatusCode::BAD_REQUEST, &format!("bad event: {e}"))),
-        },
+    let body = match request.into_body().collect().await {
+        Ok(body) => body.to_bytes(),
         Err(e) => return Ok(reply(StatusCode::BAD_REQUEST, &format!("bad body: {e}"))),
+    };
+    let delivery = match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'[') => serde_json::from_slice::<Vec<Event>>(&body).map(Delivery::Batch),
+        _ => serde_json::from_slice::<Event>(&body).map(Delivery::One),
+    };
+    let delivery = match delivery {
+        Ok(delivery) => delivery,
+        Err(e) => return Ok(reply(StatusCode::BAD_REQUEST, &format!("bad event: {e}"))),
     };
     if !state.delay.is_zero() {
         // Not even a zero sleep otherwise: the timer rounds it up to its next tick (~1 ms).
         tokio::time::sleep(state.delay).await;
     }
-    Ok(match handle_delivery(&state, &event).await {
+    Ok(match handle_delivery(&state, &delivery).await {
         Ok(Some(STALE_FENCE)) => reply(StatusCode::CONFLICT, STALE_FENCE),
         Ok(Some(result)) => reply(StatusCode::OK, result),
         Ok(None) => reply(StatusCode::INTERNAL_SERVER_ERROR, "injected fault"),
@@ -218,14 +261,31 @@ async fn handle(
     })
 }
 
-/// Answers one delivery: an injected fault, or [`apply`]. `None` when a fault was injected.
-async fn handle_delivery(state: &State, event: &Event) -> Result<Option<&'static str>> {
+/// What one request carries.
+enum Delivery {
+    One(Event),
+    /// A batch, in the relay's order.
+    Batch(Vec<Event>),
+}
+
+/// Answers one request: an injected fault (for every event it carries), or [`apply`] /
+/// [`apply_batch`]. `None` when a fault was injected.
+async fn handle_delivery(state: &State, delivery: &Delivery) -> Result<Option<&'static str>> {
     let conn = state.pool.get().await?;
-    if state.inject_fault(event) {
-        record_receipt(&conn, event, true).await?;
+    let events = match delivery {
+        Delivery::One(event) => std::slice::from_ref(event),
+        Delivery::Batch(events) => events.as_slice(),
+    };
+    if state.inject_fault(events) {
+        for event in events {
+            record_receipt(&conn, event, true).await?;
+        }
         return Ok(None);
     }
-    Ok(Some(apply(&conn, state.kind, event).await?))
+    Ok(Some(match delivery {
+        Delivery::One(event) => apply(&conn, state.kind, event).await?,
+        Delivery::Batch(events) => apply_batch(&conn, state.kind, events).await?,
+    }))
 }
 
 async fn record_receipt(client: &ClientWrapper, event: &Event, injected_fault: bool) -> Result<()> {
@@ -302,6 +362,45 @@ pub async fn apply(
     } else {
         "duplicate-ignored"
     })
+}
+
+/// A batch in one transaction: the receipts, and the side effects as [`apply`] makes them for
+/// each event (every delivery, or only each event's first). BEGIN and the two statements go out
+/// together, then the COMMIT: two round trips and one commit for the whole batch.
+pub async fn apply_batch(
+    client: &ClientWrapper,
+    kind: ConsumerKind,
+    events: &[Event],
+) -> Result<&'static str> {
+    let effect = match kind {
+        ConsumerKind::Naive => CREATE_BATCH_SHIPMENTS,
+        ConsumerKind::Idempotent => SHIP_BATCH_FIRST_DELIVERIES,
+    };
+    let (receipts, effect) = tokio::try_join!(
+        client.prepare_cached(RECORD_BATCH_RECEIPTS),
+        client.prepare_cached(effect),
+    )?;
+    let event_ids: Vec<uuid::Uuid> = events.iter().map(|e| e.event_id).collect();
+    let outbox_ids: Vec<Option<i64>> = events.iter().map(|e| e.outbox_id).collect();
+    let order_ids: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
+    let event_types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    let receipt_params: [&(dyn ToSql + Sync); 4] =
+        [&event_ids, &outbox_ids, &order_ids, &event_types];
+    let effect_params: [&(dyn ToSql + Sync); 2] = [&order_ids, &event_ids];
+    let written = tokio::try_join!(
+        client.batch_execute("BEGIN"),
+        client.execute(&receipts, &receipt_params),
+        client.execute(&effect, &effect_params),
+    );
+    if let Err(e) = written {
+        // The connection goes back to the pool: it must not stay inside the transaction.
+        let _ = client.batch_execute("ROLLBACK").await;
+        return Err(e.into());
+    }
+    crash::point(CrashPoint::ConsumerAfterEffectBeforeCommit);
+    client.batch_execute("COMMIT").await?;
+    crash::point(CrashPoint::ConsumerAfterCommitBeforeReply);
+    Ok("applied")
 }
 
 /// A pool of connections to the consumer's database.

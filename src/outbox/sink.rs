@@ -1,4 +1,5 @@
-//! Where relays deliver events: the HTTP consumer (keep-alive client) or a Redis Stream
+//! Where relays deliver events: the HTTP consumer (keep-alive client; one event per request, as
+//! the article posts them, or a batch per request: [`HttpBody`]) or a Redis Stream
 //! (`XADD outbox.event.<aggregate_type>`, one pipeline per batch, each XADD acknowledged on its
 //! own).
 
@@ -29,31 +30,6 @@ pub enum Sink {
 }
 
 impl Sink {
-    /// `http://…` for the HTTP consumer, a Redis URL ([`is_redis`]) for a Redis Stream. `in_flight` bounds how
-    /// many aggregates an HTTP batch delivers to at once (1: strictly one event after another);
-    /// an HTTP delivery unanswered after `request_timeout` failed; `stream_prefix` goes before
-    /// every stream name.
-    pub async fn connect(
-        url: &str,
-        in_flight: usize,
-        request_timeout: Duration,
-        stream_prefix: &str,
-    ) -> Result<Sink> {
-        if is_redis(url) {
-            let connection = connect::redis(url).await?;
-            Ok(Sink::Redis(RedisSink {
-                connection,
-                stream_prefix: stream_prefix.to_string(),
-            }))
-        } else {
-            Ok(Sink::Http(
-                HttpSink::new(url)?
-                    .in_flight(in_flight)
-                    .request_timeout(request_timeout),
-            ))
-        }
-    }
-
     /// Delivers a batch, in order; `on_delivered` runs after each event known to be delivered
     /// (the relay's crash point). Results come back in batch order.
     pub async fn deliver(
@@ -74,10 +50,24 @@ impl Sink {
 pub struct SinkOptions {
     /// `http://…` (the consumer) or a Redis URL (a stream per aggregate type).
     pub url: String,
-    /// Aggregates delivered to at once over HTTP (per-aggregate order holds).
+    /// Aggregates delivered to at once over HTTP, one event per request (per-aggregate order
+    /// holds); 1: strictly one event after another.
     pub in_flight: usize,
+    /// HTTP: one event per request, or the whole batch in one.
+    pub http_body: HttpBody,
     /// Before every stream name (the run's key prefix on an external Redis).
     pub stream_prefix: String,
+}
+
+/// What an HTTP request carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum HttpBody {
+    /// One event, as the article's relay posts them: the consumer commits once per event.
+    #[default]
+    Event,
+    /// The batch as a JSON array, in batch order: the consumer applies it in one transaction
+    /// (idempotent per event) and the answer covers every event in it.
+    Array,
 }
 
 impl SinkOptions {
@@ -86,18 +76,29 @@ impl SinkOptions {
         SinkOptions {
             url: url.to_string(),
             in_flight: 1,
+            http_body: HttpBody::Event,
             stream_prefix: String::new(),
         }
     }
 
+    /// The sink these options describe: `http://…` for the HTTP consumer, a Redis URL
+    /// ([`is_redis`]) for a Redis Stream. An HTTP delivery unanswered after `request_timeout`
+    /// failed.
     pub async fn connect(&self, request_timeout: Duration) -> Result<Sink> {
-        Sink::connect(
-            &self.url,
-            self.in_flight,
-            request_timeout,
-            &self.stream_prefix,
-        )
-        .await
+        if is_redis(&self.url) {
+            let connection = connect::redis(&self.url).await?;
+            Ok(Sink::Redis(RedisSink {
+                connection,
+                stream_prefix: self.stream_prefix.clone(),
+            }))
+        } else {
+            Ok(Sink::Http(HttpSink {
+                in_flight: self.in_flight.max(1),
+                body: self.http_body,
+                request_timeout,
+                ..HttpSink::new(&self.url)?
+            }))
+        }
     }
 }
 
@@ -134,12 +135,14 @@ pub fn check_url(url: &str) -> Result<(), String> {
     Err(format!("{why}; {GIVE}"))
 }
 
-/// POSTs events as JSON to `<base>/events`; a 2xx answer is a delivery.
+/// POSTs events as JSON to `<base>/events`, one per request or a batch as an array
+/// ([`HttpBody`]); a 2xx answer is a delivery of everything the request carried.
 #[derive(Clone)]
 pub struct HttpSink {
     uri: Uri,
     client: Client<HttpConnector, Full<Bytes>>,
     in_flight: usize,
+    body: HttpBody,
     request_timeout: Duration,
 }
 
@@ -156,22 +159,17 @@ impl HttpSink {
             uri,
             client,
             in_flight: 1,
+            body: HttpBody::Event,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
         })
     }
 
-    fn in_flight(mut self, in_flight: usize) -> HttpSink {
-        self.in_flight = in_flight.max(1);
-        self
-    }
-
-    fn request_timeout(mut self, request_timeout: Duration) -> HttpSink {
-        self.request_timeout = request_timeout;
-        self
-    }
-
     pub async fn send(&self, event: &Event) -> Result<()> {
-        let body = serde_json::to_vec(event)?;
+        self.post(serde_json::to_vec(event)?).await
+    }
+
+    /// POSTs a JSON body; Ok on a 2xx answer.
+    async fn post(&self, body: Vec<u8>) -> Result<()> {
         let request = Request::post(self.uri.clone())
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(body)))?;
@@ -194,9 +192,29 @@ impl HttpSink {
         Ok(())
     }
 
-    /// One event after another; or, with `in_flight` > 1, aggregates side by side and each
+    /// The batch in one request (an array body): delivered or failed as a whole. Otherwise one
+    /// event after another; or, with `in_flight` > 1, aggregates side by side and each
     /// aggregate's events still one after another, so per-aggregate order holds.
     async fn deliver(&self, events: &[Event], on_delivered: impl Fn(&Event)) -> Vec<Result<()>> {
+        if self.body == HttpBody::Array {
+            let sent = match serde_json::to_vec(events) {
+                Ok(body) => self.post(body).await,
+                Err(e) => Err(e.into()),
+            };
+            return match sent {
+                Ok(()) => events
+                    .iter()
+                    .map(|event| {
+                        on_delivered(event);
+                        Ok(())
+                    })
+                    .collect(),
+                Err(e) => {
+                    let error = format!("{e:#}");
+                    events.iter().map(|_| Err(anyhow!(error.clone()))).collect()
+                }
+            };
+        }
         if self.in_flight <= 1 {
             let mut results = Vec::with_capacity(events.len());
             for event in events {

@@ -1,7 +1,9 @@
 //! batch-throughput (バッチサイズと処理量): 10,000 events delivered by one relay at batch sizes
-//! 1, 10, 100 and 1000 (2,000 where each event is a round trip of its own: `serial_events`) — to a Redis Stream (a pipeline per batch) and to the HTTP consumer, one
-//! event per request as the article's relay posts them. A batch of 1 pays a fetch, an UPDATE and
-//! a COMMIT per event; throughput levels off around 100.
+//! 1, 10, 100 and 1000 (1,000 where each event is a round trip of its own: `serial_events`) —
+//! to a Redis Stream (a pipeline per batch), and to the HTTP consumer one event per request as
+//! the article's relay posts them, or a batch per request (an array body the consumer applies
+//! in one transaction). A batch of 1 pays a fetch, an UPDATE and a COMMIT per event; throughput
+//! levels off around 100.
 //!
 //! Honest figures: the relay times itself, from its first fetch to its last commit, phase by
 //! phase ([`BatchTimings`]), so a figure leaves out the process's start and says where the time
@@ -24,7 +26,7 @@ use crate::judge::{counts, median};
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::relay::{BatchTimings, RelayConfig};
 use crate::outbox::schema;
-use crate::outbox::sink::RedisSink;
+use crate::outbox::sink::{HttpBody, RedisSink};
 use crate::outbox::writer;
 use crate::report::plots::{self, Axes, Plot};
 use crate::report::{Report, Table};
@@ -37,6 +39,9 @@ pub enum SinkKind {
     Redis,
     /// The consumer, one event per request (the article's relay), `http_in_flight` at once.
     Http,
+    /// The consumer, a batch per request (an array body the consumer applies in one
+    /// transaction): the whole batch is in flight at once.
+    HttpArray,
 }
 
 impl SinkKind {
@@ -44,6 +49,15 @@ impl SinkKind {
         match self {
             SinkKind::Redis => "redis",
             SinkKind::Http => "http",
+            SinkKind::HttpArray => "http_array",
+        }
+    }
+
+    /// Where it delivers: Redis, or the HTTP consumer (one for both HTTP bodies).
+    fn server(self) -> SinkKind {
+        match self {
+            SinkKind::HttpArray => SinkKind::Http,
+            other => other,
         }
     }
 }
@@ -82,7 +96,7 @@ impl Experiment for Params {
             bail!("batch_sizes must be at least one size, each at least 1");
         }
         if self.sinks.is_empty() {
-            bail!("sinks must name at least one of redis, http");
+            bail!("sinks must name at least one of redis, http, http_array");
         }
         if self.http_in_flight.is_empty() || self.http_in_flight.contains(&0) {
             bail!("http_in_flight must be at least one value, each at least 1");
@@ -115,7 +129,9 @@ impl Cell {
         for &sink in &params.sinks {
             for &batch in &params.batch_sizes {
                 match sink {
-                    SinkKind::Redis => cells.push(Cell {
+                    // An array of one is one event per request: the http cell measures it.
+                    SinkKind::HttpArray if batch == 1 => {}
+                    SinkKind::Redis | SinkKind::HttpArray => cells.push(Cell {
                         sink,
                         batch,
                         in_flight: batch,
@@ -169,10 +185,11 @@ struct Target {
 }
 
 impl Target {
+    /// The database and the server behind `sink`'s cells (and those of its [`SinkKind::server`]).
     async fn start(ctx: &Ctx<'_>, sink: SinkKind) -> Result<Target> {
-        let db = ctx.database(sink.name()).await?;
+        let db = ctx.database(sink.server().name()).await?;
         let client = db.connect().await?;
-        Ok(match sink {
+        Ok(match sink.server() {
             SinkKind::Redis => {
                 let url = ctx.redis_url().await?;
                 let redis = Some(connect::redis(&url).await?);
@@ -184,7 +201,7 @@ impl Target {
                     consumer: None,
                 }
             }
-            SinkKind::Http => {
+            SinkKind::Http | SinkKind::HttpArray => {
                 let consumer = ctx
                     .start_consumer(&db, ConsumerKind::Naive, &Faults::default())
                     .await?;
@@ -228,9 +245,11 @@ impl Runs {
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let cells = Cell::all(params);
     let stream = RedisSink::stream_name(ctx.redis_key_prefix(), "orders");
-    let mut targets = Vec::new();
-    for &sink in &params.sinks {
-        targets.push((sink, Target::start(ctx, sink).await?));
+    let mut targets: Vec<(SinkKind, Target)> = Vec::new();
+    for server in params.sinks.iter().map(|sink| sink.server()) {
+        if targets.iter().all(|(started, _)| *started != server) {
+            targets.push((server, Target::start(ctx, server).await?));
+        }
     }
     let mut runs: Vec<Vec<BatchTimings>> = vec![Vec::new(); cells.len()];
     let bar = ctx.progress().bar(
@@ -242,7 +261,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             bar.set_message(format!("{}, round {round}", cell.metric()));
             let (_, target) = targets
                 .iter_mut()
-                .find(|(sink, _)| *sink == cell.sink)
+                .find(|(server, _)| *server == cell.sink.server())
                 .expect("a target per sink");
             runs.push(measure(ctx, params, cell, target, &stream).await?);
             bar.inc(1);
@@ -329,7 +348,8 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     outcome.notes.push(
         "Each figure is events / the relay's own time from its first fetch to its last commit: \
          the child's start, its connections and the final empty fetch are outside it. \
-         in_flight: events sent and not yet acknowledged at once (Redis: the batch's pipeline). \
+         in_flight: events sent and not yet acknowledged at once (Redis: the batch's pipeline; \
+         http_array: the batch in one request, applied by the consumer in one transaction). \
          The relay fetches the next batch on a second connection while it delivers a full one \
          (fetch then shows only the wait left)."
             .into(),
@@ -359,10 +379,13 @@ async fn measure(
         batch: cell.batch,
         ..RelayConfig::default()
     };
-    let in_flight = cell.in_flight as usize;
     let relay = ctx
         .relay(&target.db, &target.url, &cell.metric(), &config)
-        .with(|relay| relay.sink.in_flight = in_flight)
+        .with(|relay| match cell.sink {
+            SinkKind::Http => relay.sink.in_flight = cell.in_flight as usize,
+            SinkKind::HttpArray => relay.sink.http_body = HttpBody::Array,
+            SinkKind::Redis => {}
+        })
         .run(CHILD_TIMEOUT)
         .await?
         .expect(|e| *e == ChildEnd::Ok, "the relay")?;
