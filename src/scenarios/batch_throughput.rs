@@ -349,9 +349,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         "Each figure is events / the relay's own time from its first fetch to its last commit: \
          the child's start, its connections and the final empty fetch are outside it. \
          in_flight: events sent and not yet acknowledged at once (Redis: the batch's pipeline; \
-         http_array: the batch in one request, applied by the consumer in one transaction). \
-         The relay fetches the next batch on a second connection while it delivers a full one \
-         (fetch then shows only the wait left)."
+         http_array: the batch in one request, applied by the consumer in one transaction)."
             .into(),
     );
     Ok(outcome)

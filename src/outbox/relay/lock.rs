@@ -2,12 +2,9 @@
 //! rows' locks (`FOR UPDATE SKIP LOCKED`); a crash releases them at once and the rows are simply
 //! fetched again. Beside it, mark-before-send: the same fetch, broken on purpose (explore).
 //!
-//! While a full batch is delivered, a second connection fetches the next one in a transaction of
-//! its own (this batch's rows are locked, so it takes the rows after them); the two connections
-//! swap roles each batch. What stays true: nothing of the next batch is sent before this batch
-//! was acknowledged, marked and committed, so an aggregate's events go out in order, and no row
-//! is marked published before its delivery was acknowledged. The rows fetched ahead are only
-//! locked, never marked: a relay that stops or dies there releases them unsent.
+//! One batch at a time, on purpose: a relay that fetched the next batch while delivering this
+//! one would hold two batches' locks, and another relay could not take the rows after its batch
+//! (claim-vs-lock's overtaking vanished), for no gain that could be measured here.
 
 use std::time::Instant;
 
@@ -15,7 +12,7 @@ use anyhow::Result;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row, Statement};
 
-use super::polling::{deliver_rows, open_connection, prepare, Ahead, Relay};
+use super::polling::{deliver_rows, Relay};
 use super::{BatchClock, Pass, RelayConfig};
 use crate::outbox::crash::{self, CrashPoint};
 use crate::outbox::phases::{self, RelayMoment};
@@ -33,66 +30,29 @@ impl Relay {
 
     async fn locked_batch(&mut self) -> Result<Pass> {
         let started = Instant::now();
-        let rows = match self.take_fetched_ahead() {
-            Some(rows) => rows,
-            None => begin_and_fetch(&self.client, &self.fetch, &self.config).await?,
-        };
+        let rows = begin_and_fetch(&self.client, &self.fetch, &self.config).await?;
         let fetched = Instant::now();
         if self.config.log_phases && !rows.is_empty() {
             phases::relay_moment(RelayMoment::Fetched, &[]);
         }
-        let full = rows.len() as i64 >= self.config.batch;
-        let Relay {
-            db,
-            client,
-            sink,
-            config,
-            mark,
-            name,
-            ahead,
-            ..
-        } = self;
-        let this_batch = async {
-            let (outcome, delivered) = deliver_rows(sink, config, name, client, &rows).await?;
-            let sent = Instant::now();
-            if !delivered.is_empty() {
-                client.execute(&*mark, &[&delivered]).await?;
-                crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
-            }
-            let marked = Instant::now();
-            client.batch_execute("COMMIT").await?;
-            anyhow::Ok((outcome, sent, marked, Instant::now()))
-        };
-        // Only after a full batch: a short one says the outbox is drained for now.
-        let next_batch = async {
-            match full {
-                true => fetch_ahead(ahead, db, config).await,
-                false => Ok(()),
-            }
-        };
-        let (this_batch, next_batch) = tokio::join!(this_batch, next_batch);
-        let (outcome, sent, marked, committed) = this_batch?;
-        next_batch?;
+        let (outcome, delivered) =
+            deliver_rows(&self.sink, &self.config, &self.name, &self.client, &rows).await?;
+        let sent = Instant::now();
+        if !delivered.is_empty() {
+            self.client.execute(&self.mark, &[&delivered]).await?;
+            crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
+        }
+        let marked = Instant::now();
+        self.client.batch_execute("COMMIT").await?;
         let clock = BatchClock {
             started,
             fetched,
             sent,
             marked,
-            committed,
+            committed: Instant::now(),
         };
         self.timer.record(rows.len(), &clock);
         Ok(outcome)
-    }
-
-    /// The rows the other connection fetched ahead, with that connection (and its open
-    /// transaction) now this relay's own.
-    fn take_fetched_ahead(&mut self) -> Option<Vec<Row>> {
-        let ahead = self.ahead.as_mut()?;
-        let rows = ahead.rows.take()?;
-        std::mem::swap(&mut self.client, &mut ahead.client);
-        std::mem::swap(&mut self.fetch, &mut ahead.fetch);
-        std::mem::swap(&mut self.mark, &mut ahead.mark);
-        Some(rows)
     }
 
     /// Broken on purpose (mark-before-send): fetch, mark published and COMMIT, then send. A crash
@@ -114,30 +74,6 @@ impl Relay {
             deliver_rows(&self.sink, &self.config, &self.name, &self.client, &rows).await?;
         Ok(outcome)
     }
-}
-
-/// Fetches the next batch on the second connection (opened the first time), leaving its
-/// transaction open with the rows locked.
-async fn fetch_ahead(
-    ahead: &mut Option<Ahead>,
-    db: &tokio_postgres::Config,
-    config: &RelayConfig,
-) -> Result<()> {
-    let ahead = match ahead {
-        Some(ahead) => ahead,
-        None => {
-            let (client, _) = open_connection(db, false).await?;
-            let (fetch, mark) = prepare(&client, config).await?;
-            ahead.insert(Ahead {
-                client,
-                fetch,
-                mark,
-                rows: None,
-            })
-        }
-    };
-    ahead.rows = Some(begin_and_fetch(&ahead.client, &ahead.fetch, config).await?);
-    Ok(())
 }
 
 /// BEGIN and the fetch go out together (one round trip, not two): on an idle relay woken by

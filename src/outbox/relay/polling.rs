@@ -48,18 +48,6 @@ pub struct Relay {
     pub(super) claimant: String,
     /// Lock design: how its batches spent their time.
     pub(super) timer: BatchTimer,
-    /// Lock design: the second connection that fetches the next batch while this one is
-    /// delivered ([`lock`](super::lock)); opened at the first full batch.
-    pub(super) ahead: Option<Ahead>,
-}
-
-/// A connection of the lock design's, with the design's statements prepared on it, and the rows
-/// its open transaction holds locked (fetched ahead, not sent yet).
-pub(super) struct Ahead {
-    pub client: Client,
-    pub fetch: Statement,
-    pub mark: Statement,
-    pub rows: Option<Vec<Row>>,
 }
 
 impl Relay {
@@ -94,7 +82,6 @@ impl Relay {
             stats: Arc::default(),
             claimant,
             timer: BatchTimer::default(),
-            ahead: None,
         })
     }
 
@@ -207,8 +194,6 @@ impl Relay {
         self.client = client;
         self.notifications = notifications;
         (self.fetch, self.mark) = (fetch, mark);
-        // Its second connection may be gone too: the next full batch opens a new one.
-        self.ahead = None;
         Ok(())
     }
 }
