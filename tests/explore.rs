@@ -7,28 +7,12 @@ mod common;
 use std::path::PathBuf;
 
 use common::{assert_passed, outbox_lab, run_json, scratch_dir, server_url, Run};
-use serde_json::Value;
 
 /// `outbox-lab explore ARGS --format json` against this binary's cluster; also returns where
 /// its results went.
 fn explore(name: &str, args: &[&str]) -> (Run, PathBuf) {
     let results = scratch_dir(&format!("explore-{name}"));
     (run_json(&["explore"], &results, args), results)
-}
-
-/// The one history file a single-design run wrote, one JSON document per schedule.
-fn histories(results: &std::path::Path, design: &str) -> Vec<Value> {
-    let run_dir = std::fs::read_dir(results)
-        .unwrap()
-        .next()
-        .expect("a run directory")
-        .unwrap()
-        .path();
-    let text = std::fs::read_to_string(run_dir.join("history").join(format!("{design}.jsonl")))
-        .expect("history saved");
-    text.lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 /// outbox-idempotent claims ghost, lost, duplicate and liveness, and holds them over every
@@ -115,7 +99,7 @@ fn one_schedule_reproduces_a_duplicate_and_saves_its_history() {
     assert_eq!(run.metric("outbox-naive.schedules"), 1);
     assert_eq!(run.metric("outbox-naive.duplicate.violating"), 1);
     assert_eq!(run.metric("outbox-naive.lost.violating"), 0);
-    let history = &histories(&results, "outbox-naive")[0];
+    let history = &common::explore_histories(&results, "outbox-naive")[0];
     assert_eq!(history["schedule"], "relay:after-send-before-mark@1");
     let processes = history["processes"].as_array().unwrap();
     assert!(processes.iter().any(
@@ -150,7 +134,7 @@ fn unanswered_attempt_is_info_and_the_idempotent_consumer_holds() {
         ],
     );
     assert_passed(&run); // no claim violated
-    let history = &histories(&results, "outbox-idempotent")[0];
+    let history = &common::explore_histories(&results, "outbox-idempotent")[0];
     let outcomes: Vec<&str> = history["attempts"]
         .as_array()
         .unwrap()
@@ -178,7 +162,7 @@ fn a_run_that_cannot_drain_violates_liveness() {
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert_eq!(run.metric("outbox-idempotent.liveness.violating"), 1);
     assert_eq!(run.metric("outbox-idempotent.lost.violating"), 0);
-    let history = &histories(&results, "outbox-idempotent")[0];
+    let history = &common::explore_histories(&results, "outbox-idempotent")[0];
     let why = history["violations"]["liveness"][0].as_str().unwrap();
     assert!(why.contains("the writer did not finish"), "{why}");
 }
@@ -205,7 +189,7 @@ fn a_fault_not_reached_is_reported_apart_and_never_passes() {
     let row = &json["tables"][0]["rows"][0];
     assert_eq!(row[1], "0/0*", "{row}");
     assert_eq!(row[6], "1", "{row}");
-    let history = &histories(&results, "outbox-idempotent")[0];
+    let history = &common::explore_histories(&results, "outbox-idempotent")[0];
     let fault = &history["faults"][0];
     assert_eq!(fault["fault"], "relay:after-send-before-mark@99");
     assert_eq!(fault["status"], "fail");
@@ -274,7 +258,7 @@ fn a_poison_event_without_dead_letter_violates_liveness() {
             "{invariant}"
         );
     }
-    let history = &histories(&results, "guarded-no-dead-letter")[0];
+    let history = &common::explore_histories(&results, "guarded-no-dead-letter")[0];
     let offending: Vec<&str> = history["violations"]["liveness"]
         .as_array()
         .unwrap()

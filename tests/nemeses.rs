@@ -5,10 +5,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use common::{assert_passed, assert_usage_error, outbox_lab, run_json, scratch_dir, Run};
-use serde_json::Value;
 
 /// `outbox-lab explore ARGS --format json` on a throwaway cluster of its own (a database
 /// restart restarts the whole server: not the one the other tests share).
@@ -21,19 +20,6 @@ fn explore_on_own_cluster(name: &str, args: &[&str]) -> (Run, PathBuf) {
         .output()
         .expect("outbox-lab runs");
     (Run::from(output), results)
-}
-
-/// The one history line a single-schedule, single-design run saved.
-fn history(results: &Path, design: &str) -> Value {
-    let run_dir = std::fs::read_dir(results)
-        .unwrap()
-        .next()
-        .expect("a run directory")
-        .unwrap()
-        .path();
-    let text = std::fs::read_to_string(run_dir.join("history").join(format!("{design}.jsonl")))
-        .expect("history saved");
-    serde_json::from_str(text.lines().next().expect("one run")).unwrap()
 }
 
 /// PostgreSQL crashes (`-m immediate`) mid-run and comes back: outbox-idempotent loses no
@@ -49,7 +35,7 @@ fn a_database_restart_loses_nothing_and_every_actor_reconnects() {
     assert_passed(&run);
     assert_eq!(run.metric(&format!("{design}.lost.violating")), 0);
     assert_eq!(run.metric(&format!("{design}.duplicate.violating")), 0);
-    let history = history(&results, design);
+    let history = common::explore_histories(&results, design).remove(0);
     let nemesis = &history["faults"][0];
     assert_eq!(nemesis["fault"], "db:restart@60ms");
     assert_eq!(nemesis["outcome"], "fired", "{history}");
@@ -99,7 +85,7 @@ fn a_relay_paused_past_its_lease_ships_twice_unless_fenced() {
             &["--design", design, "--orders", "12", "--schedule", schedule],
         );
         assert_passed(&run); // neither design claims duplicate: the metric says what happened
-        let history = history(&results, design);
+        let history = common::explore_histories(&results, design).remove(0);
         assert_eq!(history["faults"][0]["outcome"], "fired", "{history}");
         assert_eq!(history["faults"][0]["process"], "relay0#1", "{history}");
         runs.push((run, history));

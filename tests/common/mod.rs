@@ -235,3 +235,19 @@ pub fn query_i64(dbname: &str, sql: &str) -> i64 {
             .get::<_, i64>(0)
     })
 }
+
+/// The histories a single-design `explore` run saved under `results`, one JSON document per
+/// schedule, in the order they ran.
+pub fn explore_histories(results: &Path, design: &str) -> Vec<Value> {
+    let run_dir = std::fs::read_dir(results)
+        .unwrap()
+        .next()
+        .expect("a run directory")
+        .unwrap()
+        .path();
+    let text = std::fs::read_to_string(run_dir.join("history").join(format!("{design}.jsonl")))
+        .expect("history saved");
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
