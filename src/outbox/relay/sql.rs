@@ -54,11 +54,11 @@ UPDATE outbox
        next_attempt_at = clock_timestamp() + $3::float8 * (2 ^ attempts) * interval '1 millisecond'
  WHERE id = $1";
 
-/// The claim design's fetch: due, undelivered rows that no live lease covers, claimed by this
-/// relay in the same statement. It commits at once: no transaction stays open while delivering.
-pub const CLAIM_BATCH: &str = "
-UPDATE outbox
-   SET claimed_at = clock_timestamp(), claimed_by = $3
+/// The rows a claim may take: due, undelivered, and covered by no live lease ($1 max attempts,
+/// $2 batch, $4 lease in ms); written once for [`CLAIM_BATCH`] and [`CLAIM_BATCH_FENCED`].
+macro_rules! claimable_ids {
+    () => {
+        "
  WHERE id IN (SELECT id
                 FROM outbox
                WHERE published_at IS NULL
@@ -68,8 +68,20 @@ UPDATE outbox
                       OR claimed_at < clock_timestamp() - $4::float8 * interval '1 millisecond')
                ORDER BY id
                LIMIT $2
-                 FOR UPDATE SKIP LOCKED)
-RETURNING id, event_id, aggregate_type, aggregate_id, event_type, payload";
+                 FOR UPDATE SKIP LOCKED)"
+    };
+}
+
+/// The claim design's fetch: due, undelivered rows that no live lease covers, claimed by this
+/// relay in the same statement. It commits at once: no transaction stays open while delivering.
+pub const CLAIM_BATCH: &str = concat!(
+    "
+UPDATE outbox
+   SET claimed_at = clock_timestamp(), claimed_by = $3",
+    claimable_ids!(),
+    "
+RETURNING id, event_id, aggregate_type, aggregate_id, event_type, payload"
+);
 
 /// The claim design's mark: only the rows whose lease this relay still holds.
 pub const MARK_CLAIMED_PUBLISHED: &str = "
@@ -79,21 +91,15 @@ UPDATE outbox
 
 /// The fenced claim (claim-lease-fenced): [`CLAIM_BATCH`], the claim taking one new fencing
 /// token from a sequence for its whole batch; the token travels with each event.
-pub const CLAIM_BATCH_FENCED: &str = "
+pub const CLAIM_BATCH_FENCED: &str = concat!(
+    "
 WITH token AS (SELECT nextval('outbox_claim_token') AS token)
 UPDATE outbox
-   SET claimed_at = clock_timestamp(), claimed_by = $3, claim_token = (SELECT token FROM token)
- WHERE id IN (SELECT id
-                FROM outbox
-               WHERE published_at IS NULL
-                 AND next_attempt_at <= clock_timestamp()
-                 AND attempts < $1
-                 AND (claimed_at IS NULL
-                      OR claimed_at < clock_timestamp() - $4::float8 * interval '1 millisecond')
-               ORDER BY id
-               LIMIT $2
-                 FOR UPDATE SKIP LOCKED)
-RETURNING id, event_id, aggregate_type, aggregate_id, event_type, payload, claim_token";
+   SET claimed_at = clock_timestamp(), claimed_by = $3, claim_token = (SELECT token FROM token)",
+    claimable_ids!(),
+    "
+RETURNING id, event_id, aggregate_type, aggregate_id, event_type, payload, claim_token"
+);
 
 /// The fenced claim's mark: only rows still under the claim's token ($2), whoever re-claimed
 /// them since.
