@@ -30,4 +30,5 @@ pub mod ops;
 pub mod outbox;
 pub mod report;
 pub mod scenarios;
+pub mod verify;
 pub mod wait;

@@ -19,6 +19,7 @@ mod relay;
 mod report;
 mod requeue;
 mod scenario;
+mod verify;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -55,6 +56,7 @@ Examples:
   outbox-lab report results/20261202-153635-38f9
   outbox-lab compare results/20261202-153635-38f9 results/20261203-091500-1a2b
   outbox-lab explore
+  outbox-lab verify --relay-cmd 'python3 examples/relays/article.py' --relays 2
   outbox-lab crash-points
   outbox-lab prune --database-url postgres://user@host/shop --older-than 3d --dry-run";
 
@@ -90,6 +92,9 @@ failed mid-run.")]
     /// Every crash point against every design, judged by an invariant checker.
     #[command(after_help = explore::EXAMPLES)]
     Explore(explore::ExploreArgs),
+    /// Your relay (any command, any language) under the same nemeses and checker.
+    #[command(after_help = verify::examples())]
+    Verify(verify::VerifyArgs),
     /// Print a saved run's tables again and rewrite its report.html, without rerunning anything.
     #[command(after_help = "Example:
   outbox-lab report results/20261202-153635-38f9
@@ -247,6 +252,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::List => list::run(),
         Command::Scenario(args) => scenario::run(args).await,
         Command::Explore(args) => explore::run(args).await,
+        Command::Verify(args) => verify::run(args).await,
         Command::Check {
             database_url,
             consumer_database_url,

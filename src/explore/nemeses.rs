@@ -33,14 +33,14 @@ use tokio::sync::watch;
 use super::designs::Design;
 use super::history::FaultRecord;
 use super::schedule::{Fault, Role, Schedule};
+use crate::connect;
 use crate::harness::db::{Database, PgServer};
 use crate::harness::nemesis::{
-    format_duration, parse_duration, terminate_backends, FaultOutcome, OwnChild,
+    format_duration, parse_duration, terminate_backends, FaultOutcome, OwnChild, Sessions,
 };
 use crate::harness::proxy::{FaultPlan, NetworkFault, Proxy, ProxyFaults};
 use crate::outbox::consumer::CONSUMER_APPLICATION_NAME;
 use crate::outbox::crash::{CrashPlan, CrashPoint};
-use crate::outbox::relay::RELAY_APPLICATION_NAME;
 
 /// One nemesis of a schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -309,7 +309,12 @@ pub struct LiveProcesses {
 impl LiveProcesses {
     /// The supervisor started `label` (`relay0#2`) as `pid`.
     pub fn started(&self, role: Role, label: &str, pid: Option<u32>) {
-        if let Some(child) = pid.and_then(OwnChild::spawned) {
+        self.started_own(role, label, pid.and_then(OwnChild::spawned));
+    }
+
+    /// The supervisor started `label`, proven ours already.
+    pub fn started_own(&self, role: Role, label: &str, child: Option<OwnChild>) {
+        if let Some(child) = child {
             let mut running = self.running.lock().expect("not poisoned");
             running.insert(role, (label.to_string(), child));
         }
@@ -335,6 +340,8 @@ pub struct Arena<'a> {
     pub live: &'a LiveProcesses,
     pub server: &'a PgServer,
     pub db: &'a Database,
+    /// The relays' sessions, for db-kill-backend.
+    pub relay_sessions: Sessions,
     /// Set when the supervisor is done: a nemesis not yet due is then not reached.
     pub over: watch::Receiver<bool>,
 }
@@ -417,14 +424,21 @@ pub async fn strike(
                 }
                 Nemesis::DbKillBackend { role, at } => {
                     if arena.until(at).await {
-                        let name = match role {
-                            Role::Consumer => CONSUMER_APPLICATION_NAME.to_string(),
-                            _ => format!("{RELAY_APPLICATION_NAME} r0"),
+                        let sessions = match role {
+                            Role::Consumer => {
+                                Sessions::Named(CONSUMER_APPLICATION_NAME.to_string())
+                            }
+                            _ => arena.relay_sessions.clone(),
                         };
-                        let client = arena.db.connect().await?;
-                        if terminate_backends(&client, &name).await? > 0 {
+                        // Patiently: the database may be coming back from a restart.
+                        let client = connect::patiently(connect::RECONNECT_PATIENCE, async || {
+                            arena.db.connect().await
+                        })
+                        .await?;
+                        if terminate_backends(&client, &sessions).await? > 0 {
                             let label = arena.live.now(role).map(|(l, _)| l);
-                            fire(i, format!("{} (its session)", label.unwrap_or(name)));
+                            let label = label.unwrap_or_else(|| role.name().to_string());
+                            fire(i, format!("{label} (its sessions)"));
                         }
                     }
                 }

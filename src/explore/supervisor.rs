@@ -9,12 +9,14 @@
 //! bounded; a run that does not drain within [`LIVENESS_BOUND`] after its faults end is a
 //! liveness failure, not a hang.
 
+use std::os::unix::process::ExitStatusExt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use futures_util::future::join_all;
 use tokio::sync::watch;
+use tokio_postgres::config::Host;
 use tokio_postgres::Client;
 
 use super::checker;
@@ -22,15 +24,33 @@ use super::designs::{Design, RelayVariant, Writer};
 use super::history::{FaultOutcome, FaultRecord, History};
 use super::nemeses::{self, Arena, LiveProcesses};
 use super::schedule::{Fault, Role, Schedule};
+use crate::error;
 use crate::harness::child::role::{ConsumerRole, ExploreRelayRole, ExploreWriterRole};
 use crate::harness::child::{ChildCommand, ChildEnd, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
+use crate::harness::foreign::{relay_name, Endpoints, RelayTemplate};
+use crate::harness::nemesis::{Sessions, COUNT_FOREIGN_SESSIONS};
 use crate::harness::proxy::Proxy;
-use crate::outbox::consumer::Faults;
+use crate::outbox::consumer::{Faults, CONSUMER_APPLICATION_NAME};
 use crate::outbox::crash::CrashPlan;
+use crate::outbox::relay::RELAY_APPLICATION_NAME;
 use crate::outbox::relay::{RelayConfig, RelayDesign, RelayOptions};
 use crate::outbox::schema;
 use crate::outbox::sink::SinkOptions;
+use crate::outbox::writer::WRITER_APPLICATION_NAME;
+
+/// Fills in what a relay of the user's may leave out of a delivery (the outbox id, the event
+/// type), from the outbox row of the event id it sent: the order and duplicate invariants read
+/// them from the receipts.
+const COMPLETE_RECEIPTS: &str = "
+UPDATE consumer.receipts r
+   SET outbox_id = o.id, event_type = o.event_type
+  FROM outbox o
+ WHERE o.event_id = r.event_id
+   AND (r.outbox_id IS NULL OR r.event_type = '')";
+
+/// Deliveries the consumer has received.
+const COUNT_RECEIPTS: &str = "SELECT count(*) FROM consumer.receipts";
 
 /// Processes of one role a run may start before it counts as stuck.
 const MAX_PROCESSES_PER_ROLE: u32 = 20;
@@ -39,10 +59,48 @@ const MAX_PROCESSES_PER_ROLE: u32 = 20;
 /// of milliseconds here; the rest is margin for a loaded machine. Every run of a stuck design
 /// lasts this long, so it is short.
 pub const LIVENESS_BOUND: Duration = Duration::from_secs(3);
-/// No run may take longer, whatever happens (a writer that hangs).
-const RUN_TIMEOUT: Duration = Duration::from_secs(30);
-/// No single child may take longer.
-const CHILD_TIMEOUT: Duration = Duration::from_secs(25);
+
+/// How long a run and its parts may take.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// See [`LIVENESS_BOUND`].
+    pub liveness: Duration,
+    /// No run may take longer, whatever happens (a writer that hangs).
+    pub run: Duration,
+    /// No single child may take longer.
+    pub child: Duration,
+}
+
+/// explore's: small workloads, relays of ours.
+pub const EXPLORE_BOUNDS: Bounds = Bounds {
+    liveness: LIVENESS_BOUND,
+    run: Duration::from_secs(30),
+    child: Duration::from_secs(25),
+};
+
+/// The lab names its own sessions so (`application_name`).
+const LAB_APPLICATION_NAME: &str = "outbox-lab supervisor";
+/// Every session of ours in a run's database; any other is a relay of the user's.
+pub const OUR_SESSIONS: [&str; 3] = [
+    LAB_APPLICATION_NAME,
+    WRITER_APPLICATION_NAME,
+    CONSUMER_APPLICATION_NAME,
+];
+/// A relay of the user's must have connected to the database within this time of the start.
+const CONNECT_BOUND: Duration = Duration::from_secs(10);
+/// A relay of the user's that ends by itself this soon after it started, before any fault,
+/// "exits at once": bad input, not a verdict.
+const EXITS_AT_ONCE: Duration = Duration::from_secs(1);
+/// A relay of the user's that ended is started again after this (no spinning on one that
+/// cannot run).
+const FOREIGN_RESTART_DELAY: Duration = Duration::from_millis(100);
+/// A relay of the user's gets this long after SIGTERM before SIGKILL.
+const FOREIGN_STOP_GRACE: Duration = Duration::from_secs(2);
+/// Drained: nothing pending, and the consumer received nothing new for this long (a relay that
+/// marks before it sends is still sending).
+const DRAIN_SETTLE: Duration = Duration::from_millis(300);
+/// How often the drain is looked at.
+const DRAIN_POLL: Duration = Duration::from_millis(25);
 /// Relays give up draining after this long and end with an error.
 const RELAY_DEADLINE: Duration = Duration::from_secs(20);
 /// A failed delivery is retried after 10 ms, 20 ms, 40 ms, ...: quick enough for a consumer that
@@ -71,9 +129,55 @@ pub struct Workload {
     pub overlap: Duration,
 }
 
+/// Who the relays are.
+pub enum Relays {
+    /// The design's variant: child processes of ours, with crash points, told by closing
+    /// their stdin to drain and stop.
+    Ours,
+    /// The user's command (`outbox-lab verify`): no crash points; stopped with SIGTERM once
+    /// the outbox is drained.
+    Foreign(ForeignRelays),
+}
+
+/// The user's relay and what it needs.
+pub struct ForeignRelays {
+    pub template: RelayTemplate,
+    /// Counts what is still to be delivered (by default, the outbox rows not marked published).
+    pub pending_sql: String,
+    /// The user's DDL, run after the article's tables in every run's fresh schema.
+    pub schema: Option<String>,
+}
+
+/// Counts the outbox rows a relay still owes.
+pub const COUNT_PENDING: &str = "SELECT count(*) FROM outbox WHERE published_at IS NULL";
+
+/// A run of the user's relay ended before it could be judged, for a reason that is the input's
+/// (the command, the relay), not the relay's verdict.
+#[derive(Debug, thiserror::Error)]
+pub enum ForeignRelayError {
+    #[error(
+        "{name} exited by itself {after_ms} ms after it started ({status}), before any fault: \
+         is --relay-cmd right? its last lines: {tail}"
+    )]
+    ExitsAtOnce {
+        name: String,
+        status: String,
+        after_ms: u128,
+        tail: String,
+    },
+    #[error(
+        "no relay connected to the database within {} s: does it read the URL it is given \
+         ({{database_url}}, {{dsn}} or PGHOST...)? relay-0's last lines: {tail}",
+        CONNECT_BOUND.as_secs()
+    )]
+    NeverConnects { tail: String },
+}
+
 /// One design's database, consumer port and workload, reused for all its runs.
 pub struct Lab<'s> {
     pub design: &'static Design,
+    relays: Relays,
+    bounds: Bounds,
     /// The run's server: the db-restart nemesis restarts it.
     server: &'s PgServer,
     db: Database,
@@ -188,6 +292,12 @@ struct Stage<'r> {
     live: LiveProcesses,
     /// The consumer's URL, or the proxy's in front of it.
     sink: String,
+    /// The writer has finished.
+    writer_done: watch::Sender<bool>,
+    /// The user's relays are done: nothing pending, nothing more arriving.
+    drained: watch::Sender<bool>,
+    /// The last lines of the user's relay 0, for an error that needs them.
+    last_lines: Mutex<Vec<String>>,
 }
 
 impl<'s> Lab<'s> {
@@ -198,18 +308,49 @@ impl<'s> Lab<'s> {
         design: &'static Design,
         workload: Workload,
     ) -> Result<Lab<'s>> {
+        let lab = Lab::open(server, design, workload, Relays::Ours, EXPLORE_BOUNDS).await?;
+        {
+            let client = lab.client().await?;
+            schema::create(&client).await?;
+            client.batch_execute(schema::ADD_RELAY_WATERMARK).await?;
+            client.batch_execute(schema::ADD_CLAIM_COLUMNS).await?;
+            client.batch_execute(schema::ADD_FENCING).await?;
+        }
+        Ok(lab)
+    }
+
+    /// A lab for the user's relays (`outbox-lab verify`): every run starts from a fresh schema,
+    /// the article's tables and NOTIFY trigger then the user's DDL (made once here, so that a
+    /// schema that does not apply is found before any run).
+    pub async fn prepare_foreign(
+        server: &'s PgServer,
+        design: &'static Design,
+        workload: Workload,
+        foreign: ForeignRelays,
+        bounds: Bounds,
+    ) -> Result<Lab<'s>> {
+        let lab = Lab::open(server, design, workload, Relays::Foreign(foreign), bounds).await?;
+        lab.reset().await?;
+        Ok(lab)
+    }
+
+    async fn open(
+        server: &'s PgServer,
+        design: &'static Design,
+        workload: Workload,
+        relays: Relays,
+        bounds: Bounds,
+    ) -> Result<Lab<'s>> {
         let db = server.create_database(design.name).await?;
-        let client = db.connect().await?;
-        schema::create(&client).await?;
-        client.batch_execute(schema::ADD_RELAY_WATERMARK).await?;
-        client.batch_execute(schema::ADD_CLAIM_COLUMNS).await?;
-        client.batch_execute(schema::ADD_FENCING).await?;
+        let client = db.connect_as(LAB_APPLICATION_NAME).await?;
         client.batch_execute(RESET_LOCK_TIMEOUT).await?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
         Ok(Lab {
             design,
+            relays,
+            bounds,
             server,
             db,
             client: tokio::sync::Mutex::new(client),
@@ -219,11 +360,11 @@ impl<'s> Lab<'s> {
     }
 
     /// The lab's own connection, made again if the database restarted under it.
-    async fn client(&self) -> Result<tokio::sync::MutexGuard<'_, Client>> {
+    pub async fn client(&self) -> Result<tokio::sync::MutexGuard<'_, Client>> {
         let mut client = self.client.lock().await;
         if client.is_closed() {
             *client = crate::connect::patiently(crate::connect::RECONNECT_PATIENCE, async || {
-                self.db.connect().await
+                self.db.connect_as(LAB_APPLICATION_NAME).await
             })
             .await?;
             client.batch_execute(RESET_LOCK_TIMEOUT).await?;
@@ -231,15 +372,40 @@ impl<'s> Lab<'s> {
         Ok(client)
     }
 
+    /// The run's database.
+    pub fn database(&self) -> &Database {
+        &self.db
+    }
+
+    /// Empties the tables (our relays), or makes the schema anew (the user's: their own
+    /// tables, a stored position, start from nothing too).
+    async fn reset(&self) -> Result<()> {
+        let client = self.client().await?;
+        match &self.relays {
+            Relays::Ours => {
+                client.batch_execute(schema::RESET).await?;
+                client.batch_execute(schema::RESET_RELAY_WATERMARK).await?;
+                client.batch_execute(schema::RESET_FENCES).await?;
+            }
+            Relays::Foreign(foreign) => {
+                client.batch_execute(schema::RECREATE).await?;
+                schema::create(&client).await?;
+                client.batch_execute(schema::NOTIFY_TRIGGER).await?;
+                if let Some(ddl) = &foreign.schema {
+                    client
+                        .batch_execute(ddl)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("--schema does not apply: {e}"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Runs `schedule` from an empty database and judges what it left.
     pub async fn run(&self, schedule: &Schedule) -> Result<History> {
         let started = Instant::now();
-        {
-            let client = self.client().await?;
-            client.batch_execute(schema::RESET).await?;
-            client.batch_execute(schema::RESET_RELAY_WATERMARK).await?;
-            client.batch_execute(schema::RESET_FENCES).await?;
-        }
+        self.reset().await?;
         let history = Mutex::new(History {
             design: self.design.name.to_string(),
             schedule: schedule.to_string(),
@@ -256,6 +422,9 @@ impl<'s> Lab<'s> {
             sink: proxy
                 .as_ref()
                 .map_or_else(|| self.sink_url(), |p| p.url.clone()),
+            writer_done: watch::channel(false).0,
+            drained: watch::channel(false).0,
+            last_lines: Mutex::new(Vec::new()),
         };
         let outcomes = nemeses::not_reached(schedule);
         let (over, over_seen) = watch::channel(false);
@@ -273,6 +442,10 @@ impl<'s> Lab<'s> {
             live: &stage.live,
             server: self.server,
             db: &self.db,
+            relay_sessions: match self.relays {
+                Relays::Ours => Sessions::Named(format!("{RELAY_APPLICATION_NAME} r0")),
+                Relays::Foreign(_) => Sessions::AllBut(OUR_SESSIONS.to_vec()),
+            },
             over: over_seen,
         };
         let struck = Struck {
@@ -287,16 +460,22 @@ impl<'s> Lab<'s> {
             stuck
         };
         let run = async { tokio::join!(supervised, nemeses::strike(schedule, &arena, &outcomes)) };
-        let stuck = match tokio::time::timeout(RUN_TIMEOUT, run).await {
+        let stuck = match tokio::time::timeout(self.bounds.run, run).await {
             Ok((stuck, struck)) => {
                 struck?;
                 stuck?
             }
             // Dropping the supervision kills every child it still had (kill_on_drop).
-            Err(_) => Some(format!("not drained within {RUN_TIMEOUT:?}")),
+            Err(_) => Some(format!("not drained within {:?}", self.bounds.run)),
         };
         nemeses::settle(schedule, proxy.as_ref(), arena.started, &outcomes);
-        let violations = checker::check(&*self.client().await?, stuck.as_deref()).await?;
+        let client = self.client().await?;
+        if let Relays::Foreign(_) = self.relays {
+            // What the user's relay left out of its deliveries, by the event id it did send.
+            client.batch_execute(COMPLETE_RECEIPTS).await?;
+        }
+        let violations = checker::check(&client, stuck.as_deref()).await?;
+        drop(client);
         let mut history = history.into_inner().expect("not poisoned");
         history.faults = faults.records();
         let nemeses = outcomes.into_inner().expect("not poisoned");
@@ -318,14 +497,14 @@ impl<'s> Lab<'s> {
         history: &Mutex<History>,
         stage: &Stage<'_>,
     ) -> Result<Option<String>> {
-        let (writer_done, _) = watch::channel(false);
+        let writer_done = &stage.writer_done;
         let (all_done, _) = watch::channel(false);
         let producers = async {
-            let relays = (0..self.design.relays)
-                .map(|i| self.keep_relay(i, faults, history, &writer_done, stage));
+            let relays =
+                (0..self.design.relays).map(|i| self.keep_relay(i, faults, struck, history, stage));
             let (writer, relays) = tokio::join!(
-                self.keep_writer(faults, history, &writer_done, stage),
-                join_all(relays)
+                self.keep_writer(faults, history, writer_done, stage),
+                join_all(relays),
             );
             all_done.send_replace(true);
             (writer, relays)
@@ -339,7 +518,10 @@ impl<'s> Lab<'s> {
         // Returning drops the supervision, which kills every child it still has (kill_on_drop).
         let (consumer, (writer, relays)) = tokio::select! {
             ended = everything => ended,
-            why = liveness_watchdog(faults, struck, &writer_done) => return Ok(Some(why)),
+            why = liveness_watchdog(faults, struck, writer_done, self.bounds.liveness) => {
+                return Ok(Some(why))
+            }
+            failed = self.watch_foreign(stage) => return Err(failed),
         };
         let mut stuck = vec![consumer?, writer?];
         for relay in relays {
@@ -368,7 +550,7 @@ impl<'s> Lab<'s> {
                 .pause_at(nemeses::pause_point(stage.schedule, Role::Writer).filter(|_| n == 1))
                 .spawn()?;
             stage.live.started(Role::Writer, &label, writer.pid());
-            let run = writer.finish(CHILD_TIMEOUT).await?;
+            let run = writer.finish(self.bounds.child).await?;
             stage.live.ended(Role::Writer, &label);
             record(history, &label, plan, &run);
             match run.end {
@@ -391,10 +573,16 @@ impl<'s> Lab<'s> {
         &self,
         index: u32,
         faults: &FaultLog,
+        struck: &Struck<'_>,
         history: &Mutex<History>,
-        writer_done: &watch::Sender<bool>,
         stage: &Stage<'_>,
     ) -> Result<Option<String>> {
+        if let Relays::Foreign(foreign) = &self.relays {
+            return self
+                .keep_foreign_relay(index, &foreign.template, faults, struck, history, stage)
+                .await;
+        }
+        let writer_done = &stage.writer_done;
         for n in 1..=MAX_PROCESSES_PER_ROLE {
             // Faults aimed at "relay" hit relay 0; the others run unarmed.
             let plan = faults.next(Role::Relay).filter(|_| index == 0);
@@ -414,7 +602,7 @@ impl<'s> Lab<'s> {
                 _ = done.wait_for(|done| *done) => {}
             }
             relay.close_stdin();
-            let run = relay.finish(CHILD_TIMEOUT).await?;
+            let run = relay.finish(self.bounds.child).await?;
             stage.live.ended(Role::Relay, &label);
             record(history, &label, plan, &run);
             match run.end {
@@ -426,6 +614,185 @@ impl<'s> Lab<'s> {
         Ok(Some(format!(
             "relay {index} did not drain in {MAX_PROCESSES_PER_ROLE} processes"
         )))
+    }
+
+    /// Runs the user's relay `index`, and again whenever it ends (killed, crashed, or done by
+    /// itself: reported all the same), until the outbox is drained; then SIGTERM.
+    async fn keep_foreign_relay(
+        &self,
+        index: u32,
+        template: &RelayTemplate,
+        faults: &FaultLog,
+        struck: &Struck<'_>,
+        history: &Mutex<History>,
+        stage: &Stage<'_>,
+    ) -> Result<Option<String>> {
+        let endpoints = self.endpoints(&stage.sink)?;
+        let name = relay_name(index);
+        for n in 1..=MAX_PROCESSES_PER_ROLE {
+            let label = format!("{name}#{n}");
+            let mut relay = template.spawn(&endpoints, index)?;
+            if index == 0 {
+                stage.live.started_own(Role::Relay, &label, relay.own());
+            }
+            let mut drained = stage.drained.subscribe();
+            let ended = tokio::select! {
+                status = relay.exited() => Some(status?),
+                _ = drained.wait_for(|drained| *drained) => None,
+            };
+            if index == 0 {
+                stage.live.ended(Role::Relay, &label);
+                *stage.last_lines.lock().expect("not poisoned") = relay.tail();
+            }
+            let Some(status) = ended else {
+                let status = relay.stop(FOREIGN_STOP_GRACE).await?;
+                let end = format!("stopped with SIGTERM once drained ({status})");
+                record_end_text(history, &label, end);
+                return Ok(None);
+            };
+            let lived = relay.started.elapsed();
+            let no_fault_yet = faults.last_fired().is_none() && struck.last().is_none();
+            if n == 1 && lived < EXITS_AT_ONCE && status.signal().is_none() && no_fault_yet {
+                return Err(error::Error::Usage(
+                    ForeignRelayError::ExitsAtOnce {
+                        name,
+                        status: status.to_string(),
+                        after_ms: lived.as_millis(),
+                        tail: relay.tail().join(" | "),
+                    }
+                    .into(),
+                )
+                .into());
+            }
+            let end = match status.code() {
+                Some(0) => format!("{status} by itself before the end: started again"),
+                _ => format!("{status}: started again"),
+            };
+            record_end_text(history, &label, end);
+            tokio::time::sleep(FOREIGN_RESTART_DELAY).await;
+        }
+        Ok(Some(format!(
+            "{name} did not stay up in {MAX_PROCESSES_PER_ROLE} processes"
+        )))
+    }
+
+    /// For the user's relays: fails the run if none connects within [`CONNECT_BOUND`]; once
+    /// the writer is done, says when the outbox is drained (nothing pending, nothing new at
+    /// the consumer for [`DRAIN_SETTLE`]), and waits for the rest of the run. Nothing to do
+    /// for ours, which drain themselves. Returns only to fail.
+    async fn watch_foreign(&self, stage: &Stage<'_>) -> anyhow::Error {
+        let Relays::Foreign(foreign) = &self.relays else {
+            return std::future::pending().await;
+        };
+        let started = Instant::now();
+        let mut connected = false;
+        let mut settled: Option<(i64, Instant)> = None;
+        loop {
+            tokio::time::sleep(DRAIN_POLL).await;
+            // The database may be restarting (a nemesis): look again later.
+            let Ok(client) = self.client().await else {
+                continue;
+            };
+            if !connected {
+                let sessions = client
+                    .query_one(COUNT_FOREIGN_SESSIONS, &[&OUR_SESSIONS.to_vec()])
+                    .await;
+                connected = sessions.is_ok_and(|row| row.get::<_, i64>(0) > 0);
+                if !connected && started.elapsed() > CONNECT_BOUND {
+                    let tail = stage.last_lines.lock().expect("not poisoned").join(" | ");
+                    return error::Error::Usage(ForeignRelayError::NeverConnects { tail }.into())
+                        .into();
+                }
+            }
+            if !*stage.writer_done.borrow() {
+                continue;
+            }
+            let counts = async {
+                let pending: i64 = client.query_one(&foreign.pending_sql, &[]).await?.get(0);
+                let received: i64 = client.query_one(COUNT_RECEIPTS, &[]).await?.get(0);
+                anyhow::Ok((pending, received))
+            };
+            let Ok((pending, received)) = counts.await else {
+                continue;
+            };
+            settled = match settled {
+                _ if pending > 0 => None,
+                Some((seen, since)) if seen == received => {
+                    if since.elapsed() >= DRAIN_SETTLE {
+                        stage.drained.send_replace(true);
+                        return std::future::pending().await;
+                    }
+                    Some((seen, since))
+                }
+                _ => Some((received, Instant::now())),
+            };
+        }
+    }
+
+    /// What the user's relay is told: the database (as a URL, as libpq keywords, as libpq's
+    /// variables) and where to deliver.
+    fn endpoints(&self, sink: &str) -> Result<Endpoints> {
+        let config = self.db.config()?;
+        let host = match config.get_hosts().first() {
+            Some(Host::Unix(dir)) => dir.to_string_lossy().into_owned(),
+            Some(Host::Tcp(name)) => name.clone(),
+            None => "localhost".into(),
+        };
+        let port = config
+            .get_ports()
+            .first()
+            .copied()
+            .unwrap_or(5432)
+            .to_string();
+        let user = config.get_user().unwrap_or("postgres").to_string();
+        let dbname = self.db.name.clone();
+        let password = config
+            .get_password()
+            .map(|p| String::from_utf8_lossy(p).into_owned());
+        let encode = |text: &str| -> String {
+            text.bytes()
+                .map(|b| match b {
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                        char::from(b).to_string()
+                    }
+                    _ => format!("%{b:02X}"),
+                })
+                .collect()
+        };
+        let credentials = match &password {
+            Some(p) => format!("{}:{}", encode(&user), encode(p)),
+            None => encode(&user),
+        };
+        let database_url = format!(
+            "postgresql://{credentials}@{}:{port}/{}",
+            encode(&host),
+            encode(&dbname)
+        );
+        let quote = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
+        let mut dsn = format!(
+            "host={} port={port} user={} dbname={}",
+            quote(&host),
+            quote(&user),
+            quote(&dbname)
+        );
+        let mut libpq_env = vec![
+            ("PGHOST".to_string(), host),
+            ("PGPORT".to_string(), port),
+            ("PGUSER".to_string(), user),
+            ("PGDATABASE".to_string(), dbname),
+        ];
+        if let Some(p) = password {
+            dsn.push_str(&format!(" password={}", quote(&p)));
+            libpq_env.push(("PGPASSWORD".to_string(), p));
+        }
+        Ok(Endpoints {
+            database_url,
+            dsn,
+            libpq_env,
+            sink_url: sink.to_string(),
+            http_url: sink.to_string(),
+            redis_url: String::new(),
+        })
     }
 
     /// Keeps a consumer listening on the lab's port until the producers are done.
@@ -548,6 +915,7 @@ async fn liveness_watchdog(
     faults: &FaultLog,
     struck: &Struck<'_>,
     writer_done: &watch::Sender<bool>,
+    bound: Duration,
 ) -> String {
     let mut done = writer_done.subscribe();
     // The sender outlives this future: it lives in the supervision that polls it.
@@ -558,11 +926,11 @@ async fn liveness_watchdog(
             .into_iter()
             .flatten()
             .fold(writer_done_at, Instant::max);
-        let deadline = faults_ended + LIVENESS_BOUND;
+        let deadline = faults_ended + bound;
         if Instant::now() >= deadline {
             return format!(
                 "not drained within {} s after the writer finished and the last fault fired",
-                LIVENESS_BOUND.as_secs()
+                bound.as_secs()
             );
         }
         tokio::time::sleep_until(deadline.into()).await;
@@ -574,6 +942,12 @@ fn record(history: &Mutex<History>, label: &str, plan: Option<CrashPlan>, run: &
     let mut history = history.lock().expect("not poisoned");
     history.record_process(label, plan.map(|p| p.to_string()), run.end.to_string());
     history.record_attempts(label, &run.stdout);
+}
+
+/// A process of the user's and how it ended.
+fn record_end_text(history: &Mutex<History>, label: &str, end: String) {
+    let mut history = history.lock().expect("not poisoned");
+    history.record_process(label, None, end);
 }
 
 fn record_end(history: &Mutex<History>, label: &str, plan: Option<CrashPlan>, end: &ChildEnd) {

@@ -159,6 +159,9 @@ impl Cluster {
                 "max_replication_slots=20",
                 "-c",
                 "max_wal_senders=20",
+                // verify times a relay from each event's commit.
+                "-c",
+                "track_commit_timestamp=on",
             ]);
         if after_crash {
             // Crash recovery first flushes the data directory: one syncfs, not an fsync per

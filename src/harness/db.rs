@@ -68,6 +68,14 @@ impl Database {
         connect::postgres(&self.config()?).await
     }
 
+    /// A connection whose session is named `application_name` (in `pg_stat_activity`): an actor
+    /// of ours, told apart from a relay of the user's.
+    pub async fn connect_as(&self, application_name: &str) -> Result<Client> {
+        let mut config = self.config()?;
+        config.application_name(application_name);
+        connect::postgres(&config).await
+    }
+
     /// A `psql`-ready URL, for `--keep`. Only meaningful for URL-form server addresses.
     pub fn url(&self) -> String {
         match self.server_url.rsplit_once('/') {

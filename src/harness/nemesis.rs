@@ -29,6 +29,28 @@ SELECT count(pg_terminate_backend(pid))
    AND application_name = $1
    AND pid <> pg_backend_pid()";
 
+/// The sessions in the current database that are none of ours (`application_name` not one of
+/// `$1`): a relay of the user's, whatever it calls itself.
+macro_rules! foreign_sessions {
+    () => {
+        "
+  FROM pg_stat_activity
+ WHERE datname = current_database()
+   AND backend_type = 'client backend'
+   AND application_name <> ALL($1)
+   AND pid <> pg_backend_pid()"
+    };
+}
+
+/// How many sessions of the user's relays are connected now.
+pub const COUNT_FOREIGN_SESSIONS: &str = concat!("SELECT count(*)", foreign_sessions!());
+
+/// Ends every session of the user's relays; how many.
+const TERMINATE_FOREIGN_SESSIONS: &str = concat!(
+    "SELECT count(pg_terminate_backend(pid))",
+    foreign_sessions!()
+);
+
 /// How often a nemesis looks whether a process has stopped itself at its pause point.
 const STOPPED_POLL: Duration = Duration::from_millis(2);
 
@@ -53,6 +75,15 @@ impl OwnChild {
     pub fn spawned(pid: u32) -> Option<OwnChild> {
         let process = ProcessId::of(i32::try_from(pid).ok()?)?;
         process.is_our_child().then_some(OwnChild(process))
+    }
+
+    /// Still that child of ours (running, not reaped).
+    pub fn is_ours(self) -> bool {
+        self.0.is_our_child()
+    }
+
+    pub fn pid(self) -> i32 {
+        self.0.pid
     }
 
     /// Sends `signal` if the process is still that child of ours; whether it was sent.
@@ -91,11 +122,25 @@ impl Drop for Resume {
     }
 }
 
-/// Terminates the sessions named `application_name` in `client`'s database; how many.
-pub async fn terminate_backends(client: &Client, application_name: &str) -> Result<i64> {
-    let row = client
-        .query_one(TERMINATE_BACKENDS, &[&application_name])
-        .await?;
+/// Whose database sessions a db-kill-backend nemesis ends.
+#[derive(Debug, Clone)]
+pub enum Sessions {
+    /// Those named so (`application_name`): an actor of ours.
+    Named(String),
+    /// Every session but those named so: the user's relays, whatever they call themselves.
+    AllBut(Vec<&'static str>),
+}
+
+/// Terminates `sessions` in `client`'s database; how many.
+pub async fn terminate_backends(client: &Client, sessions: &Sessions) -> Result<i64> {
+    let row = match sessions {
+        Sessions::Named(name) => client.query_one(TERMINATE_BACKENDS, &[name]).await?,
+        Sessions::AllBut(ours) => {
+            client
+                .query_one(TERMINATE_FOREIGN_SESSIONS, &[ours])
+                .await?
+        }
+    };
     Ok(row.get(0))
 }
 

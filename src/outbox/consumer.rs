@@ -1,5 +1,5 @@
 //! The consumer: an HTTP server (hyper) that turns each event into a shipment instruction.
-//! `POST /events` carries one event (the article's relay) or a JSON array of them (a batch per
+//! `POST /events` (or any path) carries one event (the article's relay) or a JSON array of them (a batch per
 //! request, applied in one transaction: one commit for the whole batch, each event applied as
 //! its kind says).
 //!
@@ -234,8 +234,9 @@ async fn handle(
     state: Arc<State>,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    if request.method() != Method::POST || request.uri().path() != "/events" {
-        return Ok(reply(StatusCode::NOT_FOUND, "only POST /events"));
+    // Any path: a relay of the user's posts where it likes (outbox-lab's own post to /events).
+    if request.method() != Method::POST {
+        return Ok(reply(StatusCode::METHOD_NOT_ALLOWED, "only POST"));
     }
     let body = match request.into_body().collect().await {
         Ok(body) => body.to_bytes(),

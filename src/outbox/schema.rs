@@ -66,6 +66,13 @@ pub const RESET: &str = "
 TRUNCATE outbox, orders, consumer.receipts, consumer.processed_events, consumer.shipments
 RESTART IDENTITY";
 
+/// Drops everything a run made (the article's tables, the consumer's, and whatever a relay of
+/// the user's created in `public`), for a run that starts from the schema files alone.
+pub const RECREATE: &str = "
+DROP SCHEMA IF EXISTS consumer CASCADE;
+DROP SCHEMA public CASCADE;
+CREATE SCHEMA public";
+
 /// Where explore's stored watermark relay keeps its position across restarts.
 pub const ADD_RELAY_WATERMARK: &str =
     "CREATE TABLE relay_watermark (relay text PRIMARY KEY, last_seen bigint NOT NULL)";

@@ -12,6 +12,9 @@ use crate::outbox::crash::{self, CrashPoint};
 use crate::outbox::event::Event;
 use crate::outbox::sink::HttpSink;
 
+/// The writer names its sessions so (`application_name`).
+pub const WRITER_APPLICATION_NAME: &str = "outbox-lab writer";
+
 pub const INSERT_ORDER: &str =
     "INSERT INTO orders(customer_id, amount) VALUES ($1, 1200) RETURNING id";
 

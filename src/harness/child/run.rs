@@ -179,8 +179,12 @@ const WRITER_RECONNECTS: u32 = 10;
 /// terminated) and goes on with what is not committed yet.
 async fn explore_writer(db: &Database, args: ExploreWriterRole) -> Result<()> {
     let customers: Vec<i64> = (1..=i64::from(args.orders)).collect();
-    let connect =
-        async || connect::patiently(connect::RECONNECT_PATIENCE, async || db.connect().await).await;
+    let connect = async || {
+        connect::patiently(connect::RECONNECT_PATIENCE, async || {
+            db.connect_as(writer::WRITER_APPLICATION_NAME).await
+        })
+        .await
+    };
     let Some((order, sink)) = args.dual_write else {
         for _ in 0..WRITER_RECONNECTS {
             let (mut first, mut second) = (connect().await?, connect().await?);

@@ -1,0 +1,184 @@
+//! `outbox-lab verify`: its arguments, the run's server, and what it prints; the engine (the
+//! plan, the shrinking, the figures, the report) is [`crate::verify`].
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use super::{outln, Format, RunArgs};
+use crate::error::{self, exit};
+use crate::explore::history;
+use crate::harness::db::PgServer;
+use crate::harness::foreign::PLACEHOLDERS;
+use crate::harness::nemesis::parse_duration;
+use crate::harness::run::{new_run_id, on_server};
+use crate::outbox::consumer::ConsumerKind;
+use crate::report::html;
+use crate::report::Environment;
+use crate::verify::{self, Options, Plan};
+
+pub const EXAMPLES: &str = "\
+Examples:
+  outbox-lab verify --relay-cmd 'python3 examples/relays/article.py --batch 50' --relays 2
+  outbox-lab verify --relay-cmd 'python3 my_relay.py' --nemesis kill,pause,db-restart \\
+      --events 2000 --time-limit 60s
+  outbox-lab verify --relay-cmd 'outbox-lab relay --database-url {database_url} \\
+      --sink {sink_url} --mode notify --name {name}' --claims lost,duplicate,order
+  outbox-lab verify --relay-cmd '...' --schedule 'kill:relay@250ms'   # replay one schedule
+  outbox-lab verify --database-url postgres://user@host/postgres --relay-cmd '...'
+
+The relay is started N times (--relays) from the command, with these placeholders filled in
+(the same values are in its environment, and libpq's PGHOST, PGPORT, PGUSER, PGDATABASE):
+{placeholders}
+It reads the article's outbox table (id, event_id, aggregate_type, aggregate_id, event_type,
+payload, created_at, published_at, attempts, next_attempt_at, last_error; NOTIFY outbox_new on
+insert), delivers each event as an HTTP POST of a JSON object with at least event_id and
+aggregate_id (id, event_type, payload... by their column names) to any path of {sink_url},
+takes a 2xx answer as received, and sets published_at. It is killed, paused, cut off from the
+database and the consumer (--nemesis), started again whenever it ends, and stopped with
+SIGTERM once the outbox is drained. The consumer, the writer and the judge are outbox-lab's.
+
+Exit status: 0 every claimed invariant held and every nemesis fired, 1 one broke (the
+offending ids and the smallest schedule that reproduced it are printed), 2 bad input (the
+command not found, exits at once, never connects...), 3 the harness failed mid-run.";
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The command that starts your relay (split like a shell does, run without one).
+    #[arg(long, value_name = "CMD")]
+    relay_cmd: String,
+    /// Copies of the relay running at once.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    relays: u32,
+    /// The nemeses, comma-separated: kill, pause, db-restart, db-kill-backend, net-reset,
+    /// net-reply-lost, net-delay; or all, or none.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "all",
+        value_name = "LIST"
+    )]
+    nemesis: Vec<String>,
+    /// Run this one schedule instead (as printed by an earlier verify), e.g.
+    /// "kill:relay@250ms,net:reset@5".
+    #[arg(long, value_name = "FAULTS", conflicts_with = "nemesis")]
+    schedule: Option<String>,
+    /// Events the writer commits (two per order).
+    #[arg(long, default_value_t = 2000, value_name = "N")]
+    events: u32,
+    /// Stop shrinking after this long; no run lasts longer (e.g. 60s, 90s).
+    #[arg(long, default_value = "120s", value_name = "DURATION", value_parser = parse_duration)]
+    time_limit: Duration,
+    /// The consumer the relay delivers to.
+    #[arg(long, value_enum, default_value = "idempotent")]
+    consumer: ConsumerKind,
+    /// The invariants your relay claims, comma-separated (ghost, lost, duplicate, order,
+    /// liveness); default all but order.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    claims: Option<Vec<String>>,
+    /// Where the relay delivers; http only for now.
+    #[arg(long, default_value = "http", value_parser = ["http"])]
+    sink: String,
+    /// Your DDL, run after the article's tables in every run's fresh schema (your relay's own
+    /// tables, columns, indexes).
+    #[arg(long, value_name = "FILE")]
+    schema: Option<PathBuf>,
+    /// A statement counting the events still to be delivered, if your relay does not set
+    /// published_at (default: outbox rows with published_at IS NULL).
+    #[arg(long, value_name = "SQL")]
+    pending_sql: Option<String>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// The `{placeholder}` lines of the examples.
+pub fn examples() -> String {
+    let lines: Vec<String> = PLACEHOLDERS
+        .iter()
+        .map(|(name, var, what)| format!("  {{{name}}} ({var}): {what}"))
+        .collect();
+    EXAMPLES.replace("{placeholders}", &lines.join("\n"))
+}
+
+impl VerifyArgs {
+    fn options(&self) -> Result<Options> {
+        let schema = match &self.schema {
+            Some(path) => {
+                let ddl = std::fs::read_to_string(path)
+                    .with_context(|| format!("--schema {}: cannot read it", path.display()))?;
+                Some((path.display().to_string(), ddl))
+            }
+            None => None,
+        };
+        Ok(Options {
+            relay_cmd: self.relay_cmd.clone(),
+            relays: self.relays,
+            nemeses: self.nemesis.clone(),
+            schedule: self.schedule.clone(),
+            events: self.events,
+            time_limit: self.time_limit,
+            consumer: self.consumer,
+            claims: self.claims.clone(),
+            schema,
+            pending_sql: self.pending_sql.clone(),
+            external_server: self.run.database_url.is_some(),
+        })
+    }
+}
+
+/// `outbox-lab verify`.
+pub async fn run(args: VerifyArgs) -> Result<ExitCode> {
+    // Everything is checked before a server is started: bad input leaves nothing behind.
+    let plan = Plan::new(&args.options()?)?;
+    let run_id = new_run_id();
+    let results_dir = args.run.results_dir.join(&run_id);
+    let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let text = args.run.format == Format::Text;
+    let (verification, version, kind) = on_server(
+        &args.run.server_choice(),
+        &run_id,
+        async |server: &PgServer| {
+            let verification = verify::verify(server, &plan, text).await.map_err(|e| {
+                // The relay's own fault (exits at once, never connects) stays bad input.
+                match error::Error::find(&e) {
+                    Some(_) => e,
+                    None => error::harness(e),
+                }
+            })?;
+            history::save(&results_dir, "verify", &verify::histories(&verification))?;
+            Ok((verification, server.version.clone(), server.kind()))
+        },
+    )
+    .await?;
+    let report = verify::report(
+        &plan,
+        &verification,
+        Environment {
+            postgres_version: version,
+            outbox_lab_version: env!("CARGO_PKG_VERSION").to_string(),
+            started_at,
+            elapsed_ms: verification.elapsed.as_millis() as u64,
+            server: kind.to_string(),
+        },
+    );
+    report.write_files(&results_dir)?;
+    html::write(&results_dir, std::slice::from_ref(&report))?;
+    match args.run.format {
+        Format::Json => outln!("{}", serde_json::to_string_pretty(&report)?)?,
+        Format::Text => {
+            outln!("{}", report.render_text())?;
+            eprintln!(
+                "results, histories and report.html written to {}",
+                results_dir.display()
+            );
+        }
+    }
+    Ok(ExitCode::from(if report.passed() {
+        exit::OK
+    } else {
+        exit::CHECK_FAILED
+    }))
+}

@@ -1,0 +1,310 @@
+//! A relay of the user's, in any language (`outbox-lab verify --relay-cmd`): its command
+//! template and the values it is filled with, the environment it gets, and its process — run
+//! in a process group of its own, so that a stop reaches whatever it started, with the last
+//! lines it printed kept for the verdict.
+//!
+//! The template is split as a shell splits words (quotes, backslashes), but no shell runs it:
+//! the first word is the program, so that a kill or pause nemesis hits the relay itself. A
+//! relay that needs a pipeline is written `sh -c '...'`.
+
+use std::collections::VecDeque;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+
+use super::nemesis::OwnChild;
+
+/// The placeholders a template may hold, each also given in the environment.
+pub const PLACEHOLDERS: [(&str, &str, &str); 7] = [
+    (
+        "database_url",
+        "OUTBOX_LAB_DATABASE_URL",
+        "postgres://... of the database holding the outbox",
+    ),
+    (
+        "dsn",
+        "OUTBOX_LAB_DSN",
+        "the same in libpq's keyword form (host=... port=... dbname=...)",
+    ),
+    (
+        "sink_url",
+        "OUTBOX_LAB_SINK_URL",
+        "where to deliver: the consumer's HTTP URL (through the fault proxy)",
+    ),
+    (
+        "http_url",
+        "OUTBOX_LAB_HTTP_URL",
+        "the consumer's HTTP URL (the same as sink_url with --sink http)",
+    ),
+    (
+        "redis_url",
+        "OUTBOX_LAB_REDIS_URL",
+        "redis://host:port (empty with --sink http)",
+    ),
+    (
+        "name",
+        "OUTBOX_LAB_RELAY_NAME",
+        "relay-0, relay-1, ...: which copy this is",
+    ),
+    (
+        "index",
+        "OUTBOX_LAB_RELAY_INDEX",
+        "0, 1, ...: the same as a number (for a partition i/N)",
+    ),
+];
+
+/// Lines of a relay's output kept for the verdict (the rest is not read).
+const TAIL_LINES: usize = 20;
+
+/// `--relay-cmd`, checked: split into words, placeholders known, the program found.
+#[derive(Debug, Clone)]
+pub struct RelayTemplate {
+    pub text: String,
+    words: Vec<String>,
+}
+
+/// What a template's placeholders stand for in one run (`name` and `index` are per relay).
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    pub database_url: String,
+    pub dsn: String,
+    /// libpq's own variables (PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD), so that a relay
+    /// reading them runs unchanged.
+    pub libpq_env: Vec<(String, String)>,
+    pub sink_url: String,
+    pub http_url: String,
+    pub redis_url: String,
+}
+
+impl RelayTemplate {
+    /// Checks the template without running it: an unknown `{placeholder}` or a program that
+    /// is not there is an error that says so.
+    pub fn parse(text: &str) -> Result<RelayTemplate> {
+        let words = shell_words::split(text)
+            .map_err(|e| anyhow!("--relay-cmd '{text}' does not parse: {e}"))?;
+        let Some(program) = words.first() else {
+            bail!("--relay-cmd is empty: give the command that starts your relay");
+        };
+        for word in &words {
+            for name in placeholders_in(word) {
+                if !PLACEHOLDERS.iter().any(|(known, _, _)| *known == name) {
+                    let known: Vec<String> = PLACEHOLDERS
+                        .iter()
+                        .map(|(p, _, _)| format!("{{{p}}}"))
+                        .collect();
+                    bail!(
+                        "--relay-cmd: unknown placeholder {{{name}}} (known: {})",
+                        known.join(", ")
+                    );
+                }
+            }
+        }
+        if !program_exists(program) {
+            bail!(
+                "--relay-cmd: program '{program}' not found (not on PATH, or not an executable \
+                 file)"
+            );
+        }
+        Ok(RelayTemplate {
+            text: text.to_string(),
+            words,
+        })
+    }
+
+    /// The command for relay `index`, its placeholders filled in, the values also in its
+    /// environment; started in a process group of its own, killed if we die.
+    fn command(&self, endpoints: &Endpoints, index: u32) -> Command {
+        let name = relay_name(index);
+        let index = index.to_string();
+        let values: [(&str, &str); 7] = [
+            ("database_url", &endpoints.database_url),
+            ("dsn", &endpoints.dsn),
+            ("sink_url", &endpoints.sink_url),
+            ("http_url", &endpoints.http_url),
+            ("redis_url", &endpoints.redis_url),
+            ("name", &name),
+            ("index", &index),
+        ];
+        let fill = |word: &str| {
+            values.iter().fold(word.to_string(), |word, (p, value)| {
+                word.replace(&format!("{{{p}}}"), value)
+            })
+        };
+        let mut cmd = Command::new(fill(&self.words[0]));
+        cmd.args(self.words[1..].iter().map(|w| fill(w)));
+        for ((placeholder, var, _), (filled, value)) in PLACEHOLDERS.iter().zip(values) {
+            debug_assert_eq!(placeholder, &filled);
+            cmd.env(var, value);
+        }
+        cmd.envs(endpoints.libpq_env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    /// Starts relay `index`.
+    pub fn spawn(&self, endpoints: &Endpoints, index: u32) -> Result<ForeignRelay> {
+        let mut child = self
+            .command(endpoints, index)
+            .spawn()
+            .with_context(|| format!("cannot start --relay-cmd '{}'", self.text))?;
+        let pid = child.id().context("the relay ended before it was seen")?;
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        for output in [
+            child
+                .stdout
+                .take()
+                .map(|o| Box::new(o) as Box<dyn AsyncRead + Send + Unpin>),
+            child
+                .stderr
+                .take()
+                .map(|o| Box::new(o) as Box<dyn AsyncRead + Send + Unpin>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            tokio::spawn(keep_tail(output, tail.clone()));
+        }
+        Ok(ForeignRelay {
+            own: OwnChild::spawned(pid),
+            child,
+            tail,
+            started: Instant::now(),
+        })
+    }
+}
+
+/// `relay-0`, `relay-1`, ...
+pub fn relay_name(index: u32) -> String {
+    format!("relay-{index}")
+}
+
+/// A running relay of the user's.
+pub struct ForeignRelay {
+    child: Child,
+    /// Proven ours when spawned: the group it leads is signalled only while it is.
+    own: Option<OwnChild>,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    pub started: Instant,
+}
+
+impl ForeignRelay {
+    /// The process a nemesis may signal.
+    pub fn own(&self) -> Option<OwnChild> {
+        self.own
+    }
+
+    /// Resolves when it has ended (cancel-safe).
+    pub async fn exited(&mut self) -> Result<ExitStatus> {
+        Ok(self.child.wait().await?)
+    }
+
+    /// SIGTERM to its group, SIGKILL after `grace`; how it ended.
+    pub async fn stop(mut self, grace: Duration) -> Result<ExitStatus> {
+        self.signal_group(Signal::SIGCONT);
+        self.signal_group(Signal::SIGTERM);
+        match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(status) => Ok(status?),
+            Err(_) => {
+                self.signal_group(Signal::SIGKILL);
+                Ok(self.child.wait().await?)
+            }
+        }
+    }
+
+    /// Its group gets `signal`, if its leader is still this child of ours.
+    fn signal_group(&self, signal: Signal) {
+        if let Some(own) = self.own.filter(|own| own.is_ours()) {
+            let _ = killpg(Pid::from_raw(own.pid()), signal);
+        }
+    }
+
+    /// The last lines it printed (stdout and stderr, as they came).
+    pub fn tail(&self) -> Vec<String> {
+        self.tail
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .cloned()
+            .collect()
+    }
+}
+
+impl Drop for ForeignRelay {
+    /// Whatever it started goes with it (kill_on_drop reaches only the leader).
+    fn drop(&mut self) {
+        self.signal_group(Signal::SIGKILL);
+    }
+}
+
+/// Keeps the last [`TAIL_LINES`] lines of `output`.
+async fn keep_tail(output: impl AsyncRead + Unpin, tail: Arc<Mutex<VecDeque<String>>>) {
+    let mut lines = BufReader::new(output).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let mut tail = tail.lock().expect("not poisoned");
+        if tail.len() == TAIL_LINES {
+            tail.pop_front();
+        }
+        tail.push_back(line);
+    }
+}
+
+/// The `{name}`s in a word.
+fn placeholders_in(word: &str) -> Vec<&str> {
+    let mut found = Vec::new();
+    let mut rest = word;
+    while let Some(open) = rest.find('{') {
+        let Some(len) = rest[open + 1..].find('}') else {
+            break;
+        };
+        found.push(&rest[open + 1..open + 1 + len]);
+        rest = &rest[open + 1 + len + 1..];
+    }
+    found
+}
+
+/// A path to an executable file, or a name found on PATH.
+fn program_exists(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |path: &std::path::Path| {
+        path.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        return executable(std::path::Path::new(program));
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| executable(&dir.join(program))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_are_checked() {
+        let t = RelayTemplate::parse("sh -c 'echo {name} {database_url}'").unwrap();
+        assert_eq!(t.words, ["sh", "-c", "echo {name} {database_url}"]);
+        let err = |t: &str| RelayTemplate::parse(t).unwrap_err().to_string();
+        assert!(err("sh {bogus}").contains("unknown placeholder {bogus}"));
+        assert!(err("no-such-relay-xyz --x").contains("not found"));
+        assert!(err("sh 'unclosed").contains("does not parse"));
+        assert!(err("").contains("empty"));
+    }
+}
