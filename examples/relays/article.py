@@ -7,8 +7,6 @@ after sending and before COMMIT sends those events again (the consumer dedups by
 no event is ever marked published without having been delivered.
 """
 
-import sys
-
 import relay_common as common
 
 MARK_FAILED = """
@@ -49,5 +47,5 @@ def one_batch(conn, cursor, sink, args, stopping):
 
 
 if __name__ == "__main__":
-    sys.exit(common.run(one_batch, "article relay (deliver, then mark published, one "
-                                   "transaction)", __doc__))
+    common.run(one_batch, "article relay (deliver, then mark published, one "
+               "transaction)", __doc__)

@@ -4,8 +4,6 @@ send is only logged, and a crash between the COMMIT and the last send leaves the
 batch marked published but never delivered: at-most-once, events are lost.
 """
 
-import sys
-
 import relay_common as common
 
 
@@ -30,5 +28,5 @@ def one_batch(conn, cursor, sink, args, stopping):
 
 
 if __name__ == "__main__":
-    sys.exit(common.run(one_batch, "mark-before-send relay (mark published and commit, "
-                                   "then send)", __doc__))
+    common.run(one_batch, "mark-before-send relay (mark published and commit, "
+               "then send)", __doc__)

@@ -245,8 +245,8 @@ def close_quietly(conn):
 def run(one_batch, design, description):
     """Runs `one_batch(conn, cursor, sink, args, stopping)` for ever: it fetches and handles
     one batch in its transaction and returns how many rows it fetched. After an empty batch,
-    waits (poll or notify); after a database error, reconnects with a backoff. Returns the
-    exit status (0) once stopped by SIGTERM."""
+    waits (poll or notify); after a database error, reconnects with a backoff. Never
+    returns: once stopped by SIGTERM, the process exits with status 0."""
     global _name
     args = parse_args(description)
     _name = args.name
@@ -288,4 +288,6 @@ def run(one_batch, design, description):
     close_quietly(conn)  # an unfinished transaction rolls back
     sink.close()
     log("stopped")
-    return 0
+    # Without the interpreter's teardown, which takes ~200 ms with psycopg and redis loaded
+    # on a busy machine: everything worth closing is closed.
+    os._exit(0)
