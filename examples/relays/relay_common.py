@@ -9,6 +9,7 @@ ends it with exit status 0 in well under a second.
 """
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -101,20 +102,16 @@ class Stopping:
         finally:
             self._waiting = False
 
+    @contextlib.contextmanager
     def waiting(self):
-        """A context in which SIGTERM raises Stop at once (connecting)."""
-        stopping = self
-
-        class _Waiting:
-            def __enter__(self):
-                stopping._waiting = True
-                if stopping.requested:
-                    raise Stop
-
-            def __exit__(self, *exc):
-                stopping._waiting = False
-
-        return _Waiting()
+        """A block in which SIGTERM raises Stop at once (connecting)."""
+        self._waiting = True
+        try:
+            if self.requested:
+                raise Stop
+            yield
+        finally:
+            self._waiting = False
 
 
 def parse_args(description):
