@@ -7,7 +7,11 @@ after sending and before COMMIT sends those events again (the consumer dedups by
 no event is ever marked published without having been delivered.
 """
 
-import relay_common as common
+import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ next to the examples
+
+import relay_common as common  # noqa: E402
 
 MARK_FAILED = """
 UPDATE outbox

@@ -4,7 +4,11 @@ send is only logged, and a crash between the COMMIT and the last send leaves the
 batch marked published but never delivered: at-most-once, events are lost.
 """
 
-import relay_common as common
+import sys
+
+sys.dont_write_bytecode = True  # no __pycache__ next to the examples
+
+import relay_common as common  # noqa: E402
 
 
 def one_batch(conn, cursor, sink, args, stopping):
