@@ -146,11 +146,9 @@ def parse_args(description):
 
 
 def event_fields(row):
-    """The event as it goes on the wire. `outbox_id` repeats `id`: outbox-lab's consumers
-    read the row id under that name."""
+    """The event as it goes on the wire: the outbox row's columns by their names."""
     return {
         "id": row["id"],
-        "outbox_id": row["id"],
         "event_id": str(row["event_id"]),
         "aggregate_type": row["aggregate_type"],
         "aggregate_id": row["aggregate_id"],
@@ -193,7 +191,7 @@ class HttpSink:
 
 class RedisSink:
     """XADD outbox.event.<aggregate_type> * id .. event_id .. aggregate_type .. aggregate_id ..
-    event_type .. payload <json> outbox_id ..; an XADD that raised is a failure (redis-py
+    event_type .. payload <json>; an XADD that raised is a failure (redis-py
     reconnects on the next command)."""
 
     def __init__(self, url):

@@ -231,6 +231,10 @@ async fn pass_on(
     let Ok(mut server) = TcpStream::connect(upstream).await else {
         return; // the relay sees its connection close, as if the consumer were down
     };
+    // Each turn is passed on at once: Nagle's algorithm would hold a small write back for the
+    // other side's delayed ACK (40 ms a request, here).
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
     match forward(&mut client, &mut server, &faults, &counters).await {
         Ending::Closed => {}
         Ending::Reset => {

@@ -107,13 +107,19 @@ fn event_of(stream: &str, entry: &StreamId) -> Result<Event> {
             .get::<String>(name)
             .ok_or_else(|| anyhow!("stream entry {} has no {name}", entry.id))
     };
+    // Only event_id and aggregate_id are required; the outbox id comes as `outbox_id` (ours)
+    // or `id` (the outbox's own column name).
+    let outbox_id = entry.get::<String>("outbox_id").or_else(|| entry.get("id"));
     Ok(Event {
         event_id: field("event_id")?.parse()?,
-        outbox_id: Some(field("outbox_id")?.parse()?),
+        outbox_id: outbox_id.map(|id| id.parse()).transpose()?,
         aggregate_type: stream.rsplit('.').next().unwrap_or_default().to_string(),
         aggregate_id: field("aggregate_id")?,
-        event_type: field("event_type")?,
-        payload: serde_json::from_str(&field("payload")?)?,
+        event_type: entry.get("event_type").unwrap_or_default(),
+        payload: match entry.get::<String>("payload") {
+            Some(payload) => serde_json::from_str(&payload)?,
+            None => serde_json::Value::Null,
+        },
         fence: None,
     })
 }

@@ -44,11 +44,13 @@ const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
 const TIMELINE_BUCKET_MS: i64 = 100;
 
 /// The nemeses `--nemesis` names, and the schedule item each one makes (`{at}`: its moment).
+/// In this order on the clock: a database restart last, so that the sessions the nemesis
+/// before it ends are there to end.
 const NEMESES: [(&str, &str); 7] = [
     ("kill", "kill:relay@{at}"),
     ("pause", "pause:relay@{at}+500ms"),
-    ("db-restart", "db:restart@{at}"),
     ("db-kill-backend", "db:kill-backend:relay@{at}"),
+    ("db-restart", "db:restart@{at}"),
     ("net-reset", "net:reset@5"),
     ("net-reply-lost", "net:reply-lost@10"),
     ("net-delay", "net:delay@15+700ms"),
@@ -198,23 +200,27 @@ impl Plan {
     }
 }
 
-/// The schedule `--nemesis` asks for: each kind once, the timed ones [`NEMESIS_SPACING`] apart.
+/// The schedule `--nemesis` asks for: each kind once, in [`NEMESES`]' order, the timed ones
+/// [`NEMESIS_SPACING`] apart.
 fn schedule_of(kinds: &[String]) -> Result<Schedule> {
-    let names: Vec<&str> = match kinds {
-        [] => NEMESES.iter().map(|(name, _)| *name).collect(),
-        [one] if one == "all" => NEMESES.iter().map(|(name, _)| *name).collect(),
-        [one] if one == "none" => Vec::new(),
-        kinds => kinds.iter().map(|k| k.trim()).collect(),
-    };
+    let everything = matches!(kinds, []) || matches!(kinds, [one] if one == "all");
+    let nothing = matches!(kinds, [one] if one == "none");
+    if let Some(unknown) = kinds
+        .iter()
+        .map(|k| k.trim())
+        .find(|k| !NEMESES.iter().any(|(kind, _)| kind == k) && !everything && !nothing)
+    {
+        let known: Vec<&str> = NEMESES.iter().map(|(kind, _)| *kind).collect();
+        bail!(
+            "--nemesis: unknown nemesis '{unknown}' ({}, or all, or none)",
+            known.join(", ")
+        );
+    }
+    let chosen = NEMESES
+        .iter()
+        .filter(|(kind, _)| everything || kinds.iter().any(|k| k.trim() == *kind));
     let mut items = Vec::new();
-    for (n, name) in names.iter().enumerate() {
-        let Some((_, item)) = NEMESES.iter().find(|(kind, _)| kind == name) else {
-            let known: Vec<&str> = NEMESES.iter().map(|(kind, _)| *kind).collect();
-            bail!(
-                "--nemesis: unknown nemesis '{name}' ({}, or all, or none)",
-                known.join(", ")
-            );
-        };
+    for (n, (_, item)) in chosen.enumerate() {
         let at = NEMESIS_SPACING * (n as u32 + 1);
         items.push(item.replace("{at}", &format_duration(at)));
     }
