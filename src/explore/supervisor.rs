@@ -392,10 +392,10 @@ impl<'s> Lab<'s> {
                 schema::create(&client).await?;
                 client.batch_execute(schema::NOTIFY_TRIGGER).await?;
                 if let Some(ddl) = &foreign.schema {
-                    client
-                        .batch_execute(ddl)
-                        .await
-                        .map_err(|e| anyhow::anyhow!("--schema does not apply: {e}"))?;
+                    client.batch_execute(ddl).await.map_err(|e| {
+                        let why = anyhow::Error::from(e);
+                        error::Error::Usage(anyhow::anyhow!("--schema does not apply: {why:#}"))
+                    })?;
                 }
             }
         }

@@ -135,7 +135,10 @@ impl Plan {
                     .map_err(|e| anyhow!("invalid --schedule: {e}"))?,
                 true,
             ),
-            None => (schedule_of(&options.nemeses)?, false),
+            None => (
+                schedule_of(&options.nemeses, options.external_server)?,
+                false,
+            ),
         };
         check_schedule(&schedule, options.external_server)?;
         let design: &'static Design = Box::leak(Box::new(Design {
@@ -201,8 +204,9 @@ impl Plan {
 }
 
 /// The schedule `--nemesis` asks for: each kind once, in [`NEMESES`]' order, the timed ones
-/// [`NEMESIS_SPACING`] apart.
-fn schedule_of(kinds: &[String]) -> Result<Schedule> {
+/// [`NEMESIS_SPACING`] apart; `all` on the user's server is all but the database restart
+/// (only a throwaway cluster is restarted).
+fn schedule_of(kinds: &[String], external_server: bool) -> Result<Schedule> {
     let everything = matches!(kinds, []) || matches!(kinds, [one] if one == "all");
     let nothing = matches!(kinds, [one] if one == "none");
     if let Some(unknown) = kinds
@@ -216,9 +220,10 @@ fn schedule_of(kinds: &[String]) -> Result<Schedule> {
             known.join(", ")
         );
     }
-    let chosen = NEMESES
-        .iter()
-        .filter(|(kind, _)| everything || kinds.iter().any(|k| k.trim() == *kind));
+    let chosen = NEMESES.iter().filter(|(kind, _)| match everything {
+        true => !(external_server && *kind == "db-restart"),
+        false => kinds.iter().any(|k| k.trim() == *kind),
+    });
     let mut items = Vec::new();
     for (n, (_, item)) in chosen.enumerate() {
         let at = NEMESIS_SPACING * (n as u32 + 1);
@@ -317,13 +322,10 @@ pub async fn verify(server: &PgServer, plan: &Plan, progress: bool) -> Result<Ve
             eprintln!("verify: {text}");
         }
     };
-    say(format!(
-        "running {} with {}",
-        plan.template.text, plan.schedule
-    ));
     let main = run_once(&lab, &plan.schedule).await?;
     say(format!(
-        "{} in {:.1} s",
+        "{}: {} in {:.1} s",
+        plan.schedule,
         verdict_line(&main.history),
         main.history.elapsed_ms as f64 / 1000.0
     ));
@@ -345,9 +347,8 @@ pub async fn verify(server: &PgServer, plan: &Plan, progress: bool) -> Result<Ve
                 faults: Vec::new(),
                 nemeses: vec![*nemesis],
             };
-            say(format!("shrinking: {alone} alone"));
             let run = run_once(&lab, &alone).await?;
-            say(verdict_line(&run.history));
+            say(format!("{alone} alone: {}", verdict_line(&run.history)));
             shrunk.push(run);
         }
     }
