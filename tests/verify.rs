@@ -37,7 +37,7 @@ fn replay_of(run: &Run, invariant: &str) -> String {
         .as_array()
         .unwrap()
         .iter()
-        .find(|r| r[0] == Value::from(invariant))
+        .find(|r| r[0] == invariant)
         .unwrap_or_else(|| panic!("no {invariant} row in {table}"));
     row[5].as_str().unwrap().to_string()
 }
@@ -86,6 +86,19 @@ fn our_relay_holds_under_every_nemesis() {
     let json = run.json();
     assert_eq!(json["scenario"], "verify");
     assert_eq!(json["params"]["relay_cmd"], Value::from(relay));
+    // The page plots the deliveries over the run with the faults marked.
+    let run_dir = std::fs::read_dir(&results)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let page = std::fs::read_to_string(run_dir.join("report.html")).unwrap();
+    assert!(
+        page.contains("data-plot=\"verify-timeline\""),
+        "no timeline plot"
+    );
+    assert!(page.contains("db:restart@1s"), "the faults are not marked");
 }
 
 /// The relay that marks a batch published before it sends loses the event whose connection

@@ -13,6 +13,7 @@ use crate::explore;
 use crate::report::plots::Plot;
 use crate::report::{self, Report, Table};
 use crate::scenarios::Scenario;
+use crate::verify;
 
 /// The page's file name inside a run's directory.
 pub const PAGE_FILE: &str = "report.html";
@@ -52,11 +53,12 @@ summary { cursor: pointer; color: #333; }
 pre { background: #f6f6f6; padding: .6rem; overflow-x: auto; font-size: .8rem; }
 ";
 
-/// A result's plots, drawn by what made it: its scenario, or explore (the one result that is
-/// no scenario's).
+/// A result's plots, drawn by what made it: its scenario, or explore and verify (the results
+/// that are no scenario's).
 fn plots(report: &Report) -> Result<Vec<Plot>> {
     match Scenario::find(&report.scenario) {
         Some(scenario) => scenario.plots(report),
+        None if report.scenario == "verify" => verify::plots::for_report(report),
         None => explore::plots::for_report(report),
     }
 }

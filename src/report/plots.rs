@@ -141,6 +141,73 @@ pub fn log_x_lines(points: &Table, series: &str, x: &str, y: &str, axes: Axes) -
     })
 }
 
+/// A moment marked on a [`timeline`]: a vertical line with its label.
+pub struct Marker {
+    pub at: f64,
+    pub label: String,
+}
+
+/// Column `y` against column `x` (linear axes) as one line, with `markers` as labelled
+/// vertical lines: what happened over a run, and when its faults struck.
+pub fn timeline(
+    points: &Table,
+    x: &str,
+    y: &str,
+    markers: &[Marker],
+    axes: Axes,
+) -> Result<String> {
+    let (x, y) = (column(points, x)?, column(points, y)?);
+    let line_points = points
+        .rows
+        .iter()
+        .map(|row| Ok((number(&row[x])?, number(&row[y])?)))
+        .collect::<Result<Vec<(f64, f64)>>>()?;
+    let no_points = || anyhow!("no points in '{}'", points.title);
+    let xs = line_points
+        .iter()
+        .map(|p| p.0)
+        .chain(markers.iter().map(|m| m.at));
+    let (_, right) = bounds(xs).ok_or_else(no_points)?;
+    let (_, top) = bounds(line_points.iter().map(|p| p.1)).ok_or_else(no_points)?;
+    let top = top.max(1.0) * 1.25;
+    render(WIDTH, HEIGHT, |area| {
+        let mut chart = ChartBuilder::on(area)
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..right * 1.05 + 1.0, 0.0..top)?;
+        chart
+            .configure_mesh()
+            .x_desc(axes.x)
+            .y_desc(axes.y)
+            .x_label_formatter(&|v| short_number(*v))
+            .y_label_formatter(&|v| short_number(*v))
+            .label_style((FONT, 13))
+            .draw()?;
+        line(
+            &mut chart,
+            line_points.iter().copied(),
+            SERIES_COLOURS[0],
+            axes.y.into(),
+        )?;
+        for (i, marker) in markers.iter().enumerate() {
+            let colour = BAD;
+            chart.draw_series(LineSeries::new(
+                [(marker.at, 0.0), (marker.at, top * 0.92)],
+                colour.stroke_width(1),
+            ))?;
+            // Staggered, so that faults close in time keep readable labels.
+            let height = top * (0.95 - 0.06 * (i % 4) as f64);
+            chart.draw_series(std::iter::once(Text::new(
+                marker.label.clone(),
+                (marker.at, height),
+                (FONT, 11).into_font().color(&colour),
+            )))?;
+        }
+        legend(&mut chart, SeriesLabelPosition::UpperRight)
+    })
+}
+
 /// A bar of a horizontal bar chart.
 pub struct Bar {
     pub label: String,

@@ -10,6 +10,8 @@
 //! (latency and throughput of the relay, the timeline of deliveries and faults) and the
 //! [`Report`]. The command (arguments, server, output) is cmd/verify.rs.
 
+pub mod plots;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
