@@ -193,4 +193,13 @@ fn a_schema_file_that_does_not_apply_is_bad_input() {
     std::fs::write(&schema, "CREATE TABLEX relay_offsets (id int);").unwrap();
     let run = verify(&["--relay-cmd", "sh", "--schema", schema.to_str().unwrap()]);
     assert_usage_error(&run, "--schema does not apply");
+    let run = verify(&[
+        "--relay-cmd",
+        "sh",
+        "--pending-sql",
+        "SELECT count(*) FROM nowhere",
+    ]);
+    assert_usage_error(&run, "--pending-sql does not run");
+    let run = verify(&["--relay-cmd", "sh", "--pending-sql", "SELECT 'many'"]);
+    assert_usage_error(&run, "--pending-sql must return one bigint");
 }

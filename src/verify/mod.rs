@@ -18,6 +18,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::json;
 use tokio_postgres::Client;
 
+use crate::error;
 use crate::explore::designs::{Design, Invariant, Writer};
 use crate::explore::history::{FaultOutcome, History};
 use crate::explore::nemeses::Nemesis;
@@ -309,15 +310,18 @@ pub async fn verify(server: &PgServer, plan: &Plan, progress: bool) -> Result<Ve
     };
     let lab = Lab::prepare_foreign(server, plan.design, plan.workload, foreign, bounds).await?;
     if let Some(sql) = &plan.pending_sql {
+        // Tried once on the fresh schema: a statement that cannot count is bad input.
         let client = lab.client().await?;
-        client
-            .query_one(sql.as_str(), &[])
-            .await
-            .map_err(|e| anyhow!("--pending-sql does not run on the fresh schema: {e}"))?
-            .try_get::<_, i64>(0)
-            .map_err(|_| {
+        let counted = match client.query_one(sql.as_str(), &[]).await {
+            Ok(row) => row.try_get::<_, i64>(0).map_err(|_| {
                 anyhow!("--pending-sql must return one bigint: the count still to be delivered")
-            })?;
+            }),
+            Err(e) => Err(anyhow!(
+                "--pending-sql does not run on the fresh schema: {:#}",
+                anyhow::Error::from(e)
+            )),
+        };
+        counted.map_err(error::Error::Usage)?;
     }
     let say = |text: String| {
         if progress {
