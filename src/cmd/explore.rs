@@ -12,7 +12,6 @@ use crate::error::{self, exit};
 use crate::explore::{self, history, nemeses, Options, Plan};
 use crate::harness::db::PgServer;
 use crate::harness::run::{new_run_id, on_server};
-use crate::report::html;
 use crate::report::{Environment, Table};
 
 pub const EXAMPLES: &str = "\
@@ -131,23 +130,7 @@ pub async fn run(args: ExploreArgs) -> Result<ExitCode> {
             server: kind.to_string(),
         },
     );
-    report.write_files(&results_dir)?;
-    html::write(&results_dir, std::slice::from_ref(&report))?;
-    match args.run.format {
-        Format::Json => outln!("{}", serde_json::to_string_pretty(&report)?)?,
-        Format::Text => {
-            outln!("{}", explore::render_text(&report))?;
-            eprintln!(
-                "results, histories and report.html written to {}",
-                results_dir.display()
-            );
-        }
-    }
-    Ok(ExitCode::from(if report.passed() {
-        exit::OK
-    } else {
-        exit::CHECK_FAILED
-    }))
+    super::finish_run(&report, &results_dir, args.run.format, explore::render_text)
 }
 
 /// `outbox-lab explore --list-nemeses`: every nemesis, its form, what it does.

@@ -273,6 +273,33 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
+/// The end of a judged run (explore, verify): its files and page in `results_dir`, the report
+/// on stdout (`render` for a terminal, JSON), and the exit status its checks decide.
+fn finish_run(
+    report: &Report,
+    results_dir: &std::path::Path,
+    format: Format,
+    render: impl FnOnce(&Report) -> String,
+) -> Result<ExitCode> {
+    report.write_files(results_dir)?;
+    crate::report::html::write(results_dir, std::slice::from_ref(report))?;
+    match format {
+        Format::Json => outln!("{}", serde_json::to_string_pretty(report)?)?,
+        Format::Text => {
+            outln!("{}", render(report))?;
+            eprintln!(
+                "results, histories and report.html written to {}",
+                results_dir.display()
+            );
+        }
+    }
+    Ok(ExitCode::from(if report.passed() {
+        error::exit::OK
+    } else {
+        error::exit::CHECK_FAILED
+    }))
+}
+
 /// Writes to stdout, as `print!` does, but returns the error (see [`outln!`]).
 pub fn write_stdout(text: std::fmt::Arguments) -> Result<()> {
     error::stdout_write(std::io::stdout().lock().write_fmt(text))

@@ -8,16 +8,15 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use super::{outln, Format, RunArgs};
-use crate::error::{self, exit};
+use super::{Format, RunArgs};
+use crate::error;
 use crate::explore::history;
 use crate::harness::db::PgServer;
 use crate::harness::foreign::PLACEHOLDERS;
 use crate::harness::nemesis::parse_duration;
 use crate::harness::run::{new_run_id, on_server};
 use crate::outbox::consumer::ConsumerKind;
-use crate::report::html;
-use crate::report::Environment;
+use crate::report::{Environment, Report};
 use crate::verify::{self, Options, Plan};
 
 pub const EXAMPLES: &str = "\
@@ -164,21 +163,5 @@ pub async fn run(args: VerifyArgs) -> Result<ExitCode> {
             server: kind.to_string(),
         },
     );
-    report.write_files(&results_dir)?;
-    html::write(&results_dir, std::slice::from_ref(&report))?;
-    match args.run.format {
-        Format::Json => outln!("{}", serde_json::to_string_pretty(&report)?)?,
-        Format::Text => {
-            outln!("{}", report.render_text())?;
-            eprintln!(
-                "results, histories and report.html written to {}",
-                results_dir.display()
-            );
-        }
-    }
-    Ok(ExitCode::from(if report.passed() {
-        exit::OK
-    } else {
-        exit::CHECK_FAILED
-    }))
+    super::finish_run(&report, &results_dir, args.run.format, Report::render_text)
 }
