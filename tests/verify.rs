@@ -47,11 +47,7 @@ fn replay_of(run: &Run, invariant: &str) -> String {
 /// the idempotent consumer.
 #[test]
 fn our_relay_holds_under_every_nemesis() {
-    let relay = format!(
-        "'{}' relay --database-url {{database_url}} --sink {{sink_url}} --mode notify \
-         --interval-ms 50 --name {{name}}",
-        env!("CARGO_BIN_EXE_outbox-lab")
-    );
+    let relay = our_relay("");
     let results = scratch_dir("verify-own");
     let output = outbox_lab()
         .args([
@@ -99,6 +95,48 @@ fn our_relay_holds_under_every_nemesis() {
         "no timeline plot"
     );
     assert!(page.contains("db:restart@1s"), "the faults are not marked");
+}
+
+/// Our relay command, with `extra` options.
+fn our_relay(extra: &str) -> String {
+    format!(
+        "'{}' relay --database-url {{database_url}} --sink {{sink_url}} --mode notify \
+         --interval-ms 50 --name {{name}} {extra}",
+        env!("CARGO_BIN_EXE_outbox-lab")
+    )
+}
+
+/// Order, claimed: the first request reset is an order's first event (its outbox rows are
+/// committed together, so the first batch starts with one), and our relay goes on with the
+/// order's next event; its head-of-line guard (`--guard`) holds the next one back.
+#[test]
+fn order_breaks_under_a_reset_unless_the_relay_guards_it() {
+    let claims = "ghost,lost,duplicate,order,liveness";
+    let args = |relay: &str| {
+        verify(&[
+            "--relay-cmd",
+            relay,
+            "--events",
+            "100",
+            "--claims",
+            claims,
+            "--schedule",
+            "net:reset@1",
+        ])
+    };
+    let unguarded = args(&our_relay(""));
+    assert_eq!(unguarded.code, 1, "{}", unguarded.stderr);
+    assert!(unguarded.metric("verify.order.violating") >= 1);
+    assert_eq!(unguarded.metric("verify.lost.violating"), 0);
+    let guarded = args(&our_relay("--guard"));
+    assert_eq!(
+        guarded.code,
+        0,
+        "{}\n{}",
+        guarded.stderr,
+        guarded.failed_checks().join("\n")
+    );
+    assert_eq!(guarded.metric("verify.order.violating"), 0);
 }
 
 /// The relay that marks a batch published before it sends loses the event whose connection
