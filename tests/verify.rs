@@ -106,6 +106,38 @@ fn our_relay(extra: &str) -> String {
     )
 }
 
+/// Through Redis (XADD, read by a consumer group of ours): the article's Python relay, killed,
+/// paused, cut off and under a database restart (on a throwaway cluster of its own), loses
+/// nothing.
+#[test]
+fn the_article_relay_holds_through_redis() {
+    let results = scratch_dir("verify-redis");
+    let output = outbox_lab()
+        .args([
+            "verify",
+            "--relay-cmd",
+            &example("article.py"),
+            "--sink",
+            "redis",
+        ])
+        .args(["--events", "200", "--format", "json", "--results-dir"])
+        .arg(&results)
+        .output()
+        .unwrap();
+    let run = Run::from(output);
+    assert_eq!(
+        run.code,
+        0,
+        "{}\n{}",
+        run.stderr,
+        run.failed_checks().join("\n")
+    );
+    assert_eq!(run.metric("verify.delivered_distinct"), 200);
+    assert_eq!(run.metric("verify.lost.violating"), 0);
+    // kill, pause, db-kill-backend, db-restart: the network nemeses are HTTP's.
+    assert_eq!(run.metric("verify.faults_fired"), 4);
+}
+
 /// Order, claimed: the first request reset is an order's first event (its outbox rows are
 /// committed together, so the first batch starts with one), and our relay goes on with the
 /// order's next event; its head-of-line guard (`--guard`) holds the next one back.
@@ -187,6 +219,15 @@ fn a_relay_command_that_is_not_there_is_bad_input() {
     assert_usage_error(&run, "--relays 0 must be between 1 and 8");
     let run = verify(&["--relay-cmd", "sh", "--nemesis", "kill,flood"]);
     assert_usage_error(&run, "unknown nemesis 'flood'");
+    let run = verify(&[
+        "--relay-cmd",
+        "sh",
+        "--sink",
+        "redis",
+        "--schedule",
+        "net:reset@5",
+    ]);
+    assert_usage_error(&run, "with --sink redis, use kill");
 }
 
 /// A relay that exits at once, before any fault, is bad input with its last lines; the

@@ -137,9 +137,10 @@ def parse_args(description):
     if not args.sink:
         p.error("no sink: give --sink or set OUTBOX_LAB_SINK_URL")
     sink = urllib.parse.urlsplit(args.sink)
-    if sink.scheme not in ("http", "redis") or not sink.hostname:
-        p.error(f"unsupported sink {args.sink!r}: give http://host:port[/path] or "
-                "redis://host:port")
+    unix_socket = sink.scheme in ("redis+unix", "unix") and sink.path
+    if not unix_socket and (sink.scheme not in ("http", "redis") or not sink.hostname):
+        p.error(f"unsupported sink {args.sink!r}: give http://host:port[/path], "
+                "redis://host:port or redis+unix:///path/to/socket")
     if args.batch < 1 or args.interval_ms < 0:
         p.error("--batch must be at least 1 and --interval-ms not negative")
     return args
@@ -197,7 +198,14 @@ class RedisSink:
     def __init__(self, url):
         import redis  # only needed for this sink
 
-        self.redis = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        # redis-py names a Unix socket unix://; outbox-lab's private Redis is redis+unix://.
+        # (Its Unix socket connections take no connect timeout.)
+        timeouts = {"socket_timeout": 2}
+        if url.startswith(("redis+unix://", "unix://")):
+            url = "unix://" + url.split("://", 1)[1]
+        else:
+            timeouts["socket_connect_timeout"] = 2
+        self.redis = redis.Redis.from_url(url, **timeouts)
 
     def deliver(self, row):
         fields = event_fields(row)

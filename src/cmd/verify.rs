@@ -14,6 +14,7 @@ use crate::explore::history;
 use crate::harness::db::PgServer;
 use crate::harness::foreign::PLACEHOLDERS;
 use crate::harness::nemesis::parse_duration;
+use crate::harness::redis_server::Redis;
 use crate::harness::run::{new_run_id, on_server};
 use crate::outbox::consumer::ConsumerKind;
 use crate::report::{Environment, Report};
@@ -78,8 +79,9 @@ pub struct VerifyArgs {
     /// liveness); default all but order.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     claims: Option<Vec<String>>,
-    /// Where the relay delivers; http only for now.
-    #[arg(long, default_value = "http", value_parser = ["http"])]
+    /// Where the relay delivers: our HTTP consumer, or a private Redis (XADD to
+    /// outbox.event.orders, read by a consumer group; no network nemeses there).
+    #[arg(long, default_value = "http", value_parser = ["http", "redis"])]
     sink: String,
     /// Your DDL, run after the article's tables in every run's fresh schema (your relay's own
     /// tables, columns, indexes).
@@ -124,6 +126,7 @@ impl VerifyArgs {
             schema,
             pending_sql: self.pending_sql.clone(),
             external_server: self.run.database_url.is_some(),
+            redis: self.sink == "redis",
         })
     }
 }
@@ -140,7 +143,15 @@ pub async fn run(args: VerifyArgs) -> Result<ExitCode> {
         &args.run.server_choice(),
         &run_id,
         async |server: &PgServer| {
-            let verification = verify::verify(server, &plan, text).await.map_err(|e| {
+            // A private Redis, started only for --sink redis, gone with this run.
+            let redis = Redis::new(None, &run_id, args.run.keep);
+            let redis_url = match args.sink.as_str() {
+                "redis" => Some(redis.url().await?),
+                _ => None,
+            };
+            let verified = verify::verify(server, &plan, redis_url, text).await;
+            redis.close().await?;
+            let verification = verified.map_err(|e| {
                 // The relay's own fault (exits at once, never connects) stays bad input.
                 match error::Error::find(&e) {
                     Some(_) => e,

@@ -25,10 +25,12 @@ use super::history::{FaultOutcome, FaultRecord, History};
 use super::nemeses::{self, Arena, LiveProcesses};
 use super::schedule::{Fault, Role, Schedule};
 use crate::error;
-use crate::harness::child::role::{ConsumerRole, ExploreRelayRole, ExploreWriterRole};
+use crate::harness::child::role::{
+    ConsumerRole, ExploreRelayRole, ExploreWriterRole, Role as ChildRole, StreamWorkerRole,
+};
 use crate::harness::child::{ChildCommand, ChildEnd, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
-use crate::harness::foreign::{relay_name, Endpoints, RelayTemplate};
+use crate::harness::foreign::{relay_name, Endpoints, RelayTemplate, Tail};
 use crate::harness::nemesis::{Sessions, COUNT_FOREIGN_SESSIONS};
 use crate::harness::proxy::Proxy;
 use crate::outbox::consumer::{Faults, CONSUMER_APPLICATION_NAME};
@@ -37,6 +39,7 @@ use crate::outbox::relay::RELAY_APPLICATION_NAME;
 use crate::outbox::relay::{RelayConfig, RelayDesign, RelayOptions};
 use crate::outbox::schema;
 use crate::outbox::sink::SinkOptions;
+use crate::outbox::stream_consumer;
 use crate::outbox::writer::WRITER_APPLICATION_NAME;
 
 /// Fills in what a relay of the user's may leave out of a delivery (the outbox id, the event
@@ -142,11 +145,28 @@ pub enum Relays {
 /// The user's relay and what it needs.
 pub struct ForeignRelays {
     pub template: RelayTemplate,
+    /// Where it delivers.
+    pub delivery: Delivery,
     /// Counts what is still to be delivered (by default, the outbox rows not marked published).
     pub pending_sql: String,
     /// The user's DDL, run after the article's tables in every run's fresh schema.
     pub schema: Option<String>,
 }
+
+/// Where the relays deliver, and so which consumer runs.
+#[derive(Debug, Clone)]
+pub enum Delivery {
+    /// POSTs to our HTTP consumer.
+    Http,
+    /// XADDs to `stream` on the Redis at `url`, read by a consumer-group worker of ours.
+    Redis { url: String, stream: String },
+}
+
+/// The Redis consumer's worker name, the same in every process: a restarted worker takes
+/// over its predecessor's pending entries.
+const STREAM_WORKER: &str = "verify-worker";
+/// Entries a stream worker reads at a time.
+const STREAM_READ_COUNT: usize = 100;
 
 /// Counts the outbox rows a relay still owes.
 pub const COUNT_PENDING: &str = "SELECT count(*) FROM outbox WHERE published_at IS NULL";
@@ -296,8 +316,8 @@ struct Stage<'r> {
     writer_done: watch::Sender<bool>,
     /// The user's relays are done: nothing pending, nothing more arriving.
     drained: watch::Sender<bool>,
-    /// The last lines of the user's relay 0, for an error that needs them.
-    last_lines: Mutex<Vec<String>>,
+    /// What the user's relay 0 (its latest process) printed last, for a verdict that needs it.
+    relay_tail: Mutex<Tail>,
 }
 
 impl<'s> Lab<'s> {
@@ -402,10 +422,30 @@ impl<'s> Lab<'s> {
         Ok(())
     }
 
+    /// Where the relays deliver.
+    fn delivery(&self) -> Delivery {
+        match &self.relays {
+            Relays::Foreign(foreign) => foreign.delivery.clone(),
+            Relays::Ours => Delivery::Http,
+        }
+    }
+
     /// Runs `schedule` from an empty database and judges what it left.
     pub async fn run(&self, schedule: &Schedule) -> Result<History> {
         let started = Instant::now();
         self.reset().await?;
+        if let Delivery::Redis { url, stream } = self.delivery() {
+            // An empty stream and its consumer group, which the first worker joins.
+            let mut redis = crate::connect::redis(&url).await?;
+            let _: i64 = redis::AsyncCommands::del(&mut redis, &stream).await?;
+            let _: () = redis::AsyncCommands::xgroup_create_mkstream(
+                &mut redis,
+                &stream,
+                stream_consumer::GROUP,
+                "0",
+            )
+            .await?;
+        }
         let history = Mutex::new(History {
             design: self.design.name.to_string(),
             schedule: schedule.to_string(),
@@ -424,7 +464,7 @@ impl<'s> Lab<'s> {
                 .map_or_else(|| self.sink_url(), |p| p.url.clone()),
             writer_done: watch::channel(false).0,
             drained: watch::channel(false).0,
-            last_lines: Mutex::new(Vec::new()),
+            relay_tail: Mutex::new(Tail::default()),
         };
         let outcomes = nemeses::not_reached(schedule);
         let (over, over_seen) = watch::channel(false);
@@ -519,7 +559,12 @@ impl<'s> Lab<'s> {
         let (consumer, (writer, relays)) = tokio::select! {
             ended = everything => ended,
             why = liveness_watchdog(faults, struck, writer_done, self.bounds.liveness) => {
-                return Ok(Some(why))
+                // The user's relay may say why: its last line goes with the verdict.
+                let last = stage.relay_tail.lock().expect("not poisoned").lines().pop();
+                return Ok(Some(match last {
+                    Some(line) => format!("{why}; relay-0's last line: {line}"),
+                    None => why,
+                }));
             }
             failed = self.watch_foreign(stage) => return Err(failed),
         };
@@ -634,6 +679,7 @@ impl<'s> Lab<'s> {
             let mut relay = template.spawn(&endpoints, index)?;
             if index == 0 {
                 stage.live.started_own(Role::Relay, &label, relay.own());
+                *stage.relay_tail.lock().expect("not poisoned") = relay.tail();
             }
             let mut drained = stage.drained.subscribe();
             let ended = tokio::select! {
@@ -642,12 +688,12 @@ impl<'s> Lab<'s> {
             };
             if index == 0 {
                 stage.live.ended(Role::Relay, &label);
-                *stage.last_lines.lock().expect("not poisoned") = relay.tail();
             }
+            let tail = relay.tail();
             let Some(status) = ended else {
                 let status = relay.stop(FOREIGN_STOP_GRACE).await?;
                 let end = format!("stopped with SIGTERM once drained ({status})");
-                record_end_text(history, &label, end);
+                record_foreign_end(history, &label, end, &tail.lines());
                 return Ok(None);
             };
             let lived = relay.started.elapsed();
@@ -658,7 +704,7 @@ impl<'s> Lab<'s> {
                         name,
                         status: status.to_string(),
                         after_ms: lived.as_millis(),
-                        tail: relay.tail().join(" | "),
+                        tail: tail.lines().join(" | "),
                     }
                     .into(),
                 )
@@ -668,7 +714,7 @@ impl<'s> Lab<'s> {
                 Some(0) => format!("{status} by itself before the end: started again"),
                 _ => format!("{status}: started again"),
             };
-            record_end_text(history, &label, end);
+            record_foreign_end(history, &label, end, &tail.lines());
             tokio::time::sleep(FOREIGN_RESTART_DELAY).await;
         }
         Ok(Some(format!(
@@ -699,7 +745,8 @@ impl<'s> Lab<'s> {
                     .await;
                 connected = sessions.is_ok_and(|row| row.get::<_, i64>(0) > 0);
                 if !connected && started.elapsed() > CONNECT_BOUND {
-                    let tail = stage.last_lines.lock().expect("not poisoned").join(" | ");
+                    let tail = stage.relay_tail.lock().expect("not poisoned").lines();
+                    let tail = tail.join(" | ");
                     return error::Error::Usage(ForeignRelayError::NeverConnects { tail }.into())
                         .into();
                 }
@@ -785,13 +832,17 @@ impl<'s> Lab<'s> {
             dsn.push_str(&format!(" password={}", quote(&p)));
             libpq_env.push(("PGPASSWORD".to_string(), p));
         }
+        let (http_url, redis_url) = match self.delivery() {
+            Delivery::Http => (sink.to_string(), String::new()),
+            Delivery::Redis { url, .. } => (String::new(), url),
+        };
         Ok(Endpoints {
             database_url,
             dsn,
             libpq_env,
             sink_url: sink.to_string(),
-            http_url: sink.to_string(),
-            redis_url: String::new(),
+            http_url,
+            redis_url,
         })
     }
 
@@ -835,20 +886,43 @@ impl<'s> Lab<'s> {
         )))
     }
 
+    /// Where the relays deliver: our HTTP consumer, or the Redis server.
     fn sink_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        match self.delivery() {
+            Delivery::Http => format!("http://127.0.0.1:{}", self.port),
+            Delivery::Redis { url, .. } => url,
+        }
     }
 
-    fn consumer_command(&self, plan: Option<CrashPlan>) -> ChildCommand<ConsumerRole> {
-        let role = ConsumerRole {
-            kind: self.design.consumer,
-            port: self.port,
-            faults: Faults {
-                fail_every_delivery_of: self.design.poison_without_dead_letter,
-                ..Faults::default()
-            },
+    /// The HTTP consumer on the lab's port, or a Redis consumer-group worker.
+    fn consumer_command(&self, plan: Option<CrashPlan>) -> ChildCommand<ChildRole> {
+        let command = match self.delivery() {
+            Delivery::Http => ChildCommand::new(
+                &self.db,
+                ConsumerRole {
+                    kind: self.design.consumer,
+                    port: self.port,
+                    faults: Faults {
+                        fail_every_delivery_of: self.design.poison_without_dead_letter,
+                        ..Faults::default()
+                    },
+                },
+            )
+            .any_role(),
+            Delivery::Redis { url, stream } => ChildCommand::new(
+                &self.db,
+                StreamWorkerRole {
+                    redis_url: url,
+                    stream,
+                    worker: STREAM_WORKER.into(),
+                    kind: self.design.consumer,
+                    count: STREAM_READ_COUNT,
+                    follow: true,
+                },
+            )
+            .any_role(),
         };
-        ChildCommand::new(&self.db, role).crash_at(plan)
+        command.crash_at(plan)
     }
 
     /// The writer; a dual write sends to `sink` itself.
@@ -944,8 +1018,12 @@ fn record(history: &Mutex<History>, label: &str, plan: Option<CrashPlan>, run: &
     history.record_attempts(label, &run.stdout);
 }
 
-/// A process of the user's and how it ended.
-fn record_end_text(history: &Mutex<History>, label: &str, end: String) {
+/// A relay of the user's, how it ended, and the last line it printed.
+fn record_foreign_end(history: &Mutex<History>, label: &str, end: String, tail: &[String]) {
+    let end = match tail.last() {
+        Some(line) => format!("{end}; its last line: {line}"),
+        None => end,
+    };
     let mut history = history.lock().expect("not poisoned");
     history.record_process(label, None, end);
 }

@@ -165,7 +165,7 @@ impl RelayTemplate {
             .spawn()
             .with_context(|| format!("cannot start --relay-cmd '{}'", self.text))?;
         let pid = child.id().context("the relay ended before it was seen")?;
-        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let tail = Tail::default();
         for output in [
             child
                 .stdout
@@ -195,12 +195,35 @@ pub fn relay_name(index: u32) -> String {
     format!("relay-{index}")
 }
 
+/// The last lines a relay printed, readable while it runs and after.
+#[derive(Debug, Clone, Default)]
+pub struct Tail(Arc<Mutex<VecDeque<String>>>);
+
+impl Tail {
+    pub fn lines(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    fn push(&self, line: String) {
+        let mut tail = self.0.lock().expect("not poisoned");
+        if tail.len() == TAIL_LINES {
+            tail.pop_front();
+        }
+        tail.push_back(line);
+    }
+}
+
 /// A running relay of the user's.
 pub struct ForeignRelay {
     child: Child,
     /// Proven ours when spawned: the group it leads is signalled only while it is.
     own: Option<OwnChild>,
-    tail: Arc<Mutex<VecDeque<String>>>,
+    tail: Tail,
     pub started: Instant,
 }
 
@@ -236,13 +259,8 @@ impl ForeignRelay {
     }
 
     /// The last lines it printed (stdout and stderr, as they came).
-    pub fn tail(&self) -> Vec<String> {
-        self.tail
-            .lock()
-            .expect("not poisoned")
-            .iter()
-            .cloned()
-            .collect()
+    pub fn tail(&self) -> Tail {
+        self.tail.clone()
     }
 }
 
@@ -254,14 +272,10 @@ impl Drop for ForeignRelay {
 }
 
 /// Keeps the last [`TAIL_LINES`] lines of `output`.
-async fn keep_tail(output: impl AsyncRead + Unpin, tail: Arc<Mutex<VecDeque<String>>>) {
+async fn keep_tail(output: impl AsyncRead + Unpin, tail: Tail) {
     let mut lines = BufReader::new(output).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        let mut tail = tail.lock().expect("not poisoned");
-        if tail.len() == TAIL_LINES {
-            tail.pop_front();
-        }
-        tail.push_back(line);
+        tail.push(line);
     }
 }
 

@@ -40,35 +40,42 @@ impl StreamWorker {
         let mut applied = 0;
         for start in [OWN_PENDING, NEW_ENTRIES] {
             let entries = self.read(start, count).await?;
-            if entries.is_empty() {
-                continue;
-            }
-            for entry in &entries {
-                let event = event_of(&self.stream, entry)?;
-                consumer::apply(&self.db, self.kind, &event).await?;
-            }
-            crash::point(CrashPoint::StreamWorkerAfterApplyBeforeAck);
-            let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
-            let _: i64 = self.redis.xack(&self.stream, GROUP, &ids).await?;
-            applied += entries.len();
+            applied += self.apply_and_ack(&entries).await?;
         }
         Ok(applied)
     }
 
-    /// Applies and acknowledges new entries as they arrive, until the process is killed
-    /// (notify-latency's Redis consumer: its receipts time the deliveries).
+    /// Applies and acknowledges entries as they arrive, until the process is killed
+    /// (notify-latency's Redis consumer: its receipts time the deliveries; verify's). What a
+    /// predecessor of the same name read and did not acknowledge (it died applying it) comes
+    /// first: a following worker must not leave it pending for ever.
     pub async fn follow(&mut self, count: usize) -> Result<()> {
         loop {
-            let entries = self.read_blocking(NEW_ENTRIES, count, FOLLOW_BLOCK).await?;
-            for entry in &entries {
-                let event = event_of(&self.stream, entry)?;
-                consumer::apply(&self.db, self.kind, &event).await?;
+            let pending = self.read(OWN_PENDING, count).await?;
+            if pending.is_empty() {
+                break;
             }
-            if !entries.is_empty() {
-                let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
-                let _: i64 = self.redis.xack(&self.stream, GROUP, &ids).await?;
-            }
+            self.apply_and_ack(&pending).await?;
         }
+        loop {
+            let entries = self.read_blocking(NEW_ENTRIES, count, FOLLOW_BLOCK).await?;
+            self.apply_and_ack(&entries).await?;
+        }
+    }
+
+    /// Applies each entry with the consumer's logic, then acknowledges them all; how many.
+    async fn apply_and_ack(&mut self, entries: &[StreamId]) -> Result<usize> {
+        if entries.is_empty() {
+            return Ok(0);
+        }
+        for entry in entries {
+            let event = event_of(&self.stream, entry)?;
+            consumer::apply(&self.db, self.kind, &event).await?;
+        }
+        crash::point(CrashPoint::StreamWorkerAfterApplyBeforeAck);
+        let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+        let _: i64 = self.redis.xack(&self.stream, GROUP, &ids).await?;
+        Ok(entries.len())
     }
 
     async fn read(&mut self, start: &str, count: usize) -> Result<Vec<StreamId>> {

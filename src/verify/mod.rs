@@ -24,15 +24,18 @@ use crate::explore::history::{FaultOutcome, History};
 use crate::explore::nemeses::Nemesis;
 use crate::explore::schedule::Schedule;
 use crate::explore::supervisor::{
-    Bounds, ForeignRelays, Lab, Workload, COUNT_PENDING, LIVENESS_BOUND,
+    Bounds, Delivery, ForeignRelays, Lab, Workload, COUNT_PENDING, LIVENESS_BOUND,
 };
 use crate::harness::db::PgServer;
 use crate::harness::foreign::RelayTemplate;
 use crate::harness::nemesis::format_duration;
 use crate::judge::expectations::CheckResult;
 use crate::outbox::consumer::ConsumerKind;
+use crate::outbox::sink::RedisSink;
 use crate::report::{Environment, Metrics, Report, Table};
 
+/// The writer's aggregate type: the relays' Redis stream is `outbox.event.orders`.
+const ORDERS: &str = "orders";
 /// Events per order: OrderCreated then OrderUpdated2, so that order has a meaning.
 const EVENTS_PER_ORDER: u32 = 2;
 /// The two writer sessions commit their orders this far apart (ids become visible out of
@@ -87,6 +90,8 @@ pub struct Options {
     pub pending_sql: Option<String>,
     /// The server is the user's: it is never restarted.
     pub external_server: bool,
+    /// Deliveries go to Redis (else to our HTTP consumer).
+    pub redis: bool,
 }
 
 /// The checked options: what verify runs.
@@ -139,11 +144,11 @@ impl Plan {
                 true,
             ),
             None => (
-                schedule_of(&options.nemeses, options.external_server)?,
+                schedule_of(&options.nemeses, options.external_server, options.redis)?,
                 false,
             ),
         };
-        check_schedule(&schedule, options.external_server)?;
+        check_schedule(&schedule, options.external_server, options.redis)?;
         let design: &'static Design = Box::leak(Box::new(Design {
             name: "verify",
             summary: "the user's relay",
@@ -209,7 +214,7 @@ impl Plan {
 /// The schedule `--nemesis` asks for: each kind once, in [`NEMESES`]' order, the timed ones
 /// [`NEMESIS_SPACING`] apart; `all` on the user's server is all but the database restart
 /// (only a throwaway cluster is restarted).
-fn schedule_of(kinds: &[String], external_server: bool) -> Result<Schedule> {
+fn schedule_of(kinds: &[String], external_server: bool, redis: bool) -> Result<Schedule> {
     let everything = matches!(kinds, []) || matches!(kinds, [one] if one == "all");
     let nothing = matches!(kinds, [one] if one == "none");
     if let Some(unknown) = kinds
@@ -224,7 +229,7 @@ fn schedule_of(kinds: &[String], external_server: bool) -> Result<Schedule> {
         );
     }
     let chosen = NEMESES.iter().filter(|(kind, _)| match everything {
-        true => !(external_server && *kind == "db-restart"),
+        true => !(external_server && *kind == "db-restart" || redis && kind.starts_with("net-")),
         false => kinds.iter().any(|k| k.trim() == *kind),
     });
     let mut items = Vec::new();
@@ -239,7 +244,7 @@ fn schedule_of(kinds: &[String], external_server: bool) -> Result<Schedule> {
 }
 
 /// A foreign relay has no crash points: only nemeses on a clock (or on a request).
-fn check_schedule(schedule: &Schedule, external_server: bool) -> Result<()> {
+fn check_schedule(schedule: &Schedule, external_server: bool, redis: bool) -> Result<()> {
     if let Some(fault) = schedule.faults.first() {
         bail!(
             "invalid --schedule: '{fault}' is a crash point of outbox-lab's own relays; a relay \
@@ -252,6 +257,12 @@ fn check_schedule(schedule: &Schedule, external_server: bool) -> Result<()> {
             bail!(
                 "invalid --schedule: '{nemesis}' pauses at a crash point; a relay of yours is \
                  paused on a clock (pause:relay@AT+FOR)"
+            );
+        }
+        if redis && matches!(nemesis, Nemesis::Net(_)) {
+            bail!(
+                "'{nemesis}': the network nemeses stand between a relay and the HTTP consumer; \
+                 with --sink redis, use kill, pause, db-kill-backend and db-restart"
             );
         }
         if external_server && nemesis.needs_throwaway_cluster() {
@@ -293,10 +304,23 @@ pub struct Verification {
 }
 
 /// Runs the plan on `server`.
-pub async fn verify(server: &PgServer, plan: &Plan, progress: bool) -> Result<Verification> {
+/// Runs the plan on `server`; the relays deliver to the Redis at `redis_url` if there is one.
+pub async fn verify(
+    server: &PgServer,
+    plan: &Plan,
+    redis_url: Option<String>,
+    progress: bool,
+) -> Result<Verification> {
     let clock = Instant::now();
     let foreign = ForeignRelays {
         template: plan.template.clone(),
+        delivery: match redis_url {
+            Some(url) => Delivery::Redis {
+                url,
+                stream: RedisSink::stream_name("", ORDERS),
+            },
+            None => Delivery::Http,
+        },
         pending_sql: plan
             .pending_sql
             .clone()

@@ -99,14 +99,21 @@ async fn perform(db: &Database, role: Role) -> Result<()> {
                 .await
         }
         Role::StreamWorker(role) => {
+            // A worker restarted while its database restarts waits for it.
+            let pool = consumer::pool(db.config()?, 1)?;
+            let db =
+                connect::patiently(connect::RECONNECT_PATIENCE, async || Ok(pool.get().await?))
+                    .await?;
             let mut worker = StreamWorker {
                 redis: connect::redis(&role.redis_url).await?,
-                db: consumer::pool(db.config()?, 1)?.get().await?,
+                db,
                 stream: role.stream,
                 name: role.worker,
                 kind: role.kind,
             };
             if role.follow {
+                // The supervisor's sign that a consumer is ready, as the HTTP one's.
+                announce(format_args!("listening {}", role.redis_url));
                 return worker.follow(role.count).await;
             }
             let applied = worker.work(role.count).await?;
@@ -290,7 +297,12 @@ fn report(account: &impl serde::Serialize) -> Result<()> {
 
 /// A consumer child prints `listening URL` once it serves; the parent reads that line.
 fn announce_listening(addr: std::net::SocketAddr) {
+    announce(format_args!("listening http://{addr}"));
+}
+
+/// One line on stdout, at once: what the parent waits for.
+fn announce(line: std::fmt::Arguments) {
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "listening http://{addr}");
+    let _ = writeln!(out, "{line}");
     let _ = out.flush();
 }
