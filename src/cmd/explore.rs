@@ -9,7 +9,7 @@ use clap::Args;
 
 use super::{outln, Format, RunArgs};
 use crate::error::{self, exit};
-use crate::explore::{self, history, nemeses, Options, Plan};
+use crate::explore::{self, history, schedule, Options, Plan};
 use crate::harness::db::PgServer;
 use crate::harness::run::{new_run_id, on_server};
 use crate::report::{Environment, Table};
@@ -136,7 +136,7 @@ pub async fn run(args: ExploreArgs) -> Result<ExitCode> {
 /// `outbox-lab explore --list-nemeses`: every nemesis, its form, what it does.
 fn list_nemeses() -> Result<ExitCode> {
     let mut table = Table::new("nemeses", &["nemesis", "in a schedule", "what it does"]);
-    for (name, form, what) in nemeses::KINDS {
+    for (name, form, what) in schedule::KINDS {
         table.push(vec![name.into(), form.into(), what.into()]);
     }
     outln!("{}", table.render())?;

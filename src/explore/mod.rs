@@ -26,7 +26,7 @@ use serde_json::json;
 
 use crate::harness::db::PgServer;
 use designs::{Design, Invariant, DESIGNS};
-use nemeses::Nemesis;
+use schedule::Nemesis;
 use schedule::Schedule;
 use supervisor::{Lab, Workload};
 
@@ -174,7 +174,7 @@ impl Plan {
             }
             Mode::Exhaustive => {
                 let mut all = Schedule::exhaustive(&points, self.max_pass);
-                all.extend(Nemesis::default_schedules(design, self.restartable));
+                all.extend(nemeses::default_schedules(design, self.restartable));
                 all
             }
             Mode::Random { count, seed } => {

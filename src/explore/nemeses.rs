@@ -1,27 +1,10 @@
-//! explore's nemeses (Jepsen's word): faults from outside the code under test, named and
-//! written in a schedule beside the crash points. What each does to a process, the database or
-//! the network is the harness's ([`crate::harness::nemesis`], the cluster, the proxy); this
-//! module owns their grammar, the list `outbox-lab explore --list-nemeses` prints, the
-//! nemesis schedules of the default run, and striking them during a run.
-//!
-//! Grammar (AT and FOR are durations like `60ms` or `1.5s`, counted from the start of the run:
-//! when the writer and relays start, the consumer listening; N counts passes or requests, from
-//! 1):
-//! - `pause:ROLE@AT+FOR`: SIGSTOP the role's process at AT, SIGCONT after FOR.
-//! - `pause:ROLE:STEP@N+FOR`: the role's first process stops itself on the N-th pass of its
-//!   crash point STEP (as in `relay:after-fetch@1`) and is held FOR: a pause at a known place.
-//! - `kill:ROLE@AT`: SIGKILL the role's process at AT (a crash at a moment, not at a point).
-//! - `db:restart@AT`: the throwaway PostgreSQL stopped with `pg_ctl stop -m immediate` at AT
-//!   and started again.
-//! - `db:kill-backend:ROLE@AT`: `pg_terminate_backend` of the relay's or consumer's sessions.
-//! - `net:reset@N`, `net:reply-lost@N`, `net:delay@N+FOR`: the N-th request from the relays to
-//!   the consumer, through the proxy.
-//!
-//! ROLE is writer, relay or consumer; `relay` is relay 0, as for crash points.
+//! explore's nemeses (Jepsen's word): faults from outside the code under test. Their grammar
+//! is the schedule's ([`super::schedule::Nemesis`]); what each does to a process, the database
+//! or the network is the harness's ([`crate::harness::nemesis`], the cluster, the proxy). This
+//! module owns the nemesis schedules of the default run and striking them during a run: which
+//! process of each role is live, the clock they strike on, and what became of each.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -32,77 +15,13 @@ use tokio::sync::watch;
 
 use super::designs::Design;
 use super::history::FaultRecord;
-use super::schedule::{Fault, Role, Schedule};
+use super::schedule::{Nemesis, Role, Schedule};
 use crate::connect;
 use crate::harness::db::{Database, PgServer};
-use crate::harness::nemesis::{
-    format_duration, parse_duration, terminate_backends, FaultOutcome, OwnChild, Sessions,
-};
-use crate::harness::proxy::{FaultPlan, NetworkFault, Proxy, ProxyFaults};
+use crate::harness::nemesis::{terminate_backends, FaultOutcome, OwnChild, Sessions};
+use crate::harness::proxy::{FaultPlan, Proxy, ProxyFaults};
 use crate::outbox::consumer::CONSUMER_APPLICATION_NAME;
-use crate::outbox::crash::{CrashPlan, CrashPoint};
-
-/// One nemesis of a schedule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Nemesis {
-    /// SIGSTOP the role's process `at` after the run started; SIGCONT after `hold`.
-    Pause {
-        role: Role,
-        at: Duration,
-        hold: Duration,
-    },
-    /// The role's first process stops itself at `fault`'s point and pass; held for `hold`.
-    PauseAtPoint { fault: Fault, hold: Duration },
-    /// SIGKILL the role's process `at` after the run started.
-    Kill { role: Role, at: Duration },
-    /// PostgreSQL's own crash (`-m immediate`) and restart, `at` after the run started.
-    DbRestart { at: Duration },
-    /// The role's database sessions terminated `at` after the run started.
-    DbKillBackend { role: Role, at: Duration },
-    /// A planned network fault on the relay-to-consumer traffic.
-    Net(FaultPlan),
-}
-
-/// Every kind, as `--list-nemeses` shows it: name, form, what it does.
-pub const KINDS: [(&str, &str, &str); 7] = [
-    (
-        "pause",
-        "pause:ROLE@AT+FOR | pause:ROLE:STEP@N+FOR",
-        "SIGSTOP the role's process at AT (or where it passes its crash point STEP the N-th \
-         time), SIGCONT after FOR: a GC pause, a frozen VM",
-    ),
-    (
-        "kill",
-        "kill:ROLE@AT",
-        "SIGKILL the role's process at AT, wherever it is",
-    ),
-    (
-        "db-restart",
-        "db:restart@AT",
-        "pg_ctl stop -m immediate (PostgreSQL's own crash), then started again on the same \
-         socket and data: committed rows must survive, every actor must reconnect",
-    ),
-    (
-        "db-kill-backend",
-        "db:kill-backend:ROLE@AT",
-        "pg_terminate_backend of the relay's or the consumer's sessions (by application_name)",
-    ),
-    (
-        "net-reset",
-        "net:reset@N",
-        "the N-th request from a relay to the consumer is reset before it arrives",
-    ),
-    (
-        "net-reply-lost",
-        "net:reply-lost@N",
-        "the consumer acts on the N-th request and commits; its reply never comes back",
-    ),
-    (
-        "net-delay",
-        "net:delay@N+FOR",
-        "the N-th request is held FOR before it is passed on (past the sender's timeout)",
-    ),
-];
+use crate::outbox::crash::CrashPlan;
 
 /// The nemesis schedules of the default run: all of them for the design that claims everything.
 const DEFAULT_SCHEDULES: [&str; 12] = [
@@ -132,146 +51,17 @@ const STRUCK_BY_DEFAULT: [(&str, &[&str]); 3] = [
     ("claim-lease-fenced", &[LEASE_OUTLIVED]),
 ];
 
-impl Nemesis {
-    /// Whether a schedule's item is a nemesis (else it is a crash fault).
-    pub fn written_as(item: &str) -> bool {
-        ["pause:", "kill:", "db:", "net:"]
-            .iter()
-            .any(|kind| item.starts_with(kind))
-    }
-
-    /// Its kind's name, as listed in [`KINDS`].
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Nemesis::Pause { .. } | Nemesis::PauseAtPoint { .. } => "pause",
-            Nemesis::Kill { .. } => "kill",
-            Nemesis::DbRestart { .. } => "db-restart",
-            Nemesis::DbKillBackend { .. } => "db-kill-backend",
-            Nemesis::Net(plan) => match plan.fault {
-                NetworkFault::Reset => "net-reset",
-                NetworkFault::ReplyLost => "net-reply-lost",
-                NetworkFault::Delay(_) => "net-delay",
-            },
-        }
-    }
-
-    /// The crash point a pause at a point waits for: one the design must pass.
-    pub fn crash_point(&self) -> Option<CrashPoint> {
-        match self {
-            Nemesis::PauseAtPoint { fault, .. } => Some(fault.plan.point),
-            _ => None,
-        }
-    }
-
-    /// Only the throwaway cluster can be restarted.
-    pub fn needs_throwaway_cluster(&self) -> bool {
-        matches!(self, Nemesis::DbRestart { .. })
-    }
-
-    /// The nemesis schedules the default run adds for `design` (the database restart only on
-    /// the throwaway cluster).
-    pub fn default_schedules(design: &Design, throwaway_cluster: bool) -> Vec<Schedule> {
-        let Some((_, schedules)) = STRUCK_BY_DEFAULT.iter().find(|(d, _)| *d == design.name) else {
-            return Vec::new();
-        };
-        schedules
-            .iter()
-            .map(|text| text.parse::<Schedule>().expect("default schedules parse"))
-            .filter(|s| throwaway_cluster || !s.nemeses.iter().any(|n| n.needs_throwaway_cluster()))
-            .collect()
-    }
-}
-
-impl fmt::Display for Nemesis {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Nemesis::Pause { role, at, hold } => write!(
-                f,
-                "pause:{}@{}+{}",
-                role.name(),
-                format_duration(*at),
-                format_duration(*hold)
-            ),
-            Nemesis::PauseAtPoint { fault, hold } => {
-                write!(f, "pause:{fault}+{}", format_duration(*hold))
-            }
-            Nemesis::Kill { role, at } => {
-                write!(f, "kill:{}@{}", role.name(), format_duration(*at))
-            }
-            Nemesis::DbRestart { at } => write!(f, "db:restart@{}", format_duration(*at)),
-            Nemesis::DbKillBackend { role, at } => write!(
-                f,
-                "db:kill-backend:{}@{}",
-                role.name(),
-                format_duration(*at)
-            ),
-            Nemesis::Net(plan) => write!(f, "net:{plan}"),
-        }
-    }
-}
-
-fn role_named(name: &str, item: &str) -> Result<Role, String> {
-    Role::ALL
-        .into_iter()
-        .find(|r| r.name() == name)
-        .ok_or_else(|| format!("unknown role '{name}' in '{item}' (writer, relay or consumer)"))
-}
-
-/// `ROLE@AT` of a timed nemesis.
-fn role_at(spec: &str, item: &str) -> Result<(Role, Duration), String> {
-    let (role, at) = spec
-        .split_once('@')
-        .ok_or_else(|| format!("'{item}' needs a moment: ...ROLE@AT (e.g. relay@60ms)"))?;
-    Ok((role_named(role, item)?, parse_duration(at)?))
-}
-
-impl FromStr for Nemesis {
-    type Err = String;
-
-    fn from_str(item: &str) -> Result<Nemesis, String> {
-        let (kind, spec) = item.split_once(':').unwrap_or((item, ""));
-        match kind {
-            "pause" => {
-                let (what, hold) = spec
-                    .rsplit_once('+')
-                    .ok_or_else(|| format!("'{item}' needs how long: pause:...+FOR"))?;
-                let hold = parse_duration(hold)?;
-                if what.contains(':') {
-                    let fault: Fault = what.parse()?;
-                    return Ok(Nemesis::PauseAtPoint { fault, hold });
-                }
-                let (role, at) = role_at(what, item)?;
-                Ok(Nemesis::Pause { role, at, hold })
-            }
-            "kill" => {
-                let (role, at) = role_at(spec, item)?;
-                Ok(Nemesis::Kill { role, at })
-            }
-            "db" => {
-                if let Some(at) = spec.strip_prefix("restart@") {
-                    return Ok(Nemesis::DbRestart {
-                        at: parse_duration(at)?,
-                    });
-                }
-                let Some(target) = spec.strip_prefix("kill-backend:") else {
-                    return Err(format!(
-                        "unknown database nemesis '{item}' (db:restart@AT, db:kill-backend:ROLE@AT)"
-                    ));
-                };
-                let (role, at) = role_at(target, item)?;
-                if role == Role::Writer {
-                    return Err(format!(
-                        "'{item}': db:kill-backend hits the relay's or the consumer's sessions"
-                    ));
-                }
-                Ok(Nemesis::DbKillBackend { role, at })
-            }
-            "net" => Ok(Nemesis::Net(spec.parse()?)),
-            _ => Err(format!(
-                "unknown nemesis '{item}' (see `outbox-lab explore --list-nemeses`)"
-            )),
-        }
-    }
+/// The nemesis schedules the default run adds for `design` (the database restart only on
+/// the throwaway cluster).
+pub fn default_schedules(design: &Design, throwaway_cluster: bool) -> Vec<Schedule> {
+    let Some((_, schedules)) = STRUCK_BY_DEFAULT.iter().find(|(d, _)| *d == design.name) else {
+        return Vec::new();
+    };
+    schedules
+        .iter()
+        .map(|text| text.parse::<Schedule>().expect("default schedules parse"))
+        .filter(|s| throwaway_cluster || !s.nemeses.iter().any(|n| n.needs_throwaway_cluster()))
+        .collect()
 }
 
 /// The proxy's plan for the schedule's network nemeses; `None` when there are none (the relays
@@ -505,7 +295,9 @@ mod tests {
                 Ok(nemesis),
                 "{text}"
             );
-            assert!(KINDS.iter().any(|(kind, _, _)| *kind == nemesis.kind()));
+            assert!(super::super::schedule::KINDS
+                .iter()
+                .any(|(kind, _, _)| *kind == nemesis.kind()));
         }
         assert_eq!(
             "pause:relay:after-fetch@1+300ms"
@@ -514,19 +306,5 @@ mod tests {
                 .to_string(),
             "pause:relay:after-fetch-before-send@1+300ms"
         );
-    }
-
-    /// Typos and missing parts are errors that say what is wrong.
-    #[test]
-    fn bad_nemeses_are_explained() {
-        let err = |s: &str| s.parse::<Nemesis>().unwrap_err();
-        assert!(err("pause:relay@60ms").contains("needs how long"));
-        assert!(err("kill:relay").contains("needs a moment"));
-        assert!(err("kill:broker@1s").contains("unknown role"));
-        assert!(err("kill:relay@soon").contains("not a duration"));
-        assert!(err("db:reboot@1s").contains("unknown database nemesis"));
-        assert!(err("db:kill-backend:writer@1s").contains("relay's or the consumer's"));
-        assert!(err("net:delay@2").contains("needs how long"));
-        assert!(err("freeze:relay@1s").contains("unknown nemesis"));
     }
 }

@@ -21,7 +21,7 @@ use tokio_postgres::Client;
 use crate::error;
 use crate::explore::designs::{Design, Invariant, Writer};
 use crate::explore::history::{FaultOutcome, History};
-use crate::explore::nemeses::Nemesis;
+use crate::explore::schedule::Nemesis;
 use crate::explore::schedule::Schedule;
 use crate::explore::supervisor::{
     Bounds, Delivery, ForeignRelays, Lab, Workload, COUNT_PENDING, LIVENESS_BOUND,
