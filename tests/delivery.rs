@@ -221,8 +221,9 @@ fn redis_sink_marks_each_acknowledged_xadd() {
 /// Redis and the database, and stops otherwise), and the article's checks pass: batching pays,
 /// compared at one concurrency. In-flight is its own axis (HTTP one request at a time at every
 /// size, 16 at a time where a batch holds 16), the relay timed every event it delivered, and a
-/// batch per request beats one event per request by far (the check of HTTP's batching). Speed targets are judged apart (they
-/// may miss on a busy machine) and do not decide the exit status.
+/// batch per request beats one event per request by far (the check of HTTP's batching). Redis
+/// cells also run with 2 workers. Speed targets are judged apart (they may miss on a busy
+/// machine) and do not decide the exit status.
 #[test]
 fn batch_throughput_batching_pays_at_one_concurrency() {
     let run = scenario(
@@ -266,6 +267,11 @@ fn batch_throughput_batching_pays_at_one_concurrency() {
         hundred > one,
         "redis: batch 100 {hundred}/s vs batch 1 {one}/s"
     );
+    // The workers axis: every Redis size also with 2 workers (partitioned), each cell checked
+    // by the scenario to have delivered and timed every event with that many workers.
+    for size in [1, 100, 1000] {
+        assert!(run.metric_f64(&format!("redis.batch{size}.workers2.events_per_s")) > 0.0);
+    }
     // One commit of the consumer per batch instead of per event: a margin beyond any noise.
     let array = run.metric_f64("http_array.batch100.events_per_s");
     let per_event = run.metric_f64("http.batch100.in_flight16.events_per_s");
