@@ -221,8 +221,9 @@ fn redis_sink_marks_each_acknowledged_xadd() {
 /// Redis and the database, and stops otherwise), and the article's checks pass: batching pays,
 /// compared at one concurrency. In-flight is its own axis (HTTP one request at a time at every
 /// size, 16 at a time where a batch holds 16), the relay timed every event it delivered, and a
-/// batch per request beats one event per request by far (the check of HTTP's batching). Speed targets are judged apart (they
-/// may miss on a busy machine) and do not decide the exit status.
+/// batch per request beats one event per request by far (the check of HTTP's batching). Redis
+/// cells also run with 2 workers. Speed targets are judged apart (they may miss on a busy
+/// machine) and do not decide the exit status.
 #[test]
 fn batch_throughput_batching_pays_at_one_concurrency() {
     let run = scenario(
@@ -266,6 +267,11 @@ fn batch_throughput_batching_pays_at_one_concurrency() {
         hundred > one,
         "redis: batch 100 {hundred}/s vs batch 1 {one}/s"
     );
+    // The workers axis: every Redis size also with 2 workers (partitioned), each cell checked
+    // by the scenario to have delivered and timed every event with that many workers.
+    for size in [1, 100, 1000] {
+        assert!(run.metric_f64(&format!("redis.batch{size}.workers2.events_per_s")) > 0.0);
+    }
     // One commit of the consumer per batch instead of per event: a margin beyond any noise.
     let array = run.metric_f64("http_array.batch100.events_per_s");
     let per_event = run.metric_f64("http.batch100.in_flight16.events_per_s");
@@ -308,4 +314,99 @@ fn notify_beats_polling_on_latency_and_idle_cost() {
     assert!(run.metric("notify.idle_xacts_10s") < run.metric("poll100.idle_xacts_10s") / 2);
     assert!(run.metric_f64("commit_queue.with_trigger") >= 0.1);
     assert_eq!(run.metric_f64("commit_queue.without_trigger"), 0.0);
+}
+
+/// A relay with 2 workers (partitioned loops of one process): every event is delivered once and
+/// marked published, each aggregate's events reach the stream in their order although the
+/// aggregates are split between two connections, and the relay's timings add up both workers.
+/// A worker count that cannot split aggregates (a partition of its own, the claim design) is
+/// refused.
+#[test]
+fn relay_workers_split_aggregates_and_keep_their_order() {
+    use outbox_lab::outbox::relay::{
+        drive, Ended, OutboxRelay, Partition, RelayConfig, RelayDesign, RelayOptions,
+    };
+    use outbox_lab::outbox::schema;
+    use outbox_lab::outbox::sink::SinkOptions;
+
+    let redis = ExternalRedis::start();
+    let db = common::create_database("delivery_relay_workers", schema::CREATE_OUTBOX);
+    let (aggregates, per_aggregate) = (30, 5);
+    let options = |config: RelayConfig| RelayOptions {
+        name: "workers".into(),
+        sink: SinkOptions::new(&redis.url),
+        config,
+        follow: None,
+    };
+    let workers = RelayConfig {
+        batch: 7,
+        workers: 2,
+        ..RelayConfig::default()
+    };
+    common::block_on(async {
+        let client = db.connect().await.unwrap();
+        // Ids interleave the aggregates: event n of every aggregate, then event n + 1.
+        client
+            .batch_execute(&format!(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+                 SELECT 'orders', 'order-' || a, 'E' || n, jsonb_build_object('n', n)
+                   FROM generate_series(1, {per_aggregate}) n, generate_series(1, {aggregates}) a
+                  ORDER BY n, a"
+            ))
+            .await
+            .unwrap();
+        let config = db.config().unwrap();
+        for refused in [
+            RelayConfig {
+                partition: Some(Partition { index: 0, count: 2 }),
+                ..workers.clone()
+            },
+            RelayConfig {
+                design: RelayDesign::Claim,
+                ..workers.clone()
+            },
+            RelayConfig {
+                workers: 0,
+                ..workers.clone()
+            },
+        ] {
+            assert!(options(refused).connect(&config).await.is_err());
+        }
+        let options = options(workers.clone());
+        let mut relay = options.connect(&config).await.unwrap();
+        let ended = drive(&mut relay, options.until(), std::future::pending())
+            .await
+            .unwrap();
+        let events = (aggregates * per_aggregate) as u64;
+        assert_eq!(ended, Ended::Drained { sent: events }, "{}", relay.name());
+        let timings = relay.timings();
+        assert_eq!((timings.workers, timings.events), (2, events));
+        let published: i64 = client
+            .query_one(
+                "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL AND attempts = 1",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(published as u64, events);
+    });
+    // The stream, in the order Redis appended: each aggregate's E1, E2, ... in turn.
+    let stream = redis.cli(&["XRANGE", "outbox.event.orders", "-", "+"]);
+    let lines: Vec<&str> = stream.lines().collect();
+    let mut seen: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+    let mut appended = 0;
+    for (i, line) in lines.iter().enumerate() {
+        if *line != "aggregate_id" {
+            continue;
+        }
+        let (aggregate, event_type) = (lines[i + 1], lines[i + 3]);
+        let n: u32 = event_type.trim_start_matches('E').parse().unwrap();
+        let last = seen.entry(aggregate).or_insert(0);
+        assert_eq!(n, *last + 1, "{aggregate}: E{n} after E{last}");
+        *last = n;
+        appended += 1;
+    }
+    assert_eq!(appended, aggregates * per_aggregate);
+    assert!(seen.values().all(|&n| n == per_aggregate as u32));
 }

@@ -80,6 +80,11 @@ pub struct Params {
     /// value above a batch size is left out at that size: a batch cannot have more in flight
     /// than it holds.
     pub http_in_flight: Vec<u32>,
+    /// The Redis relay's delivery loops ([`RelayConfig::workers`]), each value a series of its
+    /// own: 1 is the article's relay; N splits the aggregates between N loops of one process
+    /// (partitioned, each its own connection and one batch's locks at a time), so one delivers
+    /// while another waits for its COMMIT.
+    pub redis_workers: Vec<u32>,
 }
 
 impl Experiment for Params {
@@ -101,6 +106,9 @@ impl Experiment for Params {
         if self.http_in_flight.is_empty() || self.http_in_flight.contains(&0) {
             bail!("http_in_flight must be at least one value, each at least 1");
         }
+        if self.redis_workers.is_empty() || self.redis_workers.contains(&0) {
+            bail!("redis_workers must be at least one value, each at least 1");
+        }
         Ok(())
     }
 
@@ -113,13 +121,17 @@ impl Experiment for Params {
     }
 }
 
-/// One configuration measured: a sink, a batch size, and (HTTP) the events in flight.
+/// One configuration measured: a sink, a batch size, (HTTP) the events in flight and (Redis)
+/// the relay's workers.
 #[derive(Debug, Clone, Copy)]
 struct Cell {
     sink: SinkKind,
     batch: i64,
-    /// Events sent and not yet acknowledged at once: the batch's pipeline for Redis.
+    /// Events sent and not yet acknowledged at once by one worker: the batch's pipeline for
+    /// Redis.
     in_flight: i64,
+    /// The relay's delivery loops, each its partition of the aggregates.
+    workers: u32,
 }
 
 impl Cell {
@@ -131,10 +143,19 @@ impl Cell {
                 match sink {
                     // An array of one is one event per request: the http cell measures it.
                     SinkKind::HttpArray if batch == 1 => {}
-                    SinkKind::Redis | SinkKind::HttpArray => cells.push(Cell {
+                    SinkKind::Redis => {
+                        cells.extend(params.redis_workers.iter().map(|&workers| Cell {
+                            sink,
+                            batch,
+                            in_flight: batch,
+                            workers,
+                        }))
+                    }
+                    SinkKind::HttpArray => cells.push(Cell {
                         sink,
                         batch,
                         in_flight: batch,
+                        workers: 1,
                     }),
                     SinkKind::Http => cells.extend(
                         params
@@ -146,6 +167,7 @@ impl Cell {
                                 sink,
                                 batch,
                                 in_flight,
+                                workers: 1,
                             }),
                     ),
                 }
@@ -162,12 +184,14 @@ impl Cell {
         }
     }
 
-    /// The prefix of its metrics: `redis.batch100`, `http.batch100` (one request at a time, as
-    /// the article's relay sends them), `http.batch100.in_flight16`.
+    /// The prefix of its metrics: `redis.batch100` (one worker, as the article's relay),
+    /// `redis.batch100.workers2`, `http.batch100` (one request at a time, as the article's relay
+    /// sends them), `http.batch100.in_flight16`.
     fn metric(&self) -> String {
         let name = format!("{}.batch{}", self.sink.name(), self.batch);
         match self.sink {
             SinkKind::Http if self.in_flight > 1 => format!("{name}.in_flight{}", self.in_flight),
+            _ if self.workers > 1 => format!("{name}.workers{}", self.workers),
             _ => name,
         }
     }
@@ -282,6 +306,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             "sink",
             "batch",
             "in_flight",
+            "workers",
             "events",
             "events_per_s",
             "elapsed_ms",
@@ -289,11 +314,13 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         ],
     );
     let mut phases = Table::new(
-        "where the time goes: the middle run of each cell, per batch and as a share of its time",
+        "where the time goes: the middle run of each cell, per batch and as a share of its time \
+         (with workers, of the time of all its workers together)",
         &[
             "sink",
             "batch",
             "in_flight",
+            "workers",
             "batches",
             "ms_per_batch",
             "fetch_pct",
@@ -303,10 +330,14 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             "between_pct",
         ],
     );
+    let mut redis_phases: Vec<String> = Vec::new();
     for (cell, runs) in cells.iter().zip(runs) {
         let mut runs = runs;
         runs.sort_by(|a, b| Runs::rate(a).total_cmp(&Runs::rate(b)));
         let runs = Runs(runs);
+        if cell.sink == SinkKind::Redis && cell.batch >= 100 {
+            redis_phases.push(where_the_time_goes(cell, runs.middle()));
+        }
         let rates = runs.rates();
         let rate = median(&rates);
         let elapsed: Vec<f64> = runs.0.iter().map(|t| t.busy.as_secs_f64() * 1e3).collect();
@@ -323,6 +354,10 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             cell.sink.name().to_string(),
             cell.batch.to_string(),
             cell.in_flight.to_string(),
+            match cell.workers {
+                1 => "1".to_string(),
+                n => format!("{n}, partitioned"),
+            },
         ];
         figures.push(
             columns
@@ -352,7 +387,37 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
          http_array: the batch in one request, applied by the consumer in one transaction)."
             .into(),
     );
+    if !redis_phases.is_empty() {
+        outcome.notes.push(format!(
+            "Where the Redis relay's time goes (the middle run; with workers, shares of all \
+             their time): {}. fetch: BEGIN and the SELECT ... FOR UPDATE SKIP LOCKED, which \
+             locks each row (a partitioned worker also reads and skips the other partitions' \
+             rows); send: the events built and the pipeline of XADDs answered; mark: the UPDATE \
+             of published_at, a new row version and a primary-key entry per row (never a HOT \
+             update: published_at is in the partial index's predicate); commit: the WAL flush. \
+             With one worker the phases follow one another and the relay waits on PostgreSQL \
+             or Redis in each; with workers one worker's flush and round trips overlap \
+             another's work, and the figure is then bounded by the CPU that PostgreSQL (fetch \
+             and mark), Redis and the relay share on this machine.",
+            redis_phases.join("; ")
+        ));
+    }
     Ok(outcome)
+}
+
+/// A Redis cell's phases in a few words: `batch 100, 1 worker: 3.7 ms per batch, fetch 19%,
+/// send 24%, mark 31%, commit 25%`.
+fn where_the_time_goes(cell: &Cell, timings: &BatchTimings) -> String {
+    let [_, ms_per_batch, fetch, send, mark, commit, _] = phase_split(timings);
+    let workers = match cell.workers {
+        1 => "1 worker".to_string(),
+        n => format!("{n} workers"),
+    };
+    format!(
+        "batch {}, {workers}: {ms_per_batch} ms per batch, fetch {fetch}%, send {send}%, \
+         mark {mark}%, commit {commit}%",
+        cell.batch
+    )
 }
 
 /// One run of a cell: a fresh outbox of the cell's events, drained by a relay child, every event
@@ -373,8 +438,13 @@ async fn measure(
         .client
         .execute(writer::LOAD_EVENTS, &[&events])
         .await?;
+    // The planner's statistics, as autovacuum keeps them on any table in use: a fresh table's
+    // first fetches would otherwise read and sort every row loaded to find the oldest batch (a
+    // plan from no statistics at all), a cost of a table created a moment ago, not of the relay.
+    target.client.batch_execute("ANALYZE outbox").await?;
     let config = RelayConfig {
         batch: cell.batch,
+        workers: cell.workers,
         ..RelayConfig::default()
     };
     let relay = ctx
@@ -393,19 +463,26 @@ async fn measure(
         None => counts::count(&target.client, counts::RECEIVED).await?,
     };
     let published = counts::count(&target.client, counts::PUBLISHED).await?;
-    if delivered != events || published != events || timings.events as i64 != events {
+    if delivered != events
+        || published != events
+        || timings.events as i64 != events
+        || timings.workers != cell.workers
+    {
         bail!(
-            "{}: {delivered} delivered, {published} published, {} timed by the relay, of {events}",
+            "{}: {delivered} delivered, {published} published, {} timed by the relay ({} workers), \
+             of {events}",
             cell.metric(),
             timings.events,
+            timings.workers,
         );
     }
     Ok(timings)
 }
 
-/// A run's batches, and each phase's share of its time (what is left went between batches).
+/// A run's batches, and each phase's share of its time (what is left went between batches): with
+/// workers, of their time together (busy × workers), and ms_per_batch is a worker's.
 fn phase_split(timings: &BatchTimings) -> [String; 7] {
-    let busy = timings.busy.as_secs_f64();
+    let busy = timings.busy.as_secs_f64() * f64::from(timings.workers.max(1));
     let pct = |phase: std::time::Duration| phase.as_secs_f64() / busy * 100.0;
     let phases = [timings.fetch, timings.send, timings.mark, timings.commit];
     let between = 100.0 - phases.iter().map(|&p| pct(p)).sum::<f64>();
@@ -428,12 +505,20 @@ fn throughput_by_batch(report: &Report) -> Result<Vec<Plot>> {
         return Ok(Vec::new());
     };
     let [sink, batch, in_flight, rate] = columns.map(|c| cells.column(c).expect("found above"));
+    // Reports saved before the relay had workers have no such column: one worker.
+    let workers = cells.column("workers");
     let mut lines = Table::new(cells.title.clone(), &["series", "batch", "events_per_s"]);
     for row in &cells.rows {
-        // Redis has its whole batch in flight: one line.
-        let series = match row[sink].as_str() {
-            "http" => format!("http, {} in flight", row[in_flight]),
-            other => other.to_string(),
+        // Redis has its whole batch in flight: a line per number of workers.
+        let series = match (row[sink].as_str(), workers.map(|w| row[w].as_str())) {
+            ("http", _) => format!("http, {} in flight", row[in_flight]),
+            ("redis", Some(workers)) if workers != "1" => {
+                format!(
+                    "redis, {} workers",
+                    workers.trim_end_matches(", partitioned")
+                )
+            }
+            (other, _) => other.to_string(),
         };
         lines.push(vec![series, row[batch].clone(), row[rate].clone()]);
     }

@@ -4,7 +4,9 @@
 //!
 //! One batch at a time, on purpose: a relay that fetched the next batch while delivering this
 //! one would hold two batches' locks, and another relay could not take the rows after its batch
-//! (claim-vs-lock's overtaking vanished), for no gain that could be measured here.
+//! (claim-vs-lock's overtaking vanished), for no gain that could be measured here. A relay with
+//! [`workers`](super::RelayConfig::workers) overlaps batches without that: each worker is this
+//! loop on its own connection over its own partition of the aggregates, one batch at a time.
 
 use std::time::Instant;
 

@@ -181,6 +181,17 @@ pub struct RelayConfig {
     /// Also log when it woke, fetched and sent ([`crate::outbox::phases`]): notify-latency's
     /// split of a delivery's time.
     pub log_phases: bool,
+    /// Delivery loops in this one relay (lock design): each its own connection, fetching only
+    /// its partition of the aggregates (`i/workers`, as [`Partition`] splits them), so
+    /// per-aggregate order holds and each holds one batch's locks at a time; one delivers while
+    /// another waits for its COMMIT's WAL flush, and PostgreSQL's group commit merges their
+    /// flushes. 1: the article's one loop.
+    #[serde(default = "one_worker")]
+    pub workers: u32,
+}
+
+fn one_worker() -> u32 {
+    1
 }
 
 /// The attempts after which a row is a dead letter, unless a relay is told otherwise.
@@ -201,6 +212,7 @@ impl Default for RelayConfig {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             log_attempts: false,
             log_phases: false,
+            workers: 1,
         }
     }
 }
@@ -409,14 +421,18 @@ pub async fn drive<R: OutboxRelay>(
 
 /// How a draining relay spent its time on the batches that found rows, on its own clock: what a
 /// throughput figure divides by. The phases are the steps of a batch as the relay waits on
-/// them; whatever is left of `busy` went between batches.
+/// them, added up over its workers; whatever is left of `busy` × `workers` went between
+/// batches.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct BatchTimings {
+    /// The relay's delivery loops ([`RelayConfig::workers`]), whose phases are added up here.
+    #[serde(default = "one_worker")]
+    pub workers: u32,
     /// Batches that found rows, and the rows they fetched.
     pub batches: u64,
     pub events: u64,
-    /// From the start of the first fetch that found rows to the end of the last commit: the
-    /// process's start, its connections and the final empty fetch are outside it.
+    /// From the start of the first fetch that found rows to the end of the last commit (of any
+    /// worker): the process's start, its connections and the final empty fetch are outside it.
     pub busy: Duration,
     /// BEGIN and the fetch, until the rows are in hand.
     pub fetch: Duration,
@@ -440,6 +456,7 @@ pub(crate) struct BatchClock {
 #[derive(Debug, Default)]
 pub(crate) struct BatchTimer {
     first_fetch: Option<Instant>,
+    last_commit: Option<Instant>,
     timings: BatchTimings,
 }
 
@@ -450,6 +467,7 @@ impl BatchTimer {
             return;
         }
         let first_fetch = *self.first_fetch.get_or_insert(clock.started);
+        self.last_commit = Some(clock.committed);
         let timings = &mut self.timings;
         timings.batches += 1;
         timings.events += rows as u64;
@@ -460,8 +478,29 @@ impl BatchTimer {
         timings.commit += clock.committed - clock.marked;
     }
 
-    pub fn timings(&self) -> BatchTimings {
-        self.timings
+    /// The timings of workers that ran side by side: their batches and phases added up, busy
+    /// from the first fetch of any to the last commit of any.
+    pub fn merged<'a>(timers: impl IntoIterator<Item = &'a BatchTimer>) -> BatchTimings {
+        let mut merged = BatchTimings::default();
+        let (mut first, mut last): (Option<Instant>, Option<Instant>) = (None, None);
+        for timer in timers {
+            merged.workers += 1;
+            let t = &timer.timings;
+            merged.batches += t.batches;
+            merged.events += t.events;
+            merged.fetch += t.fetch;
+            merged.send += t.send;
+            merged.mark += t.mark;
+            merged.commit += t.commit;
+            if let (Some(f), Some(l)) = (timer.first_fetch, timer.last_commit) {
+                first = Some(first.map_or(f, |first| first.min(f)));
+                last = Some(last.map_or(l, |last| last.max(l)));
+            }
+        }
+        if let (Some(first), Some(last)) = (first, last) {
+            merged.busy = last - first;
+        }
+        merged
     }
 }
 

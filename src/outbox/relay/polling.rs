@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -17,8 +17,8 @@ use super::sql::{
     MARK_FENCED_PUBLISHED, MARK_PUBLISHED, PENDING,
 };
 use super::{
-    BatchTimer, BatchTimings, OutboxRelay, Pass, Pending, RelayConfig, RelayDesign, RelayStats,
-    Wakeup,
+    BatchTimer, BatchTimings, OutboxRelay, Partition, Pass, Pending, RelayConfig, RelayDesign,
+    RelayStats, Wakeup,
 };
 use crate::connect;
 use crate::outbox::crash::{self, CrashPoint};
@@ -48,7 +48,15 @@ pub struct Relay {
     pub(super) claimant: String,
     /// Lock design: how its batches spent their time.
     pub(super) timer: BatchTimer,
+    /// With [`RelayConfig::workers`] > 1, the other delivery loops (this one is worker 0): each
+    /// its own connection and partition, running beside this one in [`Relay::pass`].
+    workers: Vec<Relay>,
 }
+
+/// With workers, a pass lets each worker go on fetching while its batches come back full, for
+/// at most this long, so that none waits for the others after each batch; then they meet, and
+/// the relay's loop ([`super::drive`]) hears a shutdown. Every batch is finished first.
+const WORKER_SLICE: Duration = Duration::from_millis(200);
 
 impl Relay {
     /// Connects; with `listen`, the connection also LISTENs for the NOTIFY trigger.
@@ -67,6 +75,47 @@ impl Relay {
         if config.design == RelayDesign::MarkBeforeSend && config.partition.is_some() {
             bail!("the mark-before-send design takes no partition");
         }
+        match config.workers {
+            0 => bail!("a relay has at least 1 worker"),
+            1 => {}
+            n if config.design != RelayDesign::Lock || config.partition.is_some() => bail!(
+                "{n} workers split the aggregates between them: only the lock design, \
+                 and no partition of its own"
+            ),
+            n => {
+                // Worker i of n delivers partition i/n.
+                let partition = |index| Some(Partition { index, count: n });
+                let mut relay = Box::pin(Relay::connect(
+                    db,
+                    sink.clone(),
+                    RelayConfig {
+                        workers: 1,
+                        partition: partition(0),
+                        ..config.clone()
+                    },
+                    name,
+                    listen,
+                ))
+                .await?;
+                for index in 1..n {
+                    let mut worker = Box::pin(Relay::connect(
+                        db,
+                        sink.clone(),
+                        RelayConfig {
+                            workers: 1,
+                            partition: partition(index),
+                            ..config.clone()
+                        },
+                        name,
+                        false,
+                    ))
+                    .await?;
+                    worker.stats = relay.stats.clone();
+                    relay.workers.push(worker);
+                }
+                return Ok(relay);
+            }
+        }
         let (client, notifications) = open_connection(db, listen).await?;
         let (fetch, mark) = prepare(&client, &config).await?;
         let claimant = format!("relay {name}/pid {}", std::process::id());
@@ -82,6 +131,7 @@ impl Relay {
             stats: Arc::default(),
             claimant,
             timer: BatchTimer::default(),
+            workers: Vec::new(),
         })
     }
 
@@ -90,9 +140,12 @@ impl Relay {
         self.stats.clone()
     }
 
-    /// How its batches spent their time so far (lock design; zero for the others).
+    /// How its batches spent their time so far, its workers' added up (lock design; zero for
+    /// the others).
     pub fn timings(&self) -> BatchTimings {
-        self.timer.timings()
+        BatchTimer::merged(
+            std::iter::once(&self.timer).chain(self.workers.iter().map(|w| &w.timer)),
+        )
     }
 
     /// Fetch, deliver and mark one batch, as the design says.
@@ -118,18 +171,28 @@ impl OutboxRelay for Relay {
         &self.name
     }
 
-    /// A lost connection (the database restarted, the session was terminated) is not the
-    /// relay's end: it connects again and goes on; what the lost batch left unmarked is
-    /// delivered again, as after any crash.
+    /// One batch; with workers, each worker's batches side by side, for as long as they come
+    /// back full (at most [`WORKER_SLICE`]).
     async fn pass(&mut self) -> Result<Pass> {
-        match self.deliver_batch().await {
-            Err(e) if self.client.is_closed() || connect::lost_connection(&e) => {
-                info!(relay = %self.name, "connection lost ({e:#}), connecting again");
-                self.reconnect().await?;
-                Ok(Pass::default())
-            }
-            passed => passed,
+        if self.workers.is_empty() {
+            return self.one_batch().await;
         }
+        let mut workers = std::mem::take(&mut self.workers);
+        let slices = std::iter::once(&mut *self)
+            .chain(workers.iter_mut())
+            .map(|worker| worker.slice());
+        // Every worker finishes its batch, whatever another's ended in.
+        let slices = futures_util::future::join_all(slices).await;
+        self.workers = workers;
+        let mut pass = Pass::default();
+        for slice in slices {
+            let slice = slice?;
+            pass.fetched += slice.fetched;
+            pass.sent += slice.sent;
+            pass.failed += slice.failed;
+            pass.full |= slice.full;
+        }
+        Ok(pass)
     }
 
     /// Undelivered rows under the attempt limit, due or not.
@@ -159,6 +222,37 @@ impl OutboxRelay for Relay {
 }
 
 impl Relay {
+    /// A lost connection (the database restarted, the session was terminated) is not the
+    /// relay's end: it connects again and goes on; what the lost batch left unmarked is
+    /// delivered again, as after any crash.
+    async fn one_batch(&mut self) -> Result<Pass> {
+        match self.deliver_batch().await {
+            Err(e) if self.client.is_closed() || connect::lost_connection(&e) => {
+                info!(relay = %self.name, "connection lost ({e:#}), connecting again");
+                self.reconnect().await?;
+                Ok(Pass::default())
+            }
+            passed => passed,
+        }
+    }
+
+    /// A worker's share of a pass: batch after batch while they come back full, for at most
+    /// [`WORKER_SLICE`].
+    async fn slice(&mut self) -> Result<Pass> {
+        let started = Instant::now();
+        let mut slice = Pass::default();
+        loop {
+            let pass = self.one_batch().await?;
+            slice.fetched += pass.fetched;
+            slice.sent += pass.sent;
+            slice.failed += pass.failed;
+            slice.full = pass.full;
+            if !pass.full || started.elapsed() >= WORKER_SLICE {
+                return Ok(slice);
+            }
+        }
+    }
+
     /// Waits for a notification or the fallback; re-LISTENs if the connection was lost.
     async fn wait_for_notify(&mut self, fallback: Duration) -> Result<()> {
         let notifications = self.notifications.as_mut().expect("connected with listen");
