@@ -239,6 +239,12 @@ fn relay_batch_and_interval_below_one() {
         &relay(&["--interval-ms", "0"]),
         "'--interval-ms <INTERVAL_MS>': 0 is not in 1..",
     );
+    assert_usage_error(&relay(&["--workers", "0"]), "0 is not in 1..=16");
+    // Workers split the aggregates among themselves: a partition of its own is another split.
+    assert_usage_error(
+        &relay(&["--workers", "2", "--partition", "0/2"]),
+        "cannot be used with",
+    );
 }
 
 /// A sink the relay cannot deliver to would dead-letter every event: refused up front.

@@ -47,6 +47,11 @@ pub struct RelayArgs {
     /// Aggregates delivered to at once over HTTP (per-aggregate order holds).
     #[arg(long, default_value_t = 1)]
     in_flight: usize,
+    /// Delivery loops in this relay, each over its share of the aggregates (per-aggregate order
+    /// holds): one delivers while another waits for its COMMIT. Not with --partition.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16),
+          conflicts_with = "partition")]
+    workers: u32,
     /// Names the relay in logs, metrics and pg_stat_activity.
     #[arg(long, default_value = "0")]
     name: String,
@@ -70,6 +75,7 @@ pub async fn run(args: RelayArgs) -> Result<ExitCode> {
             batch: args.batch,
             partition: args.partition,
             head_of_line_guard: args.guard,
+            workers: args.workers,
             ..RelayConfig::default()
         },
         follow: Some(match args.mode {
