@@ -50,10 +50,10 @@ pub struct ScenarioArgs {
     /// targets are reported MET / MISSED and only the article's checks decide the exit status).
     #[arg(long)]
     strict_targets: bool,
-    /// relay-crash: number of events.
+    /// relay-crash, broker-dedup: number of events.
     #[arg(long)]
     events: Option<u32>,
-    /// relay-crash: the first relay dies after this many deliveries.
+    /// relay-crash, broker-dedup: the first relay dies after this many deliveries.
     #[arg(long)]
     crash_after: Option<u32>,
 }
