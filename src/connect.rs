@@ -159,3 +159,20 @@ pub fn without_credentials(url: &str) -> String {
         _ => url.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::without_credentials;
+
+    /// A token or a password never reaches a message.
+    #[test]
+    fn credentials_are_left_out_of_nats_urls() {
+        for (url, shown) in [
+            ("nats://s3cret@127.0.0.1:4222", "nats://127.0.0.1:4222"),
+            ("nats://user:pa@ss@host:4222", "nats://host:4222"),
+            ("nats://host:4222", "nats://host:4222"),
+        ] {
+            assert_eq!(without_credentials(url), shown);
+        }
+    }
+}

@@ -26,8 +26,10 @@ pub struct RelayArgs {
     /// The database with the outbox table.
     #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
     database_url: String,
-    /// http://HOST:PORT (an outbox-lab consumer, POST /events) or redis://HOST:PORT (streams
-    /// outbox.event.<aggregate_type>).
+    /// http://HOST:PORT (an outbox-lab consumer, POST /events), redis://HOST:PORT (streams
+    /// outbox.event.<aggregate_type>) or nats://[TOKEN@]HOST:PORT (JetStream publishes to
+    /// subjects outbox.event.<aggregate_type>, Nats-Msg-Id = event_id; a stream must capture
+    /// them).
     #[arg(long, value_name = "URL", value_parser = parse_sink)]
     sink: String,
     #[arg(long, value_enum, default_value = "poll")]

@@ -222,11 +222,13 @@ impl Nats {
         let Some(url) = &self.external else {
             if let Some(server) = self.private.get() {
                 if server.server.is_kept() {
+                    let dir = server.server.run_dir().path();
                     eprintln!(
-                        "kept the private NATS server running in {} (its URL, with the token, in \
-                         {}); remove it with `outbox-lab clean`",
-                        server.server.run_dir().path().display(),
-                        server.server.run_dir().path().join(CONFIG).display()
+                        "kept the private NATS server running in {}: {}, its token in {}; remove \
+                         it with `outbox-lab clean`",
+                        dir.display(),
+                        connect::without_credentials(&server.url),
+                        dir.join(CONFIG).display()
                     );
                 }
             }
