@@ -1,6 +1,6 @@
 //! The message brokers: broker-dedup's exact counts on a private NATS JetStream, a private
 //! nats-server that lets no one in without its token, and that no run leaves behind — a
-//! SIGKILLed run's is removed by the next run.
+//! SIGKILLed run's is removed by the next run; the nats:// sink with and without publish acks.
 
 mod common;
 
@@ -10,13 +10,26 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use common::{assert_passed, outbox_lab, run_tracked, scratch_dir, throwaway_dirs_of};
+use common::{assert_passed, block_on, outbox_lab, run_tracked, scratch_dir, throwaway_dirs_of};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{geteuid, Pid, User};
+use outbox_lab::harness::nats_server::Nats;
 use outbox_lab::harness::throwaway::{Marker, ProcessId};
+use outbox_lab::outbox::event::Event;
+use outbox_lab::outbox::sink::SinkOptions;
 use outbox_lab::wait;
+
+/// Every run reaps the nats-servers of killed runs: the tests take turns, so that one's sweep
+/// does not remove the server another has just left behind on purpose.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// The private server's pid and client port, once its run directory records it and it has
 /// written its ports file.
@@ -133,6 +146,7 @@ fn assert_nobody_gets_in(dir: &Path, server: ProcessId, port: u16) {
 /// leaves nothing of its own.
 #[test]
 fn broker_dedup_counts_and_no_nats_server_left_behind() {
+    let _turn = one_at_a_time();
     // A long downtime keeps the killed run inside the scenario, its server up.
     let mut killed = outbox_lab()
         .args(["scenario", "broker-dedup", "--format", "json"])
@@ -192,4 +206,47 @@ fn broker_dedup_counts_and_no_nats_server_left_behind() {
     assert!(!dir.exists(), "{} left behind", dir.display());
     let own: Vec<PathBuf> = throwaway_dirs_of("nats", pid);
     assert!(own.is_empty(), "the passing run left {own:?}");
+}
+
+/// The nats:// sink, publishing where no stream stores anything: with publish acks every event
+/// fails (and is retried); fire-and-forget counts every one delivered — the mistake.
+#[test]
+fn fire_and_forget_counts_unstored_events_as_delivered() {
+    let _turn = one_at_a_time();
+    block_on(async {
+        let nats = Nats::new(None, "brokers-test", false);
+        let url = nats.url().await.unwrap();
+        let events: Vec<Event> = (1..=3)
+            .map(|i| Event {
+                event_id: uuid::Uuid::new_v4(),
+                outbox_id: Some(i),
+                aggregate_type: "nowhere".into(),
+                aggregate_id: i.to_string(),
+                event_type: "OrderCreated".into(),
+                payload: serde_json::Value::Null,
+                fence: None,
+            })
+            .collect();
+        for (publish_acks, delivered_expected) in [(true, 0), (false, events.len())] {
+            let options = SinkOptions {
+                publish_acks,
+                ..SinkOptions::new(&url)
+            };
+            let sink = options.connect(Duration::from_secs(5)).await.unwrap();
+            let delivered = AtomicUsize::new(0);
+            let results = sink
+                .deliver(&events, |_| {
+                    delivered.fetch_add(1, Ordering::SeqCst);
+                })
+                .await;
+            let ok = results.iter().filter(|r| r.is_ok()).count();
+            assert_eq!(
+                (ok, delivered.load(Ordering::SeqCst)),
+                (delivered_expected, delivered_expected),
+                "publish_acks={publish_acks}: {:?}",
+                results.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>()
+            );
+        }
+        nats.close().await.unwrap();
+    });
 }

@@ -49,6 +49,10 @@ pub struct RelayArgs {
     /// Aggregates delivered to at once over HTTP (per-aggregate order holds).
     #[arg(long, default_value_t = 1)]
     in_flight: usize,
+    /// nats:// sinks only, the mistake: count an event published once it is written to the
+    /// connection (a core NATS publish), without waiting for JetStream's ack.
+    #[arg(long)]
+    no_publish_acks: bool,
     /// Names the relay in logs, metrics and pg_stat_activity.
     #[arg(long, default_value = "0")]
     name: String,
@@ -66,6 +70,7 @@ pub async fn run(args: RelayArgs) -> Result<ExitCode> {
         name: args.name,
         sink: SinkOptions {
             in_flight: args.in_flight,
+            publish_acks: !args.no_publish_acks,
             ..SinkOptions::new(&args.sink)
         },
         config: RelayConfig {

@@ -62,6 +62,15 @@ pub struct SinkOptions {
     /// Before every stream name (the run's key prefix on an external Redis) or NATS subject
     /// (the run's subject prefix on an external NATS).
     pub stream_prefix: String,
+    /// NATS: an event counts as delivered once JetStream acked its publish. `false` is the
+    /// mistake, fire-and-forget: a core NATS publish, delivered as soon as it is written to the
+    /// connection, stored or not.
+    #[serde(default = "publish_acks_by_default")]
+    pub publish_acks: bool,
+}
+
+fn publish_acks_by_default() -> bool {
+    true
 }
 
 /// What an HTTP request carries.
@@ -83,6 +92,7 @@ impl SinkOptions {
             in_flight: 1,
             http_body: HttpBody::Event,
             stream_prefix: String::new(),
+            publish_acks: true,
         }
     }
 
@@ -91,10 +101,12 @@ impl SinkOptions {
     /// JetStream publish, unanswered after `request_timeout` failed.
     pub async fn connect(&self, request_timeout: Duration) -> Result<Sink> {
         if is_nats(&self.url) {
-            let mut jetstream = async_nats::jetstream::new(connect::nats(&self.url).await?);
+            let client = connect::nats(&self.url).await?;
+            let mut jetstream = async_nats::jetstream::new(client.clone());
             jetstream.set_timeout(request_timeout);
             Ok(Sink::Nats(NatsSink {
                 jetstream,
+                fire_and_forget: (!self.publish_acks).then_some(client),
                 subject_prefix: self.stream_prefix.clone(),
             }))
         } else if is_redis(&self.url) {
@@ -373,6 +385,9 @@ impl RedisSink {
 pub struct NatsSink {
     /// Its timeout is the relay's request timeout: an unacknowledged publish failed.
     jetstream: async_nats::jetstream::Context,
+    /// The mistake, when asked for: publish without asking JetStream for an ack, on this
+    /// connection.
+    fire_and_forget: Option<async_nats::Client>,
     /// Before every subject (the run's subject prefix on an external server).
     subject_prefix: String,
 }
@@ -389,6 +404,9 @@ impl NatsSink {
     /// dropped included: it holds the event); a publish unacknowledged within the timeout
     /// failed, although the stream may hold it (a lost ack is a failure, retried).
     async fn deliver(&self, events: &[Event], on_delivered: impl Fn(&Event)) -> Vec<Result<()>> {
+        if let Some(client) = &self.fire_and_forget {
+            return self.fire_and_forget(client, events, on_delivered).await;
+        }
         let mut acks = Vec::with_capacity(events.len());
         let mut subject = (None, String::new());
         for event in events {
@@ -423,6 +441,49 @@ impl NatsSink {
             results.push(acked.map(drop));
         }
         results
+    }
+
+    /// The mistake: core NATS publishes, flushed once, and every event written to the
+    /// connection counts as delivered — whether a stream stored it or not (none may capture the
+    /// subject; the server may die with it in a buffer).
+    async fn fire_and_forget(
+        &self,
+        client: &async_nats::Client,
+        events: &[Event],
+        on_delivered: impl Fn(&Event),
+    ) -> Vec<Result<()>> {
+        let mut written = Vec::with_capacity(events.len());
+        for event in events {
+            let subject = Self::subject(&self.subject_prefix, &event.aggregate_type);
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                event.event_id.to_string().as_str(),
+            );
+            // An event always serializes.
+            let payload = serde_json::to_vec(event).unwrap_or_default();
+            let published = client
+                .publish_with_headers(subject, headers, payload.into())
+                .await
+                .map_err(|e| anyhow!("NATS publish: {e}"));
+            written.push(published);
+        }
+        let flushed = client.flush().await.map_err(|e| anyhow!("NATS flush: {e}"));
+        events
+            .iter()
+            .zip(written)
+            .map(|(event, published)| {
+                let delivered = match (&flushed, published) {
+                    (Ok(()), Ok(())) => Ok(()),
+                    (Err(e), Ok(())) => Err(anyhow!("{e}")),
+                    (_, Err(e)) => Err(e),
+                };
+                if delivered.is_ok() {
+                    on_delivered(event);
+                }
+                delivered
+            })
+            .collect()
     }
 }
 
