@@ -146,10 +146,11 @@ pub fn check_url(url: &str) -> Result<(), String> {
     const GIVE: &str = "give http://HOST:PORT (an outbox-lab consumer), redis://HOST:PORT (a \
                         Redis) or nats://HOST:PORT (NATS JetStream)";
     if is_nats(url) {
-        return url
-            .parse::<async_nats::ServerAddr>()
-            .map(drop)
-            .map_err(|e| format!("not a NATS URL outbox-lab can use ({e}); {GIVE}"));
+        return match url.parse::<async_nats::ServerAddr>() {
+            Ok(addr) if addr.host().is_empty() => Err(format!("no host; {GIVE}")),
+            Ok(_) => Ok(()),
+            Err(e) => Err(format!("not a NATS URL outbox-lab can use ({e}); {GIVE}")),
+        };
     }
     if is_redis(url) {
         return redis::Client::open(url)
@@ -520,6 +521,7 @@ mod tests {
             "localhost:8080",
             "http://",
             "http://a b",
+            "nats://",
         ] {
             let e = check_url(bad).unwrap_err();
             assert!(e.contains("give http://HOST:PORT"), "{bad}: {e}");
