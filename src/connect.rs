@@ -1,5 +1,5 @@
 //! Connecting to the servers, for every part of outbox-lab: PostgreSQL (a connection string
-//! parsed, a connection opened, one that hands over LISTEN notifications) and Redis — each
+//! parsed, a connection opened, one that hands over LISTEN notifications), Redis and NATS — each
 //! bounded in time, each failure saying where it tried and what to check.
 
 use std::str::FromStr;
@@ -125,4 +125,54 @@ pub async fn redis(url: &str) -> Result<redis::aio::MultiplexedConnection> {
     .map_err(|_| anyhow!("no answer within 5 s"))
     .and_then(|r| r.map_err(anyhow::Error::from))
     .with_context(|| format!("cannot connect to Redis at {url} (is it running? check --redis-url)"))
+}
+
+/// A NATS connection, with a bound on the wait and a message that says where (the URL shown
+/// without its token or password). The URL's user part is the credentials: `TOKEN@` or
+/// `USER:PASSWORD@` (async-nats reads neither from the URL itself).
+pub async fn nats(url: &str) -> Result<async_nats::Client> {
+    let addr: async_nats::ServerAddr = url
+        .parse()
+        .map_err(|e| anyhow!("invalid --nats-url '{}': {e}", without_credentials(url)))?;
+    let mut options = async_nats::ConnectOptions::new().connection_timeout(CONNECT_TIMEOUT);
+    options = match (addr.username(), addr.password()) {
+        (Some(user), Some(password)) => options.user_and_password(user.into(), password.into()),
+        (Some(token), None) => options.token(token.into()),
+        _ => options,
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, options.connect(addr))
+        .await
+        .map_err(|_| anyhow!("no answer within 5 s"))
+        .and_then(|r| r.map_err(anyhow::Error::from))
+        .with_context(|| {
+            format!(
+                "cannot connect to NATS at {} (is it running? check --nats-url)",
+                without_credentials(url)
+            )
+        })
+}
+
+/// `nats://127.0.0.1:4222` for `nats://TOKEN@127.0.0.1:4222`: for messages and logs.
+pub fn without_credentials(url: &str) -> String {
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, _)), Some(at)) => format!("{scheme}://{}", &url[at + 1..]),
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_credentials;
+
+    /// A token or a password never reaches a message.
+    #[test]
+    fn credentials_are_left_out_of_nats_urls() {
+        for (url, shown) in [
+            ("nats://s3cret@127.0.0.1:4222", "nats://127.0.0.1:4222"),
+            ("nats://user:pa@ss@host:4222", "nats://host:4222"),
+            ("nats://host:4222", "nats://host:4222"),
+        ] {
+            assert_eq!(without_credentials(url), shown);
+        }
+    }
 }

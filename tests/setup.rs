@@ -22,6 +22,7 @@ fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
         "initdb",
         "postgres",
         "redis-server",
+        "nats-server",
         "psql",
         "redis-cli",
         "cargo",

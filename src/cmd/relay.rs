@@ -26,8 +26,10 @@ pub struct RelayArgs {
     /// The database with the outbox table.
     #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
     database_url: String,
-    /// http://HOST:PORT (an outbox-lab consumer, POST /events) or redis://HOST:PORT (streams
-    /// outbox.event.<aggregate_type>).
+    /// http://HOST:PORT (an outbox-lab consumer, POST /events), redis://HOST:PORT (streams
+    /// outbox.event.<aggregate_type>) or nats://[TOKEN@]HOST:PORT (JetStream publishes to
+    /// subjects outbox.event.<aggregate_type>, Nats-Msg-Id = event_id; a stream must capture
+    /// them).
     #[arg(long, value_name = "URL", value_parser = parse_sink)]
     sink: String,
     #[arg(long, value_enum, default_value = "poll")]
@@ -52,6 +54,10 @@ pub struct RelayArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16),
           conflicts_with = "partition")]
     workers: u32,
+    /// nats:// sinks only, the mistake: count an event published once it is written to the
+    /// connection (a core NATS publish), without waiting for JetStream's ack.
+    #[arg(long)]
+    no_publish_acks: bool,
     /// Names the relay in logs, metrics and pg_stat_activity.
     #[arg(long, default_value = "0")]
     name: String,
@@ -69,6 +75,7 @@ pub async fn run(args: RelayArgs) -> Result<ExitCode> {
         name: args.name,
         sink: SinkOptions {
             in_flight: args.in_flight,
+            publish_acks: !args.no_publish_acks,
             ..SinkOptions::new(&args.sink)
         },
         config: RelayConfig {

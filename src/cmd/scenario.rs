@@ -10,6 +10,7 @@ use super::{outln, summary, Format, RunArgs};
 use crate::connect;
 use crate::error::{self, exit};
 use crate::harness::db::PgServer;
+use crate::harness::nats_server::Nats;
 use crate::harness::redis_server::Redis;
 use crate::harness::run::{new_run_id, on_server};
 use crate::harness::throwaway;
@@ -28,6 +29,11 @@ pub struct ScenarioArgs {
     /// outboxlab:<run>:* there.
     #[arg(long, env = "OUTBOX_LAB_REDIS_URL")]
     redis_url: Option<String>,
+    /// Use this NATS server (JetStream enabled; nats://[TOKEN@|USER:PASSWORD@]HOST:PORT)
+    /// instead of a private nats-server; outbox-lab only touches streams and consumers named
+    /// outboxlab_<run>_* and subjects outboxlab.<run>.* there, and deletes its streams after.
+    #[arg(long, env = "OUTBOX_LAB_NATS_URL")]
+    nats_url: Option<String>,
     /// Read scenario files from this directory instead of the built-in copies.
     #[arg(long)]
     scenarios_dir: Option<PathBuf>,
@@ -44,10 +50,10 @@ pub struct ScenarioArgs {
     /// targets are reported MET / MISSED and only the article's checks decide the exit status).
     #[arg(long)]
     strict_targets: bool,
-    /// relay-crash: number of events.
+    /// relay-crash, broker-dedup: number of events.
     #[arg(long)]
     events: Option<u32>,
-    /// relay-crash: the first relay dies after this many deliveries.
+    /// relay-crash, broker-dedup: the first relay dies after this many deliveries.
     #[arg(long)]
     crash_after: Option<u32>,
 }
@@ -79,10 +85,15 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
     if let Some(url) = &args.redis_url {
         connect::redis(url).await?;
     }
+    if let Some(url) = &args.nats_url {
+        connect::nats(url).await?;
+    }
 
     let run_id = new_run_id();
     // Redis starts only if a scenario asks for it; it is closed however the runs end.
     let redis = Redis::new(args.redis_url.as_deref(), &run_id, args.run.keep);
+    // So does NATS.
+    let nats = Nats::new(args.nats_url.as_deref(), &run_id, args.run.keep);
     let results = args.run.results_dir.join(&run_id);
     let progress = Progress::on_stderr(args.run.format == Format::Text && !args.quiet);
     let outcome = on_server(
@@ -93,7 +104,7 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
             let bar = progress.bar(prepared.len() as u64, "scenarios");
             for p in &prepared {
                 bar.set_message(p.scenario().name());
-                let report = scenarios::run(server, &redis, p, &progress)
+                let report = scenarios::run(server, &redis, &nats, p, &progress)
                     .await
                     .map_err(error::harness)?;
                 report.write_files(&results)?;
@@ -111,8 +122,10 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
     )
     .await;
     let closed = redis.close().await;
+    let nats_closed = nats.close().await;
     let reports = outcome?;
     closed.map_err(error::harness)?;
+    nats_closed.map_err(error::harness)?;
 
     let passed = reports.iter().all(Report::passed);
     let targets_met = reports.iter().all(Report::targets_met);

@@ -1,5 +1,6 @@
 //! The harness: everything that sets the stage for the system under test and watches it — the
-//! throwaway PostgreSQL [`cluster`] and [`redis_server`] (in [`throwaway`] directories), the
+//! throwaway PostgreSQL [`cluster`], [`redis_server`] and [`nats_server`] (in [`throwaway`]
+//! directories), the
 //! [`db`] server and databases of a run, the [`run`]'s life around them (its id, Ctrl-C), [`child`]
 //! processes that die for real, a [`foreign`] relay (the user's command), the network [`proxy`] between relay and consumer, the
 //! [`nemesis`] machinery (signals to our own children, backends terminated), bulk [`load`]ing
@@ -10,6 +11,7 @@ pub mod cluster;
 pub mod db;
 pub mod foreign;
 pub mod load;
+pub mod nats_server;
 pub mod nemesis;
 pub mod proxy;
 pub mod redis_server;

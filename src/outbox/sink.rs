@@ -1,7 +1,8 @@
 //! Where relays deliver events: the HTTP consumer (keep-alive client; one event per request, as
-//! the article posts them, or a batch per request: [`HttpBody`]) or a Redis Stream
+//! the article posts them, or a batch per request: [`HttpBody`]), a Redis Stream
 //! (`XADD outbox.event.<aggregate_type>`, one pipeline per batch, each XADD acknowledged on its
-//! own).
+//! own) or NATS JetStream (a publish to `outbox.event.<aggregate_type>` with the event id as
+//! `Nats-Msg-Id`, the whole batch in flight, each publish acknowledged on its own).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,6 +28,7 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum Sink {
     Http(HttpSink),
     Redis(RedisSink),
+    Nats(NatsSink),
 }
 
 impl Sink {
@@ -40,6 +42,7 @@ impl Sink {
         match self {
             Sink::Http(http) => http.deliver(events, on_delivered).await,
             Sink::Redis(redis) => redis.deliver(events, on_delivered).await,
+            Sink::Nats(nats) => nats.deliver(events, on_delivered).await,
         }
     }
 }
@@ -48,15 +51,26 @@ impl Sink {
 /// [`RelayConfig::request_timeout`](crate::outbox::relay::RelayConfig)).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SinkOptions {
-    /// `http://…` (the consumer) or a Redis URL (a stream per aggregate type).
+    /// `http://…` (the consumer), a Redis URL (a stream per aggregate type) or `nats://…`
+    /// (JetStream: a subject per aggregate type, in a stream that must exist).
     pub url: String,
     /// Aggregates delivered to at once over HTTP, one event per request (per-aggregate order
     /// holds); 1: strictly one event after another.
     pub in_flight: usize,
     /// HTTP: one event per request, or the whole batch in one.
     pub http_body: HttpBody,
-    /// Before every stream name (the run's key prefix on an external Redis).
+    /// Before every stream name (the run's key prefix on an external Redis) or NATS subject
+    /// (the run's subject prefix on an external NATS).
     pub stream_prefix: String,
+    /// NATS: an event counts as delivered once JetStream acked its publish. `false` is the
+    /// mistake, fire-and-forget: a core NATS publish, delivered as soon as it is written to the
+    /// connection, stored or not.
+    #[serde(default = "publish_acks_by_default")]
+    pub publish_acks: bool,
+}
+
+fn publish_acks_by_default() -> bool {
+    true
 }
 
 /// What an HTTP request carries.
@@ -78,14 +92,24 @@ impl SinkOptions {
             in_flight: 1,
             http_body: HttpBody::Event,
             stream_prefix: String::new(),
+            publish_acks: true,
         }
     }
 
     /// The sink these options describe: `http://…` for the HTTP consumer, a Redis URL
-    /// ([`is_redis`]) for a Redis Stream. An HTTP delivery unanswered after `request_timeout`
-    /// failed.
+    /// ([`is_redis`]) for a Redis Stream, `nats://…` for JetStream. An HTTP delivery, or a
+    /// JetStream publish, unanswered after `request_timeout` failed.
     pub async fn connect(&self, request_timeout: Duration) -> Result<Sink> {
-        if is_redis(&self.url) {
+        if is_nats(&self.url) {
+            let client = connect::nats(&self.url).await?;
+            let mut jetstream = async_nats::jetstream::new(client.clone());
+            jetstream.set_timeout(request_timeout);
+            Ok(Sink::Nats(NatsSink {
+                jetstream,
+                fire_and_forget: (!self.publish_acks).then_some(client),
+                subject_prefix: self.stream_prefix.clone(),
+            }))
+        } else if is_redis(&self.url) {
             let connection = connect::redis(&self.url).await?;
             Ok(Sink::Redis(RedisSink {
                 connection,
@@ -109,12 +133,25 @@ pub fn is_redis(url: &str) -> bool {
         .any(|scheme| url.starts_with(scheme))
 }
 
+/// A NATS URL (`nats://[TOKEN@|USER:PASSWORD@]HOST:PORT`).
+pub fn is_nats(url: &str) -> bool {
+    url.starts_with("nats://")
+}
+
 /// Checks a sink URL before anything connects: `http://HOST[:PORT]` (the HTTP client speaks no
-/// TLS) or a Redis URL ([`is_redis`]) that the Redis client accepts. Anything else would have
-/// dead-lettered every event; the error says what to give instead.
+/// TLS), a Redis URL ([`is_redis`]) that the Redis client accepts, or a NATS URL
+/// ([`is_nats`]). Anything else would have dead-lettered every event; the error says what to
+/// give instead.
 pub fn check_url(url: &str) -> Result<(), String> {
-    const GIVE: &str =
-        "give http://HOST:PORT (an outbox-lab consumer) or redis://HOST:PORT (a Redis)";
+    const GIVE: &str = "give http://HOST:PORT (an outbox-lab consumer), redis://HOST:PORT (a \
+                        Redis) or nats://HOST:PORT (NATS JetStream)";
+    if is_nats(url) {
+        return match url.parse::<async_nats::ServerAddr>() {
+            Ok(addr) if addr.host().is_empty() => Err(format!("no host; {GIVE}")),
+            Ok(_) => Ok(()),
+            Err(e) => Err(format!("not a NATS URL outbox-lab can use ({e}); {GIVE}")),
+        };
+    }
     if is_redis(url) {
         return redis::Client::open(url)
             .map(drop)
@@ -343,6 +380,114 @@ impl RedisSink {
     }
 }
 
+/// Publishes events to JetStream, on `outbox.event.<aggregate_type>`, each with its event id as
+/// `Nats-Msg-Id` (the stream drops a publish whose id it has seen within its duplicate window).
+#[derive(Clone)]
+pub struct NatsSink {
+    /// Its timeout is the relay's request timeout: an unacknowledged publish failed.
+    jetstream: async_nats::jetstream::Context,
+    /// The mistake, when asked for: publish without asking JetStream for an ack, on this
+    /// connection.
+    fire_and_forget: Option<async_nats::Client>,
+    /// Before every subject (the run's subject prefix on an external server).
+    subject_prefix: String,
+}
+
+impl NatsSink {
+    /// The subject of an aggregate type, as Debezium's outbox router names its topics.
+    pub fn subject(prefix: &str, aggregate_type: &str) -> String {
+        format!("{prefix}outbox.event.{aggregate_type}")
+    }
+
+    /// Every event published before the first ack is awaited (the whole batch in flight, as
+    /// the Redis pipeline is), then each ack awaited in batch order. Each event is delivered if
+    /// and only if its own publish was acknowledged by the stream (a duplicate the stream
+    /// dropped included: it holds the event); a publish unacknowledged within the timeout
+    /// failed, although the stream may hold it (a lost ack is a failure, retried).
+    async fn deliver(&self, events: &[Event], on_delivered: impl Fn(&Event)) -> Vec<Result<()>> {
+        if let Some(client) = &self.fire_and_forget {
+            return self.fire_and_forget(client, events, on_delivered).await;
+        }
+        let mut acks = Vec::with_capacity(events.len());
+        let mut subject = (None, String::new());
+        for event in events {
+            if subject.0 != Some(event.aggregate_type.as_str()) {
+                subject = (
+                    Some(event.aggregate_type.as_str()),
+                    Self::subject(&self.subject_prefix, &event.aggregate_type),
+                );
+            }
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                event.event_id.to_string().as_str(),
+            );
+            // An event always serializes.
+            let payload = serde_json::to_vec(event).unwrap_or_default();
+            let published = self
+                .jetstream
+                .publish_with_headers(subject.1.clone(), headers, payload.into())
+                .await;
+            acks.push(published);
+        }
+        let mut results = Vec::with_capacity(events.len());
+        for (event, published) in events.iter().zip(acks) {
+            let acked = match published {
+                Ok(ack) => ack.await.map_err(|e| anyhow!("JetStream publish ack: {e}")),
+                Err(e) => Err(anyhow!("JetStream publish: {e}")),
+            };
+            if acked.is_ok() {
+                on_delivered(event);
+            }
+            results.push(acked.map(drop));
+        }
+        results
+    }
+
+    /// The mistake: core NATS publishes, flushed once, and every event written to the
+    /// connection counts as delivered — whether a stream stored it or not (none may capture the
+    /// subject; the server may die with it in a buffer).
+    async fn fire_and_forget(
+        &self,
+        client: &async_nats::Client,
+        events: &[Event],
+        on_delivered: impl Fn(&Event),
+    ) -> Vec<Result<()>> {
+        let mut written = Vec::with_capacity(events.len());
+        for event in events {
+            let subject = Self::subject(&self.subject_prefix, &event.aggregate_type);
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                event.event_id.to_string().as_str(),
+            );
+            // An event always serializes.
+            let payload = serde_json::to_vec(event).unwrap_or_default();
+            let published = client
+                .publish_with_headers(subject, headers, payload.into())
+                .await
+                .map_err(|e| anyhow!("NATS publish: {e}"));
+            written.push(published);
+        }
+        let flushed = client.flush().await.map_err(|e| anyhow!("NATS flush: {e}"));
+        events
+            .iter()
+            .zip(written)
+            .map(|(event, published)| {
+                let delivered = match (&flushed, published) {
+                    (Ok(()), Ok(())) => Ok(()),
+                    (Err(e), Ok(())) => Err(anyhow!("{e}")),
+                    (_, Err(e)) => Err(e),
+                };
+                if delivered.is_ok() {
+                    on_delivered(event);
+                }
+                delivered
+            })
+            .collect()
+    }
+}
+
 /// "client error (Connect): tcp connect error: Connection refused (os error 111)".
 fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
@@ -360,11 +505,13 @@ mod tests {
     use super::check_url;
 
     #[test]
-    fn sink_urls_are_http_or_redis() {
+    fn sink_urls_are_http_or_redis_or_nats() {
         for good in [
             "http://127.0.0.1:8080",
             "http://consumer/",
             "redis://10.0.0.6:6379",
+            "nats://127.0.0.1:4222",
+            "nats://token@127.0.0.1:4222",
         ] {
             assert_eq!(check_url(good), Ok(()), "{good}");
         }
@@ -374,6 +521,7 @@ mod tests {
             "localhost:8080",
             "http://",
             "http://a b",
+            "nats://",
         ] {
             let e = check_url(bad).unwrap_err();
             assert!(e.contains("give http://HOST:PORT"), "{bad}: {e}");

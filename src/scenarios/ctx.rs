@@ -1,5 +1,5 @@
 //! What a scenario gets to work with: its databases, its child processes (writer, relays,
-//! consumers), Redis, progress, and the article's figures from its scenario file.
+//! consumers), Redis, NATS, progress, and the article's figures from its scenario file.
 
 use anyhow::Result;
 
@@ -7,12 +7,13 @@ use super::{Scenario, CHILD_TIMEOUT};
 use crate::harness::child::role::{CdcRelayRole, ConsumerRole, WriterRole};
 use crate::harness::child::{ChildCommand, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
+use crate::harness::nats_server::Nats;
 use crate::harness::redis_server::Redis;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::crash::CrashPlan;
 use crate::outbox::relay::{RelayConfig, RelayOptions};
 use crate::outbox::schema;
-use crate::outbox::sink::SinkOptions;
+use crate::outbox::sink::{self, SinkOptions};
 use crate::outbox::writer::Ending;
 use crate::report::progress::Progress;
 use crate::report::{Metrics, Table};
@@ -30,6 +31,7 @@ pub struct Outcome {
 pub struct Ctx<'a> {
     pub(super) server: &'a PgServer,
     pub(super) redis: &'a Redis,
+    pub(super) nats: &'a Nats,
     pub(super) scenario: Scenario,
     pub(super) spec: &'a Spec,
     pub(super) progress: &'a Progress,
@@ -166,10 +168,15 @@ impl Ctx<'_> {
         ChildCommand::new(db, role)
     }
 
-    /// Where a relay child delivers: one event after another, streams named for this run.
+    /// Where a relay child delivers: one event after another, streams (or subjects) named for
+    /// this run.
     fn sink(&self, url: &str) -> SinkOptions {
+        let prefix = match sink::is_nats(url) {
+            true => self.nats.subject_prefix(),
+            false => self.redis.key_prefix(),
+        };
         SinkOptions {
-            stream_prefix: self.redis.key_prefix().to_string(),
+            stream_prefix: prefix.to_string(),
             ..SinkOptions::new(url)
         }
     }
@@ -181,5 +188,20 @@ impl Ctx<'_> {
 
     pub fn redis_key_prefix(&self) -> &str {
         self.redis.key_prefix()
+    }
+
+    /// The run's NATS URL, with its credentials (a private server is started on first use).
+    pub async fn nats_url(&self) -> Result<String> {
+        self.nats.url().await
+    }
+
+    /// What this run's JetStream stream and consumer names start with.
+    pub fn nats_name_prefix(&self) -> &str {
+        self.nats.name_prefix()
+    }
+
+    /// What this run's NATS subjects start with.
+    pub fn nats_subject_prefix(&self) -> &str {
+        self.nats.subject_prefix()
     }
 }

@@ -9,6 +9,7 @@
 //! where rustfmt sees it; a test finds a file missing from the registry).
 
 pub mod batch_throughput;
+pub mod broker_dedup;
 pub mod cdc;
 pub mod claim_vs_lock;
 pub mod cleanup;
@@ -38,6 +39,7 @@ use anyhow::{bail, Context, Result};
 use serde::de::DeserializeOwned;
 
 use crate::harness::db::PgServer;
+use crate::harness::nats_server::Nats;
 use crate::harness::redis_server::Redis;
 use crate::judge::expectations;
 use crate::report::plots::Plot;
@@ -63,6 +65,7 @@ registry! {
     cleanup => "cleanup",
     cdc => "cdc",
     reply_lost => "reply-lost",
+    broker_dedup => "broker-dedup",
 }
 
 /// No child of these scenarios needs more than a few seconds; this bounds a hang.
@@ -399,6 +402,7 @@ impl Prepared {
 pub async fn run(
     server: &PgServer,
     redis: &Redis,
+    nats: &Nats,
     prepared: &Prepared,
     progress: &Progress,
 ) -> Result<Report> {
@@ -407,6 +411,7 @@ pub async fn run(
     let ctx = Ctx {
         server,
         redis,
+        nats,
         scenario: prepared.scenario,
         spec: &prepared.spec,
         progress,

@@ -75,6 +75,7 @@ roles!(
     Relay(RelayOptions) = "relay",
     CdcRelay(CdcRelayRole) = "cdc-relay",
     StreamWorker(StreamWorkerRole) = "stream-worker",
+    JetStreamWorker(JetStreamWorkerRole) = "jetstream-worker",
     Consumer(ConsumerRole) = "consumer",
     ExploreWriter(ExploreWriterRole) = "explore-writer",
     ExploreRelay(ExploreRelayRole) = "explore-relay",
@@ -146,6 +147,20 @@ pub struct StreamWorkerRole {
     pub count: usize,
     /// Keep reading new entries until killed, instead of stopping after one read of each kind.
     pub follow: bool,
+}
+
+/// A durable pull consumer on a JetStream stream: applies and acks what the stream holds for it,
+/// then prints `applied N`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JetStreamWorkerRole {
+    /// With its token, if any: children get it in their environment, never on a command line.
+    pub nats_url: String,
+    pub stream: String,
+    /// The durable consumer's name.
+    pub durable: String,
+    pub kind: ConsumerKind,
+    /// Messages fetched at a time.
+    pub batch: usize,
 }
 
 /// The HTTP consumer; prints `listening URL` and serves until killed.

@@ -10,8 +10,8 @@ use tokio::io::AsyncReadExt;
 use uuid::Uuid;
 
 use super::role::{
-    ChildArgs, ChildSpec, ExploreRelayRole, ExploreWriterRole, NaiveAppRole, Role, WriterRole,
-    SPEC_ENV,
+    ChildArgs, ChildSpec, ExploreRelayRole, ExploreWriterRole, JetStreamWorkerRole, NaiveAppRole,
+    Role, WriterRole, SPEC_ENV,
 };
 use super::REPORT_PREFIX;
 use crate::connect;
@@ -19,6 +19,7 @@ use crate::harness::db::Database;
 use crate::ops::logging::{self, LogFormat};
 use crate::outbox::consumer;
 use crate::outbox::crash;
+use crate::outbox::jetstream_consumer::JetStreamWorker;
 use crate::outbox::phases;
 use crate::outbox::relay::cdc::{CdcConfig, CdcRelay};
 use crate::outbox::relay::watermark::StoredWatermarkRelay;
@@ -120,6 +121,7 @@ async fn perform(db: &Database, role: Role) -> Result<()> {
             println!("applied {applied}");
             Ok(())
         }
+        Role::JetStreamWorker(role) => jetstream_worker(db, role).await,
         Role::Consumer(role) => {
             // A consumer restarted while its database restarts waits for it.
             connect::patiently(connect::RECONNECT_PATIENCE, async || db.connect().await).await?;
@@ -139,6 +141,22 @@ async fn perform(db: &Database, role: Role) -> Result<()> {
         Role::ExploreWriter(role) => explore_writer(db, role).await,
         Role::ExploreRelay(role) => explore_relay(db, role).await,
     }
+}
+
+/// The JetStream worker role: drains its durable consumer once.
+async fn jetstream_worker(db: &Database, role: JetStreamWorkerRole) -> Result<()> {
+    let pooled = consumer::pool(db.config()?, 1)?.get().await?;
+    let mut worker = JetStreamWorker::connect(
+        &role.nats_url,
+        &role.stream,
+        &role.durable,
+        pooled,
+        role.kind,
+    )
+    .await?;
+    let applied = worker.drain(role.batch).await?;
+    println!("applied {applied}");
+    Ok(())
 }
 
 /// The writer role: `orders` orders (or as many as fit in `duration`), paced if asked.

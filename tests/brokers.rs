@@ -1,0 +1,252 @@
+//! The message brokers: broker-dedup's exact counts on a private NATS JetStream, a private
+//! nats-server that lets no one in without its token, and that no run leaves behind — a
+//! SIGKILLed run's is removed by the next run; the nats:// sink with and without publish acks.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::{assert_passed, block_on, outbox_lab, run_tracked, scratch_dir, throwaway_dirs_of};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::{geteuid, Pid, User};
+use outbox_lab::harness::nats_server::Nats;
+use outbox_lab::harness::throwaway::{Marker, ProcessId};
+use outbox_lab::outbox::event::Event;
+use outbox_lab::outbox::sink::SinkOptions;
+use outbox_lab::wait;
+
+/// Every run reaps the nats-servers of killed runs: the tests take turns, so that one's sweep
+/// does not remove the server another has just left behind on purpose.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The private server's pid and client port, once its run directory records it and it has
+/// written its ports file.
+fn ready_nats_server(dir: &Path) -> Option<(ProcessId, u16)> {
+    let marker: Marker =
+        serde_json::from_slice(&std::fs::read(dir.join("outbox-lab-owner.json")).ok()?).ok()?;
+    let server = marker.server?.process;
+    let ports = std::fs::read_dir(dir.join("server"))
+        .ok()?
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().ends_with(".ports"))?;
+    let ports: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ports.path()).ok()?).ok()?;
+    let port = ports["nats"][0]
+        .as_str()?
+        .rsplit(':')
+        .next()?
+        .parse()
+        .ok()?;
+    Some((server, port))
+}
+
+/// The local addresses (`HEXIP:HEXPORT` as in /proc/net/tcp*) that process `pid` listens on.
+fn tcp_listen_addresses(pid: i32) -> Vec<String> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| {
+            let link = std::fs::read_link(fd.path()).ok()?;
+            let inode = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?;
+            Some(inode.to_string())
+        })
+        .collect();
+    let mut found = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // st 0A is LISTEN; the inode is field 9.
+            if fields.get(3) == Some(&"0A") && inodes.iter().any(|i| fields.get(9) == Some(&&**i)) {
+                found.push(fields[1].to_string());
+            }
+        }
+    }
+    found
+}
+
+/// What the server answers a client that connects without credentials: its INFO line, then
+/// the reply to CONNECT + PING.
+fn connect_without_token(port: u16) -> (String, String) {
+    let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut info = String::new();
+    reader.read_line(&mut info).unwrap();
+    (&stream)
+        .write_all(b"CONNECT {\"verbose\":false,\"pedantic\":false}\r\nPING\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    let _ = reader.read_line(&mut reply);
+    (info, reply)
+}
+
+/// `program args` as user `nobody`: whether it succeeded, and what it printed.
+fn as_nobody(program: &str, args: &[&str]) -> (bool, String) {
+    let nobody = User::from_name("nobody").unwrap().expect("user nobody");
+    let out = Command::new(program)
+        .args(args)
+        .uid(nobody.uid.as_raw())
+        .gid(nobody.gid.as_raw())
+        .current_dir("/")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout),
+    )
+}
+
+/// Checks the running private server of `dir` (pid, port): on 127.0.0.1 alone, its token in a
+/// 0600 file, and no client in without the token, from us or (as root) from user `nobody`.
+fn assert_nobody_gets_in(dir: &Path, server: ProcessId, port: u16) {
+    // 127.0.0.1 is 0100007F in /proc/net/tcp.
+    assert_eq!(
+        tcp_listen_addresses(server.pid),
+        vec![format!("0100007F:{port:04X}")],
+        "nats-server listens elsewhere than 127.0.0.1:{port}"
+    );
+    let config = dir.join("nats.conf");
+    let mode = std::fs::metadata(&config).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{} is not 0600", config.display());
+    let (info, reply) = connect_without_token(port);
+    assert!(info.contains("\"auth_required\":true"), "{info}");
+    assert!(reply.contains("Authorization Violation"), "got in: {reply}");
+    if geteuid().is_root() {
+        let (read, said) = as_nobody("cat", &[config.to_str().unwrap()]);
+        assert!(!read, "nobody read the token: {said}");
+        let script = format!(
+            "exec 3<>/dev/tcp/127.0.0.1/{port}; printf 'CONNECT {{}}\\r\\nPING\\r\\n' >&3; \
+             timeout 2 cat <&3"
+        );
+        let (_, said) = as_nobody("bash", &["-c", &script]);
+        assert!(
+            said.contains("Authorization Violation") && !said.contains("PONG"),
+            "nobody got in: {said}"
+        );
+    }
+}
+
+/// A run SIGKILLed while its nats-server runs leaves it behind (nothing else can run; it lets
+/// no one in meanwhile); the next run removes it, reproduces broker-dedup's exact counts, and
+/// leaves nothing of its own.
+#[test]
+fn broker_dedup_counts_and_no_nats_server_left_behind() {
+    let _turn = one_at_a_time();
+    // A long downtime keeps the killed run inside the scenario, its server up.
+    let mut killed = outbox_lab()
+        .args(["scenario", "broker-dedup", "--format", "json"])
+        .args([
+            "--set",
+            "downtime_ms=30000",
+            "--set",
+            "covered_window_ms=60000",
+        ])
+        .arg("--results-dir")
+        .arg(scratch_dir("brokers-killed"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let found = wait::blocking_up_to(Duration::from_secs(60), Duration::from_millis(20), || {
+        throwaway_dirs_of("nats", killed.id())
+            .into_iter()
+            .find_map(|dir| ready_nats_server(&dir).map(|ready| (dir, ready)))
+    });
+    let Some((dir, (server, port))) = found else {
+        let _ = killed.kill();
+        let _ = killed.wait();
+        panic!("the run's nats-server never became ready");
+    };
+    assert_nobody_gets_in(&dir, server, port);
+    kill(Pid::from_raw(killed.id() as i32), Signal::SIGKILL).unwrap();
+    killed.wait().unwrap();
+    assert!(
+        server.is_running(),
+        "a SIGKILLed run cannot stop its nats-server"
+    );
+
+    let (pid, run) = run_tracked(
+        outbox_lab()
+            .args(["scenario", "broker-dedup", "--format", "json"])
+            .arg("--results-dir")
+            .arg(scratch_dir("brokers-next")),
+    );
+    assert_passed(&run);
+    let counts = [
+        "covered.stream_messages",
+        "covered.naive.shipments",
+        "expired.stream_messages",
+        "expired.naive.shipments",
+    ]
+    .map(|metric| run.metric(metric));
+    assert_eq!(counts, [5, 5, 8, 8], "{}", run.stdout);
+    let gone = wait::blocking_up_to(Duration::from_secs(10), Duration::from_millis(20), || {
+        !server.is_running()
+    });
+    assert!(
+        gone.is_some(),
+        "nats-server {} of the killed run still runs",
+        server.pid
+    );
+    assert!(!dir.exists(), "{} left behind", dir.display());
+    let own: Vec<PathBuf> = throwaway_dirs_of("nats", pid);
+    assert!(own.is_empty(), "the passing run left {own:?}");
+}
+
+/// The nats:// sink, publishing where no stream stores anything: with publish acks every event
+/// fails (and is retried); fire-and-forget counts every one delivered — the mistake.
+#[test]
+fn fire_and_forget_counts_unstored_events_as_delivered() {
+    let _turn = one_at_a_time();
+    block_on(async {
+        let nats = Nats::new(None, "brokers-test", false);
+        let url = nats.url().await.unwrap();
+        let events: Vec<Event> = (1..=3)
+            .map(|i| Event {
+                event_id: uuid::Uuid::new_v4(),
+                outbox_id: Some(i),
+                aggregate_type: "nowhere".into(),
+                aggregate_id: i.to_string(),
+                event_type: "OrderCreated".into(),
+                payload: serde_json::Value::Null,
+                fence: None,
+            })
+            .collect();
+        for (publish_acks, delivered_expected) in [(true, 0), (false, events.len())] {
+            let options = SinkOptions {
+                publish_acks,
+                ..SinkOptions::new(&url)
+            };
+            let sink = options.connect(Duration::from_secs(5)).await.unwrap();
+            let delivered = AtomicUsize::new(0);
+            let results = sink
+                .deliver(&events, |_| {
+                    delivered.fetch_add(1, Ordering::SeqCst);
+                })
+                .await;
+            let ok = results.iter().filter(|r| r.is_ok()).count();
+            assert_eq!(
+                (ok, delivered.load(Ordering::SeqCst)),
+                (delivered_expected, delivered_expected),
+                "publish_acks={publish_acks}: {:?}",
+                results.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>()
+            );
+        }
+        nats.close().await.unwrap();
+    });
+}
