@@ -4,9 +4,16 @@
 
 mod common;
 
+use std::sync::Mutex;
+
 use chrono::{TimeDelta, Utc};
 use common::{assert_passed, outbox_lab, query_i64, scenario, Run};
 use outbox_lab::ops::partitions;
+
+/// The scenarios that compare timings (cleanup's DROP against its DELETE, claim-vs-lock's
+/// waits) run one at a time: on 2 cores, another scenario beside them is load their figures
+/// would measure (a DROP once took 161 ms against a bound of 115).
+static TIMED: Mutex<()> = Mutex::new(());
 
 fn kept_database(run: &Run, suffix: &str) -> String {
     run.stderr
@@ -21,6 +28,7 @@ fn kept_database(run: &Run, suffix: &str) -> String {
 /// buffers; without it the fetch filters out every published row; churn undoes it until VACUUM.
 #[test]
 fn partial_index_reads_a_few_buffers_until_churn() {
+    let _alone = TIMED.lock().unwrap_or_else(|e| e.into_inner());
     let run = scenario("partial-index", &[]);
     assert_passed(&run);
     assert_eq!(run.metric_str("with_index.node"), "Index Scan");
@@ -56,6 +64,7 @@ fn partial_index_reads_a_few_buffers_until_churn() {
 /// the one with an unpublished row (checked in the kept database).
 #[test]
 fn cleanup_delete_keeps_the_file_and_drop_is_guarded() {
+    let _alone = TIMED.lock().unwrap_or_else(|e| e.into_inner());
     let run = scenario("cleanup", &["--keep"]);
     assert_passed(&run);
     let before = run.metric("size_before_bytes");
@@ -91,6 +100,7 @@ fn cleanup_delete_keeps_the_file_and_drop_is_guarded() {
 /// none, at the price of a second UPDATE per event.
 #[test]
 fn claim_waits_for_its_lease_lock_holds_a_transaction() {
+    let _alone = TIMED.lock().unwrap_or_else(|e| e.into_inner());
     let dir = common::scratch_dir("claim-vs-lock-faster");
     let text = include_str!("../scenarios/claim-vs-lock.toml")
         .replace("sink_delay_ms = 200", "sink_delay_ms = 100");
