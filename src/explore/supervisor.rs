@@ -9,7 +9,6 @@
 //! bounded; a run that does not drain within [`LIVENESS_BOUND`] after its faults end is a
 //! liveness failure, not a hang.
 
-use std::os::unix::process::ExitStatusExt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -91,8 +90,8 @@ pub const OUR_SESSIONS: [&str; 3] = [
 ];
 /// A relay of the user's must have connected to the database within this time of the start.
 const CONNECT_BOUND: Duration = Duration::from_secs(10);
-/// A relay of the user's that ends by itself this soon after it started, before any fault,
-/// "exits at once": bad input, not a verdict.
+/// A relay of the user's that fails by itself (a non-zero status) this soon after it started,
+/// before any fault, "exits at once": bad input, not a verdict.
 const EXITS_AT_ONCE: Duration = Duration::from_secs(1);
 /// A relay of the user's that ended is started again after this (no spinning on one that
 /// cannot run).
@@ -698,7 +697,10 @@ impl<'s> Lab<'s> {
             };
             let lived = relay.started.elapsed();
             let no_fault_yet = faults.last_fired().is_none() && struck.last().is_none();
-            if n == 1 && lived < EXITS_AT_ONCE && status.signal().is_none() && no_fault_yet {
+            // With status 0 it may be a relay that drains what there is and ends (run from
+            // cron): started again like any other, not refused.
+            let failed = status.code().is_some_and(|code| code != 0);
+            if n == 1 && lived < EXITS_AT_ONCE && failed && no_fault_yet {
                 return Err(error::Error::Usage(
                     ForeignRelayError::ExitsAtOnce {
                         name,

@@ -17,6 +17,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
 
 use super::nemesis::OwnChild;
 
@@ -61,6 +62,8 @@ pub const PLACEHOLDERS: [(&str, &str, &str); 7] = [
 
 /// Lines of a relay's output kept for the verdict (the rest is not read).
 const TAIL_LINES: usize = 20;
+/// How long an ended relay's output is still read.
+const OUTPUT_DRAIN: Duration = Duration::from_millis(500);
 
 /// `--relay-cmd`, checked: split into words, placeholders known, the program found.
 #[derive(Debug, Clone)]
@@ -166,7 +169,7 @@ impl RelayTemplate {
             .with_context(|| format!("cannot start --relay-cmd '{}'", self.text))?;
         let pid = child.id().context("the relay ended before it was seen")?;
         let tail = Tail::default();
-        for output in [
+        let readers = [
             child
                 .stdout
                 .take()
@@ -178,13 +181,13 @@ impl RelayTemplate {
         ]
         .into_iter()
         .flatten()
-        {
-            tokio::spawn(keep_tail(output, tail.clone()));
-        }
+        .map(|output| tokio::spawn(keep_tail(output, tail.clone())))
+        .collect();
         Ok(ForeignRelay {
             own: OwnChild::spawned(pid),
             child,
             tail,
+            readers,
             started: Instant::now(),
         })
     }
@@ -224,6 +227,8 @@ pub struct ForeignRelay {
     /// Proven ours when spawned: the group it leads is signalled only while it is.
     own: Option<OwnChild>,
     tail: Tail,
+    /// The tasks reading its stdout and stderr into the tail.
+    readers: Vec<JoinHandle<()>>,
     pub started: Instant,
 }
 
@@ -234,8 +239,14 @@ impl ForeignRelay {
     }
 
     /// Resolves when it has ended (cancel-safe).
+    /// Its last lines are all in the tail then (read to the end of its output, or for at most
+    /// [`OUTPUT_DRAIN`]: something it started may hold the pipe open).
     pub async fn exited(&mut self) -> Result<ExitStatus> {
-        Ok(self.child.wait().await?)
+        let status = self.child.wait().await?;
+        for reader in std::mem::take(&mut self.readers) {
+            let _ = tokio::time::timeout(OUTPUT_DRAIN, reader).await;
+        }
+        Ok(status)
     }
 
     /// SIGTERM to its group, SIGKILL after `grace`; how it ended.
