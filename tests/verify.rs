@@ -78,6 +78,9 @@ fn our_relay_holds_under_every_nemesis() {
     // Every nemesis fired: kill, pause, db-kill-backend, db-restart and the three on the wire.
     assert_eq!(run.metric("verify.faults_fired"), 7);
     assert!(run.metric_f64("verify.latency.p50_ms") > 0.0);
+    // verify's throwaway cluster records commit timestamps: latency starts at the commit.
+    let latency = &run.json()["tables"][3];
+    assert_eq!(latency["rows"][0][0], "commit", "{latency}");
     assert!(run.metric_f64("verify.events_per_s") > 0.0);
     let json = run.json();
     assert_eq!(json["scenario"], "verify");

@@ -235,6 +235,7 @@ impl RunArgs {
             database_url: self.database_url.as_deref(),
             pg_bin: self.pg_bin.as_deref(),
             keep: self.keep,
+            commit_timestamps: false,
         }
     }
 }

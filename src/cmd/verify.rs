@@ -11,7 +11,7 @@ use clap::Args;
 use super::{Format, RunArgs};
 use crate::error;
 use crate::explore::history;
-use crate::harness::db::PgServer;
+use crate::harness::db::{PgServer, ServerChoice};
 use crate::harness::foreign::PLACEHOLDERS;
 use crate::harness::nemesis::parse_duration;
 use crate::harness::redis_server::Redis;
@@ -139,29 +139,29 @@ pub async fn run(args: VerifyArgs) -> Result<ExitCode> {
     let results_dir = args.run.results_dir.join(&run_id);
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let text = args.run.format == Format::Text;
-    let (verification, version, kind) = on_server(
-        &args.run.server_choice(),
-        &run_id,
-        async |server: &PgServer| {
-            // A private Redis, started only for --sink redis, gone with this run.
-            let redis = Redis::new(None, &run_id, args.run.keep);
-            let redis_url = match args.sink.as_str() {
-                "redis" => Some(redis.url().await?),
-                _ => None,
-            };
-            let verified = verify::verify(server, &plan, redis_url, text).await;
-            redis.close().await?;
-            let verification = verified.map_err(|e| {
-                // The relay's own fault (exits at once, never connects) stays bad input.
-                match error::Error::find(&e) {
-                    Some(_) => e,
-                    None => error::harness(e),
-                }
-            })?;
-            history::save(&results_dir, "verify", &verify::histories(&verification))?;
-            Ok((verification, server.version.clone(), server.kind()))
-        },
-    )
+    let choice = ServerChoice {
+        commit_timestamps: true,
+        ..args.run.server_choice()
+    };
+    let (verification, version, kind) = on_server(&choice, &run_id, async |server: &PgServer| {
+        // A private Redis, started only for --sink redis, gone with this run.
+        let redis = Redis::new(None, &run_id, args.run.keep);
+        let redis_url = match args.sink.as_str() {
+            "redis" => Some(redis.url().await?),
+            _ => None,
+        };
+        let verified = verify::verify(server, &plan, redis_url, text).await;
+        redis.close().await?;
+        let verification = verified.map_err(|e| {
+            // The relay's own fault (exits at once, never connects) stays bad input.
+            match error::Error::find(&e) {
+                Some(_) => e,
+                None => error::harness(e),
+            }
+        })?;
+        history::save(&results_dir, "verify", &verify::histories(&verification))?;
+        Ok((verification, server.version.clone(), server.kind()))
+    })
     .await?;
     let report = verify::report(
         &plan,

@@ -107,6 +107,9 @@ pub struct ServerChoice<'a> {
     pub database_url: Option<&'a str>,
     pub pg_bin: Option<&'a std::path::Path>,
     pub keep: bool,
+    /// Start the throwaway cluster with `track_commit_timestamp` (verify's latency); only the
+    /// command that reads them pays for them.
+    pub commit_timestamps: bool,
 }
 
 impl PgServer {
@@ -118,7 +121,7 @@ impl PgServer {
             }
             None => {
                 let bins = PgBinaries::find(choice.pg_bin)?;
-                let cluster = Cluster::start(&bins, choice.keep).await?;
+                let cluster = Cluster::start(&bins, choice.keep, choice.commit_timestamps).await?;
                 (cluster.url(), Some(tokio::sync::Mutex::new(cluster)))
             }
         };

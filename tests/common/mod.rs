@@ -32,7 +32,7 @@ pub fn server_url() -> &'static str {
             .unwrap();
         let bins = PgBinaries::find(None).expect("PostgreSQL binaries (run scripts/setup)");
         let cluster = runtime
-            .block_on(Cluster::start(&bins, false))
+            .block_on(Cluster::start(&bins, false, false))
             .expect("throwaway cluster");
         let url = cluster.url();
         CLUSTER
