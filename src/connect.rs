@@ -13,6 +13,20 @@ use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Notificati
 /// A server that has not answered in this time is reported unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// `bytes` as a URL component: unreserved characters as they are, every other byte `%XX` (a
+/// socket directory as a URL's host, as libpq reads it; a user name, a password).
+pub fn percent_encode(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|&b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// Parses a connection string (URL or key=value form) with a message that says what to fix.
 pub fn parse_url(url: &str) -> Result<Config> {
     Config::from_str(url).map_err(|e| anyhow!("invalid --database-url '{url}': {e}"))

@@ -6,7 +6,8 @@ mod common;
 use std::path::Path;
 
 use common::{
-    assert_usage_error, outbox_lab, run_json, run_tracked, scratch_dir, throwaway_dirs_of, Run,
+    assert_passed, assert_usage_error, outbox_lab, run_json, run_tracked, scratch_dir,
+    throwaway_dirs_of, Run,
 };
 use serde_json::Value;
 
@@ -14,6 +15,18 @@ use serde_json::Value;
 fn verify(args: &[&str]) -> Run {
     let results = scratch_dir("verify-results");
     run_json(&["verify"], &results, args)
+}
+
+/// `outbox-lab verify ARGS --format json` on a throwaway cluster of its own (where the database
+/// may be restarted), results in `results`.
+fn verify_alone(results: &Path, args: &[&str]) -> std::process::Command {
+    let mut command = outbox_lab();
+    command
+        .arg("verify")
+        .args(args)
+        .args(["--format", "json", "--results-dir"])
+        .arg(results);
+    command
 }
 
 /// An example relay of examples/relays/.
@@ -49,28 +62,14 @@ fn replay_of(run: &Run, invariant: &str) -> String {
 fn our_relay_holds_under_every_nemesis() {
     let relay = our_relay("");
     let results = scratch_dir("verify-own");
-    let output = outbox_lab()
-        .args([
-            "verify",
-            "--relay-cmd",
-            &relay,
-            "--relays",
-            "2",
-            "--events",
-            "400",
-        ])
-        .args(["--format", "json", "--results-dir"])
-        .arg(&results)
-        .output()
-        .unwrap();
+    let output = verify_alone(
+        &results,
+        &["--relay-cmd", &relay, "--relays", "2", "--events", "400"],
+    )
+    .output()
+    .unwrap();
     let run = Run::from(output);
-    assert_eq!(
-        run.code,
-        0,
-        "{}\n{}",
-        run.stderr,
-        run.failed_checks().join("\n")
-    );
+    assert_passed(&run);
     assert_eq!(run.metric("verify.written"), 400);
     assert_eq!(run.metric("verify.delivered_distinct"), 400);
     assert_eq!(run.metric("verify.lost.violating"), 0);
@@ -115,26 +114,22 @@ fn our_relay(extra: &str) -> String {
 #[test]
 fn the_article_relay_holds_through_redis() {
     let results = scratch_dir("verify-redis");
-    let output = outbox_lab()
-        .args([
-            "verify",
+    let article = example("article.py");
+    let output = verify_alone(
+        &results,
+        &[
             "--relay-cmd",
-            &example("article.py"),
+            &article,
             "--sink",
             "redis",
-        ])
-        .args(["--events", "200", "--format", "json", "--results-dir"])
-        .arg(&results)
-        .output()
-        .unwrap();
+            "--events",
+            "200",
+        ],
+    )
+    .output()
+    .unwrap();
     let run = Run::from(output);
-    assert_eq!(
-        run.code,
-        0,
-        "{}\n{}",
-        run.stderr,
-        run.failed_checks().join("\n")
-    );
+    assert_passed(&run);
     assert_eq!(run.metric("verify.delivered_distinct"), 200);
     assert_eq!(run.metric("verify.lost.violating"), 0);
     // kill, pause, db-kill-backend, db-restart: the network nemeses are HTTP's.
@@ -164,13 +159,7 @@ fn order_breaks_under_a_reset_unless_the_relay_guards_it() {
     assert!(unguarded.metric("verify.order.violating") >= 1);
     assert_eq!(unguarded.metric("verify.lost.violating"), 0);
     let guarded = args(&our_relay("--guard"));
-    assert_eq!(
-        guarded.code,
-        0,
-        "{}\n{}",
-        guarded.stderr,
-        guarded.failed_checks().join("\n")
-    );
+    assert_passed(&guarded);
     assert_eq!(guarded.metric("verify.order.violating"), 0);
 }
 
@@ -201,13 +190,7 @@ fn mark_before_send_is_caught_and_the_article_relay_is_not() {
         "--schedule",
         schedule,
     ]);
-    assert_eq!(
-        article.code,
-        0,
-        "{}\n{}",
-        article.stderr,
-        article.failed_checks().join("\n")
-    );
+    assert_passed(&article);
     assert_eq!(article.metric("verify.lost.violating"), 0);
     assert_eq!(article.metric("verify.delivered_distinct"), 100);
 }
@@ -238,16 +221,13 @@ fn a_relay_command_that_is_not_there_is_bad_input() {
 #[test]
 fn a_relay_that_exits_at_once_is_bad_input_and_nothing_is_left() {
     let results = scratch_dir("verify-exits");
-    let (pid, run) = run_tracked(
-        outbox_lab()
-            .args([
-                "verify",
-                "--relay-cmd",
-                "sh -c 'echo cannot parse my config >&2; exit 3'",
-            ])
-            .args(["--format", "json", "--results-dir"])
-            .arg(&results),
-    );
+    let (pid, run) = run_tracked(&mut verify_alone(
+        &results,
+        &[
+            "--relay-cmd",
+            "sh -c 'echo cannot parse my config >&2; exit 3'",
+        ],
+    ));
     assert_usage_error(&run, "exited by itself");
     assert!(
         run.stderr.contains("cannot parse my config"),

@@ -32,6 +32,7 @@ use crate::harness::db::{Database, PgServer};
 use crate::harness::foreign::{relay_name, Endpoints, RelayTemplate, Tail};
 use crate::harness::nemesis::{Sessions, COUNT_FOREIGN_SESSIONS};
 use crate::harness::proxy::Proxy;
+use crate::judge::invariants::pending;
 use crate::outbox::consumer::{Faults, CONSUMER_APPLICATION_NAME};
 use crate::outbox::crash::CrashPlan;
 use crate::outbox::relay::RELAY_APPLICATION_NAME;
@@ -167,8 +168,8 @@ const STREAM_WORKER: &str = "verify-worker";
 /// Entries a stream worker reads at a time.
 const STREAM_READ_COUNT: usize = 100;
 
-/// Counts the outbox rows a relay still owes.
-pub const COUNT_PENDING: &str = "SELECT count(*) FROM outbox WHERE published_at IS NULL";
+/// Counts the outbox rows a relay still owes (the judge's backlog).
+pub const COUNT_PENDING: &str = concat!("SELECT count(*) FROM (", pending!(), ") owed");
 
 /// A run of the user's relay ended before it could be judged, for a reason that is the input's
 /// (the command, the relay), not the relay's verdict.
@@ -391,11 +392,6 @@ impl<'s> Lab<'s> {
         Ok(client)
     }
 
-    /// The run's database.
-    pub fn database(&self) -> &Database {
-        &self.db
-    }
-
     /// Empties the tables (our relays), or makes the schema anew (the user's: their own
     /// tables, a stored position, start from nothing too).
     async fn reset(&self) -> Result<()> {
@@ -541,10 +537,8 @@ impl<'s> Lab<'s> {
         let producers = async {
             let relays =
                 (0..self.design.relays).map(|i| self.keep_relay(i, faults, struck, history, stage));
-            let (writer, relays) = tokio::join!(
-                self.keep_writer(faults, history, writer_done, stage),
-                join_all(relays),
-            );
+            let (writer, relays) =
+                tokio::join!(self.keep_writer(faults, history, stage), join_all(relays),);
             all_done.send_replace(true);
             (writer, relays)
         };
@@ -579,7 +573,6 @@ impl<'s> Lab<'s> {
         &self,
         faults: &FaultLog,
         history: &Mutex<History>,
-        writer_done: &watch::Sender<bool>,
         stage: &Stage<'_>,
     ) -> Result<Option<String>> {
         let mut stuck = Some(format!(
@@ -607,7 +600,7 @@ impl<'s> Lab<'s> {
                 _ => {}
             }
         }
-        writer_done.send_replace(true);
+        stage.writer_done.send_replace(true);
         Ok(stuck)
     }
 
@@ -798,16 +791,7 @@ impl<'s> Lab<'s> {
         let password = config
             .get_password()
             .map(|p| String::from_utf8_lossy(p).into_owned());
-        let encode = |text: &str| -> String {
-            text.bytes()
-                .map(|b| match b {
-                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                        char::from(b).to_string()
-                    }
-                    _ => format!("%{b:02X}"),
-                })
-                .collect()
-        };
+        let encode = |text: &str| crate::connect::percent_encode(text.as_bytes());
         let credentials = match &password {
             Some(p) => format!("{}:{}", encode(&user), encode(p)),
             None => encode(&user),

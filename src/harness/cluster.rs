@@ -227,17 +227,7 @@ impl Cluster {
     /// directory percent-encoded as the host, as libpq and psql read it).
     pub fn url(&self) -> String {
         let socket_dir = self.server.run_dir().server_dir();
-        let host: String = socket_dir
-            .as_os_str()
-            .as_encoded_bytes()
-            .iter()
-            .map(|&b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                    char::from(b).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
+        let host = crate::connect::percent_encode(socket_dir.as_os_str().as_encoded_bytes());
         format!("postgresql://{SUPERUSER}@{host}:{PORT}/postgres")
     }
 

@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
@@ -264,8 +263,8 @@ impl ForeignRelay {
 
     /// Its group gets `signal`, if its leader is still this child of ours.
     fn signal_group(&self, signal: Signal) {
-        if let Some(own) = self.own.filter(|own| own.is_ours()) {
-            let _ = killpg(Pid::from_raw(own.pid()), signal);
+        if let Some(own) = self.own {
+            own.signal_group(signal);
         }
     }
 
