@@ -136,6 +136,66 @@ fn the_article_relay_holds_through_redis() {
     assert_eq!(run.metric("verify.faults_fired"), 4);
 }
 
+/// Through NATS JetStream (publishes acked, read by a durable consumer of ours): our relay,
+/// given the server's URL and token in its environment alone (`--sink` left out), killed,
+/// paused, cut off from the database and under its restart, loses nothing, and no token shows
+/// in what verify prints. A "relay" that marks the rows published without publishing loses
+/// every event: only what the stream delivered counts.
+#[test]
+fn our_relay_holds_through_jetstream_and_marking_without_publishing_is_caught() {
+    let results = scratch_dir("verify-nats");
+    let relay = format!(
+        "'{}' relay --mode notify --interval-ms 50 --name {{name}}",
+        env!("CARGO_BIN_EXE_outbox-lab")
+    );
+    let output = verify_alone(
+        &results,
+        &[
+            "--relay-cmd",
+            &relay,
+            "--sink",
+            "nats",
+            "--relays",
+            "2",
+            "--events",
+            "200",
+        ],
+    )
+    .output()
+    .unwrap();
+    let run = Run::from(output);
+    assert_passed(&run);
+    assert_eq!(run.metric("verify.delivered_distinct"), 200);
+    assert_eq!(run.metric("verify.lost.violating"), 0);
+    // kill, pause, db-kill-backend, db-restart: the network nemeses are HTTP's.
+    assert_eq!(run.metric("verify.faults_fired"), 4);
+    let printed = format!("{}{}", run.stdout, run.stderr);
+    // The killed relay's last line names where it delivers.
+    assert!(printed.contains("nats://"), "{printed}");
+    for url in printed.split("nats://").skip(1) {
+        let url: String = url
+            .chars()
+            .take_while(|c| !c.is_whitespace() && *c != '"')
+            .collect();
+        assert!(!url.contains('@'), "a token shown: nats://{url}");
+    }
+
+    let marks_only = "sh -c 'echo \"UPDATE outbox SET published_at = now() WHERE published_at IS \
+                      NULL \\watch 0.1\" | psql -q \"$OUTBOX_LAB_DATABASE_URL\"'";
+    let run = verify(&[
+        "--relay-cmd",
+        marks_only,
+        "--sink",
+        "nats",
+        "--nemesis",
+        "none",
+        "--events",
+        "100",
+    ]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(run.metric("verify.lost.violating"), 100);
+}
+
 /// Order, claimed: the first request reset is an order's first event (its outbox rows are
 /// committed together, so the first batch starts with one), and our relay goes on with the
 /// order's next event; its head-of-line guard (`--guard`) holds the next one back.

@@ -29,8 +29,10 @@ pub struct RelayArgs {
     /// http://HOST:PORT (an outbox-lab consumer, POST /events), redis://HOST:PORT (streams
     /// outbox.event.<aggregate_type>) or nats://[TOKEN@]HOST:PORT (JetStream publishes to
     /// subjects outbox.event.<aggregate_type>, Nats-Msg-Id = event_id; a stream must capture
-    /// them).
-    #[arg(long, value_name = "URL", value_parser = parse_sink)]
+    /// them; give the token in the URL, or leave --sink out and set OUTBOX_LAB_SINK_URL, where
+    /// no other local user can read it).
+    #[arg(long, value_name = "URL", env = "OUTBOX_LAB_SINK_URL", hide_env_values = true,
+          value_parser = parse_sink)]
     sink: String,
     #[arg(long, value_enum, default_value = "poll")]
     mode: RelayMode,

@@ -13,12 +13,13 @@ use crate::error;
 use crate::explore::history;
 use crate::harness::db::{PgServer, ServerChoice};
 use crate::harness::foreign::PLACEHOLDERS;
+use crate::harness::nats_server::Nats;
 use crate::harness::nemesis::parse_duration;
 use crate::harness::redis_server::Redis;
 use crate::harness::run::{new_run_id, on_server};
 use crate::outbox::consumer::ConsumerKind;
 use crate::report::{Environment, Report};
-use crate::verify::{self, Options, Plan};
+use crate::verify::{self, Options, Plan, VerifySink};
 
 pub const EXAMPLES: &str = "\
 Examples:
@@ -79,10 +80,11 @@ pub struct VerifyArgs {
     /// liveness); default all but order.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     claims: Option<Vec<String>>,
-    /// Where the relay delivers: our HTTP consumer, or a private Redis (XADD to
-    /// outbox.event.orders, read by a consumer group; no network nemeses there).
-    #[arg(long, default_value = "http", value_parser = ["http", "redis"])]
-    sink: String,
+    /// Where the relay delivers: our HTTP consumer, a private Redis (XADD to
+    /// outbox.event.orders, read by a consumer group) or a private NATS JetStream (publish to
+    /// outbox.event.orders, read by a durable consumer); no network nemeses but with http.
+    #[arg(long, value_enum, default_value = "http")]
+    sink: VerifySink,
     /// Your DDL, run after the article's tables in every run's fresh schema (your relay's own
     /// tables, columns, indexes).
     #[arg(long, value_name = "FILE")]
@@ -126,7 +128,7 @@ impl VerifyArgs {
             schema,
             pending_sql: self.pending_sql.clone(),
             external_server: self.run.database_url.is_some(),
-            redis: self.sink == "redis",
+            sink: self.sink,
         })
     }
 }
@@ -144,14 +146,17 @@ pub async fn run(args: VerifyArgs) -> Result<ExitCode> {
         ..args.run.server_choice()
     };
     let (verification, version, kind) = on_server(&choice, &run_id, async |server: &PgServer| {
-        // A private Redis, started only for --sink redis, gone with this run.
+        // A private Redis or NATS, started only for its --sink, gone with this run.
         let redis = Redis::new(None, &run_id, args.run.keep);
-        let redis_url = match args.sink.as_str() {
-            "redis" => Some(redis.url().await?),
-            _ => None,
+        let nats = Nats::new(None, &run_id, args.run.keep);
+        let broker_url = match args.sink {
+            VerifySink::Redis => Some(redis.url().await?),
+            VerifySink::Nats => Some(nats.url().await?),
+            VerifySink::Http => None,
         };
-        let verified = verify::verify(server, &plan, redis_url, text).await;
+        let verified = verify::verify(server, &plan, broker_url, text).await;
         redis.close().await?;
+        nats.close().await?;
         let verification = verified.map_err(|e| {
             // The relay's own fault (exits at once, never connects) stays bad input.
             match error::Error::find(&e) {

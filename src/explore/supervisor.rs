@@ -12,7 +12,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 use futures_util::future::join_all;
 use tokio::sync::watch;
 use tokio_postgres::config::Host;
@@ -25,7 +25,8 @@ use super::nemeses::{self, Arena, LiveProcesses};
 use super::schedule::{Fault, Role, Schedule};
 use crate::error;
 use crate::harness::child::role::{
-    ConsumerRole, ExploreRelayRole, ExploreWriterRole, Role as ChildRole, StreamWorkerRole,
+    ConsumerRole, ExploreRelayRole, ExploreWriterRole, JetStreamWorkerRole, Role as ChildRole,
+    StreamWorkerRole,
 };
 use crate::harness::child::{ChildCommand, ChildEnd, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
@@ -35,10 +36,11 @@ use crate::harness::proxy::Proxy;
 use crate::judge::invariants::pending;
 use crate::outbox::consumer::{Faults, CONSUMER_APPLICATION_NAME};
 use crate::outbox::crash::CrashPlan;
+use crate::outbox::jetstream_consumer;
 use crate::outbox::relay::RELAY_APPLICATION_NAME;
 use crate::outbox::relay::{RelayConfig, RelayDesign, RelayOptions};
 use crate::outbox::schema;
-use crate::outbox::sink::SinkOptions;
+use crate::outbox::sink::{NatsSink, SinkOptions};
 use crate::outbox::stream_consumer;
 use crate::outbox::writer::WRITER_APPLICATION_NAME;
 
@@ -160,6 +162,65 @@ pub enum Delivery {
     Http,
     /// XADDs to `stream` on the Redis at `url`, read by a consumer-group worker of ours.
     Redis { url: String, stream: String },
+    /// Publishes to `outbox.event.<aggregate_type>` on the NATS at `url`, captured by the
+    /// stream [`JETSTREAM_STREAM`] and read by a durable pull consumer of ours.
+    Nats { url: String },
+}
+
+/// The JetStream stream a run's deliveries go to (made anew for every run).
+const JETSTREAM_STREAM: &str = "outbox";
+
+/// What a broker holds that our consumer has not acknowledged: a worker killed with messages
+/// in hand has them delivered again only after the ack wait, so a quiet consumer is not yet a
+/// drained one.
+enum Backlog {
+    /// Nothing waits elsewhere: our HTTP consumer applies every delivery before answering
+    /// it, and a Redis worker takes over its predecessor's pending entries as it starts.
+    Nothing,
+    /// The durable consumer's messages not yet delivered, and delivered but not acked.
+    Nats {
+        url: String,
+        consumer: Option<Box<async_nats::jetstream::consumer::PullConsumer>>,
+    },
+}
+
+impl Backlog {
+    fn new(delivery: &Delivery) -> Backlog {
+        match delivery {
+            Delivery::Http | Delivery::Redis { .. } => Backlog::Nothing,
+            Delivery::Nats { url } => Backlog::Nats {
+                url: url.clone(),
+                consumer: None,
+            },
+        }
+    }
+
+    async fn count(&mut self) -> Result<i64> {
+        let Backlog::Nats { url, consumer } = self else {
+            return Ok(0);
+        };
+        if consumer.is_none() {
+            let jetstream = async_nats::jetstream::new(crate::connect::nats(url).await?);
+            let stream = jetstream
+                .get_stream(JETSTREAM_STREAM)
+                .await
+                .map_err(|e| anyhow!("{e}"))?;
+            // Not there until the first worker created it: nothing is drained before that.
+            *consumer = Some(Box::new(
+                stream
+                    .get_consumer(jetstream_consumer::DURABLE)
+                    .await
+                    .map_err(|e| anyhow!("{e}"))?,
+            ));
+        }
+        let info = consumer
+            .as_mut()
+            .expect("set above")
+            .info()
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        Ok((info.num_pending + info.num_ack_pending as u64) as i64)
+    }
 }
 
 /// The Redis consumer's worker name, the same in every process: a restarted worker takes
@@ -441,6 +502,20 @@ impl<'s> Lab<'s> {
             )
             .await?;
         }
+        if let Delivery::Nats { url } = self.delivery() {
+            // An empty stream capturing every aggregate type's subject; the worker creates its
+            // durable consumer.
+            let jetstream = async_nats::jetstream::new(crate::connect::nats(&url).await?);
+            let _ = jetstream.delete_stream(JETSTREAM_STREAM).await;
+            jetstream
+                .create_stream(async_nats::jetstream::stream::Config {
+                    name: JETSTREAM_STREAM.into(),
+                    subjects: vec![NatsSink::subject("", ">")],
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| anyhow!("cannot create JetStream stream {JETSTREAM_STREAM}: {e}"))?;
+        }
         let history = Mutex::new(History {
             design: self.design.name.to_string(),
             schedule: schedule.to_string(),
@@ -718,9 +793,10 @@ impl<'s> Lab<'s> {
     }
 
     /// For the user's relays: fails the run if none connects within [`CONNECT_BOUND`]; once
-    /// the writer is done, says when the outbox is drained (nothing pending, nothing new at
-    /// the consumer for [`DRAIN_SETTLE`]), and waits for the rest of the run. Nothing to do
-    /// for ours, which drain themselves. Returns only to fail.
+    /// the writer is done, says when the outbox is drained (nothing pending, nothing left for
+    /// our consumer at the broker, nothing new at the consumer for [`DRAIN_SETTLE`]), and
+    /// waits for the rest of the run. Nothing to do for ours, which drain themselves. Returns
+    /// only to fail.
     async fn watch_foreign(&self, stage: &Stage<'_>) -> anyhow::Error {
         let Relays::Foreign(foreign) = &self.relays else {
             return std::future::pending().await;
@@ -728,6 +804,7 @@ impl<'s> Lab<'s> {
         let started = Instant::now();
         let mut connected = false;
         let mut settled: Option<(i64, Instant)> = None;
+        let mut broker = Backlog::new(&foreign.delivery);
         loop {
             tokio::time::sleep(DRAIN_POLL).await;
             // The database may be restarting (a nemesis): look again later.
@@ -752,6 +829,7 @@ impl<'s> Lab<'s> {
             let counts = async {
                 let pending: i64 = client.query_one(&foreign.pending_sql, &[]).await?.get(0);
                 let received: i64 = client.query_one(COUNT_RECEIPTS, &[]).await?.get(0);
+                let pending = pending + broker.count().await?;
                 anyhow::Ok((pending, received))
             };
             let Ok((pending, received)) = counts.await else {
@@ -818,9 +896,10 @@ impl<'s> Lab<'s> {
             dsn.push_str(&format!(" password={}", quote(&p)));
             libpq_env.push(("PGPASSWORD".to_string(), p));
         }
-        let (http_url, redis_url) = match self.delivery() {
-            Delivery::Http => (sink.to_string(), String::new()),
-            Delivery::Redis { url, .. } => (String::new(), url),
+        let (http_url, redis_url, nats_url) = match self.delivery() {
+            Delivery::Http => (sink.to_string(), String::new(), String::new()),
+            Delivery::Redis { url, .. } => (String::new(), url, String::new()),
+            Delivery::Nats { url } => (String::new(), String::new(), url),
         };
         Ok(Endpoints {
             database_url,
@@ -829,6 +908,7 @@ impl<'s> Lab<'s> {
             sink_url: sink.to_string(),
             http_url,
             redis_url,
+            nats_url,
         })
     }
 
@@ -872,15 +952,15 @@ impl<'s> Lab<'s> {
         )))
     }
 
-    /// Where the relays deliver: our HTTP consumer, or the Redis server.
+    /// Where the relays deliver: our HTTP consumer, or the broker.
     fn sink_url(&self) -> String {
         match self.delivery() {
             Delivery::Http => format!("http://127.0.0.1:{}", self.port),
-            Delivery::Redis { url, .. } => url,
+            Delivery::Redis { url, .. } | Delivery::Nats { url } => url,
         }
     }
 
-    /// The HTTP consumer on the lab's port, or a Redis consumer-group worker.
+    /// The HTTP consumer on the lab's port, a Redis consumer-group worker or a JetStream worker.
     fn consumer_command(&self, plan: Option<CrashPlan>) -> ChildCommand<ChildRole> {
         let command = match self.delivery() {
             Delivery::Http => ChildCommand::new(
@@ -903,6 +983,18 @@ impl<'s> Lab<'s> {
                     worker: STREAM_WORKER.into(),
                     kind: self.design.consumer,
                     count: STREAM_READ_COUNT,
+                    follow: true,
+                },
+            )
+            .any_role(),
+            Delivery::Nats { url } => ChildCommand::new(
+                &self.db,
+                JetStreamWorkerRole {
+                    nats_url: url,
+                    stream: JETSTREAM_STREAM.into(),
+                    durable: jetstream_consumer::DURABLE.into(),
+                    kind: self.design.consumer,
+                    batch: STREAM_READ_COUNT,
                     follow: true,
                 },
             )

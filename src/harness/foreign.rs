@@ -6,6 +6,9 @@
 //! The template is split as a shell splits words (quotes, backslashes), but no shell runs it:
 //! the first word is the program, so that a kill or pause nemesis hits the relay itself. A
 //! relay that needs a pipeline is written `sh -c '...'`.
+//!
+//! A command line is readable by every local user, so a value filled into one never carries a
+//! credential (the private NATS server's token): it is in the environment only.
 
 use std::collections::VecDeque;
 use std::process::{ExitStatus, Stdio};
@@ -19,9 +22,11 @@ use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
 use super::nemesis::OwnChild;
+use crate::connect::without_credentials;
+use crate::outbox::sink::is_nats;
 
 /// The placeholders a template may hold, each also given in the environment.
-pub const PLACEHOLDERS: [(&str, &str, &str); 7] = [
+pub const PLACEHOLDERS: [(&str, &str, &str); 8] = [
     (
         "database_url",
         "OUTBOX_LAB_DATABASE_URL",
@@ -35,7 +40,7 @@ pub const PLACEHOLDERS: [(&str, &str, &str); 7] = [
     (
         "sink_url",
         "OUTBOX_LAB_SINK_URL",
-        "where to deliver: the consumer's HTTP URL (through the fault proxy)",
+        "where to deliver: the consumer's HTTP URL (through the fault proxy), or the broker's",
     ),
     (
         "http_url",
@@ -45,7 +50,12 @@ pub const PLACEHOLDERS: [(&str, &str, &str); 7] = [
     (
         "redis_url",
         "OUTBOX_LAB_REDIS_URL",
-        "redis://host:port (empty with --sink http)",
+        "the Redis' URL (empty but with --sink redis)",
+    ),
+    (
+        "nats_url",
+        "OUTBOX_LAB_NATS_URL",
+        "nats://127.0.0.1:PORT (empty but with --sink nats); the token is in the variable only",
     ),
     (
         "name",
@@ -82,6 +92,8 @@ pub struct Endpoints {
     pub sink_url: String,
     pub http_url: String,
     pub redis_url: String,
+    /// With its token.
+    pub nats_url: String,
 }
 
 impl RelayTemplate {
@@ -124,18 +136,23 @@ impl RelayTemplate {
     fn command(&self, endpoints: &Endpoints, index: u32) -> Command {
         let name = relay_name(index);
         let index = index.to_string();
-        let values: [(&str, &str); 7] = [
+        let values: [(&str, &str); 8] = [
             ("database_url", &endpoints.database_url),
             ("dsn", &endpoints.dsn),
             ("sink_url", &endpoints.sink_url),
             ("http_url", &endpoints.http_url),
             ("redis_url", &endpoints.redis_url),
+            ("nats_url", &endpoints.nats_url),
             ("name", &name),
             ("index", &index),
         ];
         let fill = |word: &str| {
             values.iter().fold(word.to_string(), |word, (p, value)| {
-                word.replace(&format!("{{{p}}}"), value)
+                let shown = match is_nats(value) {
+                    true => without_credentials(value),
+                    false => value.to_string(),
+                };
+                word.replace(&format!("{{{p}}}"), &shown)
             })
         };
         let mut cmd = Command::new(fill(&self.words[0]));

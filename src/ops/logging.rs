@@ -23,14 +23,25 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the subscriber that prints the actors' events on stdout.
+/// Installs the subscriber that prints the actors' events on stdout: ours, and the libraries'
+/// warnings and errors (a client library's "connected" is not an actor's line, and a parent
+/// reading its child's first line must not get it).
 pub fn init(format: LogFormat) {
-    let builder = tracing_subscriber::fmt().with_writer(std::io::stdout);
-    // A second init (not expected) keeps the first subscriber.
-    let _ = match format {
-        LogFormat::Text => builder.event_format(ArticleLine).try_init(),
-        LogFormat::Json => builder.json().with_current_span(false).try_init(),
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let ours = tracing_subscriber::filter::Targets::new()
+        .with_target(env!("CARGO_CRATE_NAME"), tracing::Level::TRACE)
+        .with_default(tracing::Level::WARN);
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stdout);
+    let layer = match format {
+        LogFormat::Text => layer.event_format(ArticleLine).boxed(),
+        LogFormat::Json => layer.json().with_current_span(false).boxed(),
     };
+    // A second init (not expected) keeps the first subscriber.
+    let _ = tracing_subscriber::registry()
+        .with(layer.with_filter(ours))
+        .try_init();
 }
 
 /// `[relay 0] message`.

@@ -60,7 +60,8 @@ pub async fn run_relay(
     let until = relay
         .follow
         .map_or_else(|| "until drained".to_string(), |wakeup| wakeup.to_string());
-    info!(relay = %relay.name, "delivering to {} ({until})", relay.sink.url);
+    let sink = crate::connect::without_credentials(&relay.sink.url);
+    info!(relay = %relay.name, "delivering to {sink} ({until})");
     drive(&mut connected, relay.until(), shutdown)
         .await
         .map(drop)

@@ -1,6 +1,11 @@
 //! A durable pull consumer on a JetStream stream: fetches what the stream holds for it, applies
 //! each message with the consumer's logic ([`consumer::apply`]) and acks it. At-least-once too:
 //! a message not acked within the consumer's ack wait is delivered again.
+//!
+//! A message's body is the event as the HTTP consumer takes it: JSON with at least `event_id`
+//! and `aggregate_id` (outbox-lab's relay publishes the whole event).
+
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
@@ -16,6 +21,11 @@ pub const DURABLE: &str = "shipping";
 /// A worker gives up after this many fetches that each brought messages: far more than any
 /// scenario writes, a bound on a stream that never runs dry.
 const MAX_FETCHES: usize = 100_000;
+/// A following worker's fetch waits this long for a first message before it asks again.
+const FOLLOW_WAIT: Duration = Duration::from_millis(500);
+/// A following worker redelivers, after this long, what a killed predecessor fetched and never
+/// acked (JetStream's default would be 30 s).
+const FOLLOW_ACK_WAIT: Duration = Duration::from_secs(2);
 
 pub struct JetStreamWorker {
     consumer: PullConsumer,
@@ -26,13 +36,15 @@ pub struct JetStreamWorker {
 
 impl JetStreamWorker {
     /// The durable consumer `durable` on `stream` (created if missing: explicit acks, from the
-    /// stream's first message).
+    /// stream's first message; a following worker's unacked messages come again after
+    /// [`FOLLOW_ACK_WAIT`]).
     pub async fn connect(
         url: &str,
         stream: &str,
         durable: &str,
         db: deadpool_postgres::Object,
         kind: ConsumerKind,
+        follow: bool,
     ) -> Result<JetStreamWorker> {
         let jetstream = async_nats::jetstream::new(connect::nats(url).await?);
         let stream = jetstream
@@ -42,6 +54,11 @@ impl JetStreamWorker {
         let config = pull::Config {
             durable_name: Some(durable.to_string()),
             ack_policy: AckPolicy::Explicit,
+            ack_wait: if follow {
+                FOLLOW_ACK_WAIT
+            } else {
+                Duration::ZERO
+            },
             ..Default::default()
         };
         let consumer = stream
@@ -57,33 +74,49 @@ impl JetStreamWorker {
     pub async fn drain(&mut self, batch: usize) -> Result<usize> {
         let mut applied = 0;
         for _ in 0..MAX_FETCHES {
-            let mut messages = self
-                .consumer
-                .fetch()
-                .max_messages(batch.max(1))
-                .messages()
-                .await
-                .map_err(|e| anyhow!("JetStream fetch: {e}"))?;
-            let mut fetched = 0;
-            while let Some(message) = messages
-                .try_next()
-                .await
-                .map_err(|e| anyhow!("JetStream fetch: {e}"))?
-            {
-                let event: Event = serde_json::from_slice(&message.payload)
-                    .map_err(|e| anyhow!("message on {} is not an event: {e}", message.subject))?;
-                consumer::apply(&self.db, self.kind, &event).await?;
-                message
-                    .double_ack()
-                    .await
-                    .map_err(|e| anyhow!("JetStream ack: {e}"))?;
-                fetched += 1;
-            }
+            let fetched = self.fetch_and_apply(batch, None).await?;
             if fetched == 0 {
                 return Ok(applied);
             }
             applied += fetched;
         }
         bail!("the stream did not run dry after {MAX_FETCHES} fetches")
+    }
+
+    /// Applies and acks new messages as they come, until killed.
+    pub async fn follow(&mut self, batch: usize) -> Result<()> {
+        loop {
+            self.fetch_and_apply(batch, Some(FOLLOW_WAIT)).await?;
+        }
+    }
+
+    /// One fetch of up to `batch` messages (waiting up to `wait` for the first, or not at
+    /// all), each applied and acked; how many.
+    async fn fetch_and_apply(&mut self, batch: usize, wait: Option<Duration>) -> Result<usize> {
+        let fetch = self.consumer.fetch().max_messages(batch.max(1));
+        let fetch = match wait {
+            Some(wait) => fetch.expires(wait),
+            None => fetch,
+        };
+        let mut messages = fetch
+            .messages()
+            .await
+            .map_err(|e| anyhow!("JetStream fetch: {e}"))?;
+        let mut fetched = 0;
+        while let Some(message) = messages
+            .try_next()
+            .await
+            .map_err(|e| anyhow!("JetStream fetch: {e}"))?
+        {
+            let event: Event = serde_json::from_slice(&message.payload)
+                .map_err(|e| anyhow!("message on {} is not an event: {e}", message.subject))?;
+            consumer::apply(&self.db, self.kind, &event).await?;
+            message
+                .double_ack()
+                .await
+                .map_err(|e| anyhow!("JetStream ack: {e}"))?;
+            fetched += 1;
+        }
+        Ok(fetched)
     }
 }

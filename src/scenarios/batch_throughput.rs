@@ -1,8 +1,8 @@
 //! batch-throughput (バッチサイズと処理量): 10,000 events delivered by one relay at batch sizes
 //! 1, 10, 100 and 1000 (1,000 where each event is a round trip of its own: `serial_events`) —
-//! to a Redis Stream (a pipeline per batch), and to the HTTP consumer one event per request as
+//! to a Redis Stream (a pipeline per batch), to the HTTP consumer one event per request as
 //! the article's relay posts them, or a batch per request (an array body the consumer applies
-//! in one transaction). A batch of 1 pays a fetch, an UPDATE and a COMMIT per event; throughput
+//! in one transaction), and to NATS JetStream (the batch's publishes in flight, each acked). A batch of 1 pays a fetch, an UPDATE and a COMMIT per event; throughput
 //! levels off around 100.
 //!
 //! Honest figures: the relay times itself, from its first fetch to its last commit, phase by
@@ -13,7 +13,7 @@
 //! interleaved (a slow moment of a shared machine hits every cell alike), and the median is
 //! reported; the same cells serve as the relay's benchmark: run before and after a change.
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use redis::AsyncCommands;
 use serde::Deserialize;
 use tokio_postgres::Client;
@@ -26,7 +26,7 @@ use crate::judge::{counts, median};
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::relay::{BatchTimings, RelayConfig};
 use crate::outbox::schema;
-use crate::outbox::sink::{HttpBody, RedisSink};
+use crate::outbox::sink::{HttpBody, NatsSink, RedisSink};
 use crate::outbox::writer;
 use crate::report::plots::{self, Axes, Plot};
 use crate::report::{Report, Table};
@@ -42,6 +42,8 @@ pub enum SinkKind {
     /// The consumer, a batch per request (an array body the consumer applies in one
     /// transaction): the whole batch is in flight at once.
     HttpArray,
+    /// JetStream publishes with `Nats-Msg-Id`, the whole batch in flight, each publish acked.
+    Nats,
 }
 
 impl SinkKind {
@@ -50,6 +52,7 @@ impl SinkKind {
             SinkKind::Redis => "redis",
             SinkKind::Http => "http",
             SinkKind::HttpArray => "http_array",
+            SinkKind::Nats => "nats",
         }
     }
 
@@ -101,7 +104,7 @@ impl Experiment for Params {
             bail!("batch_sizes must be at least one size, each at least 1");
         }
         if self.sinks.is_empty() {
-            bail!("sinks must name at least one of redis, http, http_array");
+            bail!("sinks must name at least one of redis, http, http_array, nats");
         }
         if self.http_in_flight.is_empty() || self.http_in_flight.contains(&0) {
             bail!("http_in_flight must be at least one value, each at least 1");
@@ -151,7 +154,7 @@ impl Cell {
                             workers,
                         }))
                     }
-                    SinkKind::HttpArray => cells.push(Cell {
+                    SinkKind::HttpArray | SinkKind::Nats => cells.push(Cell {
                         sink,
                         batch,
                         in_flight: batch,
@@ -197,15 +200,30 @@ impl Cell {
     }
 }
 
-/// Where the cells of one sink deliver: its database (reset before every run) and its URL.
+/// Where the cells of one sink deliver: its database (reset before every run), its URL and
+/// what counts the deliveries.
 struct Target {
     db: Database,
     client: Client,
     url: String,
-    /// Redis: the connection that counts and clears the stream.
-    redis: Option<redis::aio::MultiplexedConnection>,
-    /// HTTP: the consumer, up for every run.
-    consumer: Option<ConsumerProcess>,
+    receiver: Receiver,
+}
+
+/// What receives a sink's events, and counts them after a run.
+enum Receiver {
+    /// The HTTP consumer, up for every run; it counts in the target's database.
+    Consumer(ConsumerProcess),
+    /// A Redis Stream, cleared before every run.
+    Redis {
+        connection: redis::aio::MultiplexedConnection,
+        stream: String,
+    },
+    /// A JetStream stream capturing the run's subjects, purged before every run and deleted
+    /// at the end.
+    Nats {
+        jetstream: async_nats::jetstream::Context,
+        stream: String,
+    },
 }
 
 impl Target {
@@ -213,37 +231,93 @@ impl Target {
     async fn start(ctx: &Ctx<'_>, sink: SinkKind) -> Result<Target> {
         let db = ctx.database(sink.server().name()).await?;
         let client = db.connect().await?;
-        Ok(match sink.server() {
+        let (url, receiver) = match sink.server() {
             SinkKind::Redis => {
                 let url = ctx.redis_url().await?;
-                let redis = Some(connect::redis(&url).await?);
-                Target {
-                    db,
-                    client,
-                    url,
-                    redis,
-                    consumer: None,
-                }
+                let connection = connect::redis(&url).await?;
+                let stream = RedisSink::stream_name(ctx.redis_key_prefix(), "orders");
+                (url, Receiver::Redis { connection, stream })
+            }
+            SinkKind::Nats => {
+                let url = ctx.nats_url().await?;
+                let jetstream = async_nats::jetstream::new(connect::nats(&url).await?);
+                let stream = format!("{}outbox_throughput", ctx.nats_name_prefix());
+                let _ = jetstream.delete_stream(&stream).await;
+                jetstream
+                    .create_stream(async_nats::jetstream::stream::Config {
+                        name: stream.clone(),
+                        subjects: vec![NatsSink::subject(ctx.nats_subject_prefix(), ">")],
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| anyhow!("cannot create JetStream stream {stream}: {e}"))?;
+                (url, Receiver::Nats { jetstream, stream })
             }
             SinkKind::Http | SinkKind::HttpArray => {
                 let consumer = ctx
                     .start_consumer(&db, ConsumerKind::Naive, &Faults::default())
                     .await?;
-                Target {
-                    db,
-                    client,
-                    url: consumer.url.clone(),
-                    redis: None,
-                    consumer: Some(consumer),
-                }
+                (consumer.url.clone(), Receiver::Consumer(consumer))
+            }
+        };
+        Ok(Target {
+            db,
+            client,
+            url,
+            receiver,
+        })
+    }
+
+    /// Nothing received yet: the stream emptied (the consumer's tables go with the schema).
+    async fn clear(&mut self) -> Result<()> {
+        match &mut self.receiver {
+            Receiver::Consumer(_) => {}
+            Receiver::Redis { connection, stream } => {
+                let _: i64 = connection.del(&*stream).await?;
+            }
+            Receiver::Nats { jetstream, stream } => {
+                jetstream
+                    .get_stream(&*stream)
+                    .await
+                    .map_err(|e| anyhow!("JetStream stream {stream}: {e}"))?
+                    .purge()
+                    .await
+                    .map_err(|e| anyhow!("cannot purge JetStream stream {stream}: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What the sink received since [`Target::clear`].
+    async fn delivered(&mut self) -> Result<i64> {
+        Ok(match &mut self.receiver {
+            Receiver::Consumer(_) => counts::count(&self.client, counts::RECEIVED).await?,
+            Receiver::Redis { connection, stream } => connection.xlen(&*stream).await?,
+            Receiver::Nats { jetstream, stream } => {
+                let info = jetstream
+                    .get_stream(&*stream)
+                    .await
+                    .map_err(|e| anyhow!("JetStream stream {stream}: {e}"))?
+                    .info()
+                    .await
+                    .map_err(|e| anyhow!("cannot read JetStream stream {stream}: {e}"))?
+                    .clone();
+                info.state.messages as i64
             }
         })
     }
 
     async fn stop(self) -> Result<()> {
-        match self.consumer {
-            Some(consumer) => consumer.stop().await,
-            None => Ok(()),
+        match self.receiver {
+            Receiver::Consumer(consumer) => consumer.stop().await,
+            Receiver::Redis { .. } => Ok(()),
+            Receiver::Nats { jetstream, stream } => {
+                jetstream
+                    .delete_stream(&stream)
+                    .await
+                    .map_err(|e| anyhow!("cannot delete JetStream stream {stream}: {e}"))?;
+                Ok(())
+            }
         }
     }
 }
@@ -268,7 +342,6 @@ impl Runs {
 
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let cells = Cell::all(params);
-    let stream = RedisSink::stream_name(ctx.redis_key_prefix(), "orders");
     let mut targets: Vec<(SinkKind, Target)> = Vec::new();
     for server in params.sinks.iter().map(|sink| sink.server()) {
         if targets.iter().all(|(started, _)| *started != server) {
@@ -287,7 +360,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
                 .iter_mut()
                 .find(|(server, _)| *server == cell.sink.server())
                 .expect("a target per sink");
-            runs.push(measure(ctx, params, cell, target, &stream).await?);
+            runs.push(measure(ctx, params, cell, target).await?);
             bar.inc(1);
         }
     }
@@ -427,12 +500,9 @@ async fn measure(
     params: &Params,
     cell: &Cell,
     target: &mut Target,
-    stream: &str,
 ) -> Result<BatchTimings> {
     target.client.batch_execute(schema::RESET).await?;
-    if let Some(redis) = target.redis.as_mut() {
-        let _: i64 = redis.del(stream).await?;
-    }
+    target.clear().await?;
     let events = cell.events(params);
     target
         .client
@@ -452,16 +522,13 @@ async fn measure(
         .with(|relay| match cell.sink {
             SinkKind::Http => relay.sink.in_flight = cell.in_flight as usize,
             SinkKind::HttpArray => relay.sink.http_body = HttpBody::Array,
-            SinkKind::Redis => {}
+            SinkKind::Redis | SinkKind::Nats => {}
         })
         .run(CHILD_TIMEOUT)
         .await?
         .expect(|e| *e == ChildEnd::Ok, "the relay")?;
     let timings: BatchTimings = relay.report()?;
-    let delivered = match target.redis.as_mut() {
-        Some(redis) => redis.xlen(stream).await?,
-        None => counts::count(&target.client, counts::RECEIVED).await?,
-    };
+    let delivered = target.delivered().await?;
     let published = counts::count(&target.client, counts::PUBLISHED).await?;
     if delivered != events
         || published != events

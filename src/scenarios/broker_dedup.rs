@@ -185,6 +185,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             durable: format!("{}{DURABLE}", ctx.nats_name_prefix()),
             kind: KIND,
             batch: FETCH_BATCH,
+            follow: false,
         };
         ChildCommand::new(&db, worker)
             .run(CHILD_TIMEOUT)

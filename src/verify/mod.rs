@@ -90,8 +90,34 @@ pub struct Options {
     pub pending_sql: Option<String>,
     /// The server is the user's: it is never restarted.
     pub external_server: bool,
-    /// Deliveries go to Redis (else to our HTTP consumer).
-    pub redis: bool,
+    /// Where deliveries go.
+    pub sink: VerifySink,
+}
+
+/// Where the user's relay delivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum VerifySink {
+    /// Our HTTP consumer, behind the fault proxy.
+    Http,
+    /// A private Redis: XADD to outbox.event.orders, read by a consumer group.
+    Redis,
+    /// A private NATS JetStream: publish to outbox.event.orders, read by a durable consumer.
+    Nats,
+}
+
+impl VerifySink {
+    /// The network nemeses stand between a relay and the HTTP consumer only.
+    fn behind_the_proxy(self) -> bool {
+        self == VerifySink::Http
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            VerifySink::Http => "http",
+            VerifySink::Redis => "redis",
+            VerifySink::Nats => "nats",
+        }
+    }
 }
 
 /// The checked options: what verify runs.
@@ -106,6 +132,7 @@ pub struct Plan {
     schema: Option<(String, String)>,
     pending_sql: Option<String>,
     events: u32,
+    pub sink: VerifySink,
 }
 
 impl Plan {
@@ -144,11 +171,11 @@ impl Plan {
                 true,
             ),
             None => (
-                schedule_of(&options.nemeses, options.external_server, options.redis)?,
+                schedule_of(&options.nemeses, options.external_server, options.sink)?,
                 false,
             ),
         };
-        check_schedule(&schedule, options.external_server, options.redis)?;
+        check_schedule(&schedule, options.external_server, options.sink)?;
         let design: &'static Design = Box::leak(Box::new(Design {
             name: "verify",
             summary: "the user's relay",
@@ -174,6 +201,7 @@ impl Plan {
             time_limit: options.time_limit,
             schema: options.schema.clone(),
             pending_sql: options.pending_sql.clone(),
+            sink: options.sink,
             events: options.events,
         })
     }
@@ -214,7 +242,7 @@ impl Plan {
 /// The schedule `--nemesis` asks for: each kind once, in [`NEMESES`]' order, the timed ones
 /// [`NEMESIS_SPACING`] apart; `all` on the user's server is all but the database restart
 /// (only a throwaway cluster is restarted).
-fn schedule_of(kinds: &[String], external_server: bool, redis: bool) -> Result<Schedule> {
+fn schedule_of(kinds: &[String], external_server: bool, sink: VerifySink) -> Result<Schedule> {
     let everything = matches!(kinds, []) || matches!(kinds, [one] if one == "all");
     let nothing = matches!(kinds, [one] if one == "none");
     if let Some(unknown) = kinds
@@ -229,7 +257,10 @@ fn schedule_of(kinds: &[String], external_server: bool, redis: bool) -> Result<S
         );
     }
     let chosen = NEMESES.iter().filter(|(kind, _)| match everything {
-        true => !(external_server && *kind == "db-restart" || redis && kind.starts_with("net-")),
+        true => {
+            !(external_server && *kind == "db-restart"
+                || !sink.behind_the_proxy() && kind.starts_with("net-"))
+        }
         false => kinds.iter().any(|k| k.trim() == *kind),
     });
     let mut items = Vec::new();
@@ -244,7 +275,7 @@ fn schedule_of(kinds: &[String], external_server: bool, redis: bool) -> Result<S
 }
 
 /// A foreign relay has no crash points: only nemeses on a clock (or on a request).
-fn check_schedule(schedule: &Schedule, external_server: bool, redis: bool) -> Result<()> {
+fn check_schedule(schedule: &Schedule, external_server: bool, sink: VerifySink) -> Result<()> {
     if let Some(fault) = schedule.faults.first() {
         bail!(
             "invalid --schedule: '{fault}' is a crash point of outbox-lab's own relays; a relay \
@@ -259,10 +290,11 @@ fn check_schedule(schedule: &Schedule, external_server: bool, redis: bool) -> Re
                  paused on a clock (pause:relay@AT+FOR)"
             );
         }
-        if redis && matches!(nemesis, Nemesis::Net(_)) {
+        if !sink.behind_the_proxy() && matches!(nemesis, Nemesis::Net(_)) {
             bail!(
                 "'{nemesis}': the network nemeses stand between a relay and the HTTP consumer; \
-                 with --sink redis, use kill, pause, db-kill-backend and db-restart"
+                 with --sink {}, use kill, pause, db-kill-backend and db-restart",
+                sink.name()
             );
         }
         if external_server && nemesis.needs_throwaway_cluster() {
@@ -303,23 +335,24 @@ pub struct Verification {
     pub elapsed: Duration,
 }
 
-/// Runs the plan on `server`.
-/// Runs the plan on `server`; the relays deliver to the Redis at `redis_url` if there is one.
+/// Runs the plan on `server`; the relays deliver to our HTTP consumer, or to the broker at
+/// `broker_url` (Redis or NATS, as `--sink` says).
 pub async fn verify(
     server: &PgServer,
     plan: &Plan,
-    redis_url: Option<String>,
+    broker_url: Option<String>,
     progress: bool,
 ) -> Result<Verification> {
     let clock = Instant::now();
     let foreign = ForeignRelays {
         template: plan.template.clone(),
-        delivery: match redis_url {
-            Some(url) => Delivery::Redis {
+        delivery: match (plan.sink, broker_url) {
+            (VerifySink::Redis, Some(url)) => Delivery::Redis {
                 url,
                 stream: RedisSink::stream_name("", ORDERS),
             },
-            None => Delivery::Http,
+            (VerifySink::Nats, Some(url)) => Delivery::Nats { url },
+            _ => Delivery::Http,
         },
         pending_sql: plan
             .pending_sql

@@ -150,7 +150,7 @@ pub struct StreamWorkerRole {
 }
 
 /// A durable pull consumer on a JetStream stream: applies and acks what the stream holds for it,
-/// then prints `applied N`.
+/// then prints `applied N`; or, following, new messages until killed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JetStreamWorkerRole {
     /// With its token, if any: children get it in their environment, never on a command line.
@@ -161,6 +161,8 @@ pub struct JetStreamWorkerRole {
     pub kind: ConsumerKind,
     /// Messages fetched at a time.
     pub batch: usize,
+    /// Keep fetching new messages until killed, instead of stopping when the stream runs dry.
+    pub follow: bool,
 }
 
 /// The HTTP consumer; prints `listening URL` and serves until killed.

@@ -143,17 +143,29 @@ async fn perform(db: &Database, role: Role) -> Result<()> {
     }
 }
 
-/// The JetStream worker role: drains its durable consumer once.
+/// The JetStream worker role: drains its durable consumer once, or follows it.
 async fn jetstream_worker(db: &Database, role: JetStreamWorkerRole) -> Result<()> {
-    let pooled = consumer::pool(db.config()?, 1)?.get().await?;
+    // A worker restarted while its database restarts waits for it.
+    let pool = consumer::pool(db.config()?, 1)?;
+    let pooled =
+        connect::patiently(connect::RECONNECT_PATIENCE, async || Ok(pool.get().await?)).await?;
     let mut worker = JetStreamWorker::connect(
         &role.nats_url,
         &role.stream,
         &role.durable,
         pooled,
         role.kind,
+        role.follow,
     )
     .await?;
+    if role.follow {
+        // The supervisor's sign that a consumer is ready, as the HTTP one's (no token shown).
+        announce(format_args!(
+            "listening {}",
+            connect::without_credentials(&role.nats_url)
+        ));
+        return worker.follow(role.batch).await;
+    }
     let applied = worker.drain(role.batch).await?;
     println!("applied {applied}");
     Ok(())
