@@ -12,6 +12,7 @@ use common::{block_on, create_database, outbox_lab, query_i64};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use outbox_lab::harness::db::Database;
+use outbox_lab::harness::nats_server::Nats;
 use outbox_lab::outbox::schema;
 use outbox_lab::outbox::writer::{self, Ending};
 
@@ -215,6 +216,66 @@ fn standalone_relay_and_consumer_deliver_and_stop_cleanly() {
         query_i64(&name, "SELECT count(*) FROM consumer.shipments"),
         400
     );
+}
+
+/// Through NATS JetStream: the relay publishes (each publish acked), the consumer follows the
+/// stream (which it creates) and acks what it applied; both take the server's URL and token
+/// from the environment, so no command line shows the token. SIGTERM stops both cleanly.
+#[test]
+fn standalone_relay_and_consumer_through_jetstream() {
+    let name = format!("standalone_nats_{}", std::process::id());
+    let db = fresh_database(&name);
+    let url = db.url();
+    let nats = Nats::new(None, "standalone-test", false);
+    let nats_url = block_on(nats.url()).unwrap();
+    let start_with = |args: &[&str], var: &str| {
+        let mut child = outbox_lab()
+            .args(args)
+            .env(var, &nats_url)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        (child, out)
+    };
+    let (mut consumer, mut consumer_out) = start_with(
+        &["consumer", "--database-url", &url, "--idempotent"],
+        "OUTBOX_LAB_NATS_URL",
+    );
+    let following = wait_for_line(&mut consumer_out, "following JetStream stream outbox");
+    assert!(!following.contains('@'), "the token shown: {following}");
+    write_orders(&db, 50);
+    let (mut relay, mut relay_out) = start_with(
+        &["relay", "--database-url", &url, "--mode", "notify"],
+        "OUTBOX_LAB_SINK_URL",
+    );
+    let delivering = wait_for_line(&mut relay_out, "delivering to");
+    assert!(!delivering.contains('@'), "the token shown: {delivering}");
+    let started = Instant::now();
+    while query_i64(&name, "SELECT count(*) FROM consumer.receipts") < 100 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the consumer did not receive every event"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(sigterm_and_wait(&mut relay), Some(0));
+    assert_eq!(sigterm_and_wait(&mut consumer), Some(0));
+    assert_eq!(
+        query_i64(
+            &name,
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+        ),
+        0
+    );
+    assert_eq!(
+        query_i64(
+            &name,
+            "SELECT count(DISTINCT event_id) FROM consumer.shipments"
+        ),
+        100
+    );
+    block_on(nats.close()).unwrap();
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! `outbox-lab consumer`: the HTTP consumer against your own database until SIGTERM or Ctrl-C.
+//! `outbox-lab consumer`: the HTTP consumer, or a JetStream one, against your own database until
+//! SIGTERM or Ctrl-C.
 
 use std::process::ExitCode;
 
@@ -8,14 +9,24 @@ use clap::Args;
 use crate::error::exit;
 use crate::harness::run::interrupted;
 use crate::ops::logging::{self, LogFormat};
-use crate::ops::standalone;
+use crate::ops::standalone::{self, ConsumerSource};
 use crate::outbox::consumer::ConsumerKind;
+use crate::outbox::sink;
 
 #[derive(Debug, Args)]
 pub struct ConsumerArgs {
     /// Where to serve POST /events (port 0: any free port, printed at start).
-    #[arg(long)]
-    listen: std::net::SocketAddr,
+    #[arg(long, required_unless_present = "from", conflicts_with = "from")]
+    listen: Option<std::net::SocketAddr>,
+    /// Take the events from NATS JetStream instead: nats://[TOKEN@]HOST:PORT (or leave it out
+    /// and set OUTBOX_LAB_NATS_URL, where no other local user can read the token). Follows the
+    /// durable consumer `shipping` on --stream, acking each event once applied.
+    #[arg(long, value_name = "URL", env = "OUTBOX_LAB_NATS_URL", hide_env_values = true,
+          value_parser = parse_nats)]
+    from: Option<String>,
+    /// The JetStream stream to follow (created if missing, capturing outbox.event.>).
+    #[arg(long, default_value = "outbox", requires = "from")]
+    stream: String,
     /// The database with the consumer's tables (schema consumer).
     #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
     database_url: String,
@@ -39,13 +50,29 @@ pub async fn run(args: ConsumerArgs) -> Result<ExitCode> {
     let shutdown = async {
         interrupted().await;
     };
+    let source = match (args.listen, args.from) {
+        (Some(listen), _) => ConsumerSource::Http(listen),
+        (None, Some(url)) => ConsumerSource::Nats {
+            url,
+            stream: args.stream,
+        },
+        (None, None) => unreachable!("clap requires --listen or --from"),
+    };
     standalone::run_consumer(
         &args.database_url,
-        args.listen,
+        source,
         kind,
         args.create_schema,
         shutdown,
     )
     .await?;
     Ok(ExitCode::from(exit::OK))
+}
+
+/// A NATS URL outbox-lab can use: the relay's sink check, for the other end.
+fn parse_nats(url: &str) -> Result<String, String> {
+    if !sink::is_nats(url) {
+        return Err("give nats://[TOKEN@]HOST:PORT".into());
+    }
+    sink::check_url(url).map(|()| url.to_string())
 }

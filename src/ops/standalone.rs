@@ -1,4 +1,4 @@
-//! The actors as long-running processes against your own PostgreSQL (and Redis):
+//! The actors as long-running processes against your own PostgreSQL (and Redis or NATS):
 //! `outbox-lab relay` and `outbox-lab consumer`, to spread relays and consumers over several
 //! hosts. They run the very components the scenarios use. SIGTERM or Ctrl-C stops them
 //! gracefully: the relay finishes its batch (sent, marked, committed), the consumer its requests.
@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::server::conn::http1;
@@ -22,8 +22,13 @@ use tracing::info;
 
 use crate::connect;
 use crate::outbox::consumer::{self, ConsumerKind, Faults};
+use crate::outbox::jetstream_consumer::{JetStreamWorker, DURABLE};
 use crate::outbox::relay::{drive, sql, RelayOptions, RelayStats, Wakeup};
 use crate::outbox::schema;
+use crate::outbox::sink::NatsSink;
+
+/// Messages a JetStream consumer fetches at a time.
+const FOLLOW_BATCH: usize = 100;
 
 /// Delivers until `shutdown` resolves (`relay.follow` says how it wakes up).
 pub async fn run_relay(
@@ -67,11 +72,20 @@ pub async fn run_relay(
         .map(drop)
 }
 
-/// Serves `POST /events` until `shutdown` resolves; with `create_schema`, creates the
+/// Where a standalone consumer takes its events from.
+pub enum ConsumerSource {
+    /// Serves `POST /events` here.
+    Http(SocketAddr),
+    /// Follows the durable consumer `shipping` on this JetStream stream (created if missing,
+    /// capturing `outbox.event.>`).
+    Nats { url: String, stream: String },
+}
+
+/// Applies events from `source` until `shutdown` resolves; with `create_schema`, creates the
 /// consumer's tables (schema `consumer`) if they are missing.
 pub async fn run_consumer(
     database_url: &str,
-    listen: SocketAddr,
+    source: ConsumerSource,
     kind: ConsumerKind,
     create_schema: bool,
     shutdown: impl Future<Output = ()>,
@@ -84,10 +98,37 @@ pub async fn run_consumer(
         }
         client.batch_execute(schema::CREATE_CONSUMER).await?;
     }
-    let listener = bind(listen).await?;
     let name = kind.name();
-    let announce = |addr: SocketAddr| info!(consumer = name, "listening http://{addr}");
-    consumer::serve(listener, db, kind, Faults::default(), announce, shutdown).await?;
+    match source {
+        ConsumerSource::Http(listen) => {
+            let listener = bind(listen).await?;
+            let announce = |addr: SocketAddr| info!(consumer = name, "listening http://{addr}");
+            consumer::serve(listener, db, kind, Faults::default(), announce, shutdown).await?;
+        }
+        ConsumerSource::Nats { url, stream } => {
+            let jetstream = async_nats::jetstream::new(connect::nats(&url).await?);
+            jetstream
+                .get_or_create_stream(async_nats::jetstream::stream::Config {
+                    name: stream.clone(),
+                    subjects: vec![NatsSink::subject("", ">")],
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| anyhow!("JetStream stream {stream}: {e}"))?;
+            let pooled = consumer::pool(db, 1)?.get().await?;
+            let mut worker =
+                JetStreamWorker::connect(&url, &stream, DURABLE, pooled, kind, true).await?;
+            info!(
+                consumer = name,
+                "following JetStream stream {stream} as {DURABLE} on {}",
+                connect::without_credentials(&url)
+            );
+            tokio::select! {
+                followed = worker.follow(FOLLOW_BATCH) => followed?,
+                () = shutdown => {}
+            }
+        }
+    }
     info!(consumer = name, "stopped");
     Ok(())
 }
