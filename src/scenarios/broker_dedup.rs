@@ -21,7 +21,8 @@ use crate::outbox::jetstream_consumer::DURABLE;
 use crate::outbox::relay::RelayConfig;
 use crate::outbox::sink::NatsSink;
 use crate::outbox::writer::Ending;
-use crate::report::Table;
+use crate::report::plots::{self, Bar, Plot};
+use crate::report::{Report, Table};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -98,6 +99,46 @@ impl Experiment for Params {
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
     }
+
+    fn plots(report: &Report) -> Result<Vec<Plot>> {
+        shipments_per_window(report)
+    }
+}
+
+/// What the stream held and what the naive consumer shipped, per duplicate window, against the
+/// events written: equal when the window covered the downtime, more when it had expired.
+fn shipments_per_window(report: &Report) -> Result<Vec<Plot>> {
+    let figure = |name: &str| report.metrics.get(name).and_then(|v| v.as_f64());
+    let Some(events) = report.params.get("events").and_then(|v| v.as_f64()) else {
+        return Ok(Vec::new());
+    };
+    let mut bars = Vec::new();
+    for case in CASES {
+        for (metric, what) in [
+            ("stream_messages", "messages in the stream"),
+            ("naive.shipments", "shipments"),
+        ] {
+            let Some(value) = figure(&format!("{case}.{metric}")) else {
+                return Ok(Vec::new());
+            };
+            bars.push(Bar {
+                label: format!("window {case}: {what}"),
+                value,
+                text: format!("{value:.0} for {events:.0} events"),
+                colour: if value > events {
+                    plots::BAD
+                } else {
+                    plots::GOOD
+                },
+            });
+        }
+    }
+    Ok(vec![Plot {
+        id: "broker-dedup",
+        title: "JetStream's duplicate window: what the stream held and the naive consumer shipped"
+            .into(),
+        svg: plots::horizontal_bars(&bars, "messages, shipments")?,
+    }])
 }
 
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
