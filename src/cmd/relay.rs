@@ -27,9 +27,10 @@ pub struct RelayArgs {
     #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
     database_url: String,
     /// http://HOST:PORT (an outbox-lab consumer, POST /events), redis://HOST:PORT (streams
-    /// outbox.event.<aggregate_type>) or nats://[TOKEN@]HOST:PORT (JetStream publishes to
+    /// outbox.event.<aggregate_type>), nats://[TOKEN@]HOST:PORT (JetStream publishes to
     /// subjects outbox.event.<aggregate_type>, Nats-Msg-Id = event_id; a stream must capture
-    /// them).
+    /// them) or amqp://USER:PASSWORD@HOST:PORT/%2f (RabbitMQ: persistent messages to the
+    /// durable queues outbox.event.<aggregate_type>, which must exist; message_id = event_id).
     #[arg(long, value_name = "URL", value_parser = parse_sink)]
     sink: String,
     #[arg(long, value_enum, default_value = "poll")]
@@ -54,8 +55,9 @@ pub struct RelayArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16),
           conflicts_with = "partition")]
     workers: u32,
-    /// nats:// sinks only, the mistake: count an event published once it is written to the
-    /// connection (a core NATS publish), without waiting for JetStream's ack.
+    /// nats:// and amqp:// sinks only, the mistake: count an event published once it is
+    /// written to the connection (a core NATS publish; an AMQP publish without confirm mode),
+    /// without waiting for JetStream's ack or RabbitMQ's publisher confirm.
     #[arg(long)]
     no_publish_acks: bool,
     /// Names the relay in logs, metrics and pg_stat_activity.

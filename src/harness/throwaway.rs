@@ -384,6 +384,29 @@ pub fn clean() -> Vec<Cleaned> {
         .collect()
 }
 
+/// 244 random bits, hex: a fresh secret (a token, a password, a cookie) for every server.
+pub fn random_secret() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// `N` distinct ports of 127.0.0.1 where nothing listened a moment ago, for a server that must
+/// be told its ports (all bound at once, then let go: another process may take one meanwhile,
+/// and the server's start then fails).
+pub fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    let listeners = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr()?.port();
+    }
+    Ok(ports)
+}
+
 /// The last non-empty line of a log or an error output.
 pub fn last_line(text: &str) -> String {
     text.lines()
