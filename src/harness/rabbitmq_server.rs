@@ -334,15 +334,26 @@ impl Amqp {
         Ok(full)
     }
 
+    /// Refuses `--amqp-url` (bad input: exit 2) where a scenario kills the broker: only the
+    /// private one is ours to kill.
+    pub fn require_private(&self) -> Result<()> {
+        match self.external {
+            Some(_) => Err(Error::Usage(anyhow!(
+                "this scenario kills RabbitMQ: run it without --amqp-url (on a private \
+                 rabbitmq-server)"
+            ))
+            .into()),
+            None => Ok(()),
+        }
+    }
+
     /// Kills the private broker with SIGKILL and starts it again (same ports, directories,
     /// credentials); how long the restart took until it let us in.
     pub async fn crash_and_restart(&self) -> Result<Duration> {
-        match self.private_or_external().await? {
-            (_, Some(server)) => server.crash_and_restart().await,
-            (_, None) => {
-                bail!("killing RabbitMQ needs the private rabbitmq-server, not --amqp-url")
-            }
-        }
+        self.require_private()?;
+        let (_, server) = self.private_or_external().await?;
+        let server = server.context("no private rabbitmq-server")?;
+        server.crash_and_restart().await
     }
 
     /// Deletes this run's queues from an external broker; the private one goes away whole.

@@ -102,6 +102,7 @@ struct Round {
 }
 
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
+    ctx.amqp().require_private()?;
     let url = ctx.amqp().url().await?;
     let mut outcome = Outcome::default();
     let mut rounds = Table::new(
