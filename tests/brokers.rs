@@ -327,7 +327,7 @@ fn assert_nobody_gets_into_rabbitmq(dir: &Path, epmd_dir: &Path, url: &str) {
 
 /// A run SIGKILLed while its rabbitmq-server runs leaves it (and its epmd) behind, letting no
 /// one in; the next run removes both, runs broker-confirms — the confirming relay loses
-/// nothing across the broker's SIGKILL — and leaves nothing of its own.
+/// nothing across the broker's SIGKILL, the other loses some — and leaves nothing of its own.
 #[test]
 fn broker_confirms_loses_nothing_and_no_rabbitmq_left_behind() {
     let _turn = one_at_a_time();
@@ -368,6 +368,10 @@ fn broker_confirms_loses_nothing_and_no_rabbitmq_left_behind() {
     );
     assert_passed(&run);
     assert_eq!(run.metric("confirms.lost"), 0, "{}", run.stdout);
+    // The same count bites: the relay without confirms lost events in every round measured
+    // (7 of 7, 400 to 673 of 1000-2000 each: what was published in the last moments before the
+    // kill was not yet stored), although the scenario does not check it (timing).
+    assert!(run.metric("no_confirms.lost") > 0, "{}", run.stdout);
     assert_eq!(run.metric("rounds"), 1, "{}", run.stdout);
     for gone in [&dir, &epmd_dir] {
         assert!(!gone.exists(), "{} left behind", gone.display());

@@ -104,7 +104,6 @@ impl RabbitServer {
         let epmd_binary = find_epmd()?;
         let run_as = throwaway::server_user()?;
         let [epmd_port, amqp_port, dist_port] = throwaway::free_ports()?;
-        let clock = Instant::now();
 
         let mut epmd = Server::prepare("epmd", "epmd", Signal::SIGTERM, EPMD_LOG, run_as.as_ref())?;
         let mut cmd = Command::new(&epmd_binary);
@@ -183,7 +182,6 @@ impl RabbitServer {
         let url = format!("amqp://{user}:{password}@127.0.0.1:{amqp_port}/{VHOST}");
         start_broker(&mut broker, &launch, run_as.as_ref(), &url).await?;
         broker.set_kept(keep)?;
-        tracing::debug!("rabbitmq-server ready in {:?}", clock.elapsed());
         Ok(RabbitServer {
             broker: tokio::sync::Mutex::new(broker),
             epmd,

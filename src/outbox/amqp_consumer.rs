@@ -1,6 +1,6 @@
-//! A consumer of a RabbitMQ queue with manual acks: takes what the queue holds (`basic.get`,
-//! one message at a time), applies each with the consumer's logic ([`consumer::apply`]) and
-//! acks it once applied. At-least-once too: a message taken but not acked goes back to the
+//! A consumer of a RabbitMQ queue with manual acks: takes what the queue holds (`basic.get`),
+//! applies it with the consumer's logic, a batch per transaction ([`consumer::apply_batch`]),
+//! and acks it once applied. At-least-once too: a message taken but not acked goes back to the
 //! queue when the channel closes.
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -38,25 +38,36 @@ impl AmqpWorker {
         })
     }
 
-    /// Applies and acks what `queue` holds, until it is empty; returns how many it applied.
-    pub async fn drain(&mut self, queue: &str) -> Result<usize> {
-        for applied in 0..MAX_MESSAGES {
-            let Some(message) = self
-                .channel
-                .basic_get(queue.into(), BasicGetOptions { no_ack: false })
-                .await
-                .with_context(|| format!("cannot take a message from queue {queue}"))?
-            else {
+    /// Applies and acks what `queue` holds, until it is empty: up to `batch` messages taken,
+    /// applied in one transaction ([`consumer::apply_batch`]), then acked together (the last
+    /// one's ack with `multiple`); returns how many it applied.
+    pub async fn drain(&mut self, queue: &str, batch: usize) -> Result<usize> {
+        let mut applied = 0;
+        while applied < MAX_MESSAGES {
+            let mut events = Vec::with_capacity(batch);
+            let mut last = None;
+            while events.len() < batch.max(1) {
+                let Some(message) = self
+                    .channel
+                    .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+                    .await
+                    .with_context(|| format!("cannot take a message from queue {queue}"))?
+                else {
+                    break;
+                };
+                let event: Event = serde_json::from_slice(&message.delivery.data)
+                    .map_err(|e| anyhow!("a message on queue {queue} is not an event: {e}"))?;
+                events.push(event);
+                last = Some(message.delivery);
+            }
+            let Some(last) = last else {
                 return Ok(applied);
             };
-            let delivery = message.delivery;
-            let event: Event = serde_json::from_slice(&delivery.data)
-                .map_err(|e| anyhow!("a message on queue {queue} is not an event: {e}"))?;
-            consumer::apply(&self.db, self.kind, &event).await?;
-            delivery
-                .ack(BasicAckOptions::default())
+            consumer::apply_batch(&self.db, self.kind, &events).await?;
+            last.ack(BasicAckOptions { multiple: true })
                 .await
                 .map_err(|e| anyhow!("AMQP ack: {e}"))?;
+            applied += events.len();
         }
         bail!("queue {queue} did not run dry after {MAX_MESSAGES} messages")
     }
