@@ -3,7 +3,8 @@
 //! SIGKILLed run's is removed by the next run; the nats:// sink with and without publish acks.
 //! The same for RabbitMQ: broker-confirms' confirming relay loses nothing across a SIGKILL of
 //! the broker; a private rabbitmq-server (and its epmd) that lets no one in without its
-//! credentials, and that a SIGKILLed run leaves to the next one to remove.
+//! credentials, and that a SIGKILLed run leaves to the next one to remove; the amqp:// sink
+//! with and without publisher confirms.
 
 mod common;
 
@@ -21,6 +22,7 @@ use common::{assert_passed, block_on, outbox_lab, run_tracked, scratch_dir, thro
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{geteuid, Pid, User};
 use outbox_lab::harness::nats_server::Nats;
+use outbox_lab::harness::rabbitmq_server::Amqp;
 use outbox_lab::harness::throwaway::{Marker, ProcessId};
 use outbox_lab::outbox::event::Event;
 use outbox_lab::outbox::sink::SinkOptions;
@@ -387,4 +389,74 @@ fn broker_confirms_loses_nothing_and_no_rabbitmq_left_behind() {
         let own = throwaway_dirs_of(kind, pid);
         assert!(own.is_empty(), "the passing run left {own:?}");
     }
+}
+
+/// The amqp:// sink, publishing where no queue takes the messages: with confirms every event
+/// fails (returned unroutable, and retried); without, every one counts as delivered — the
+/// mistake. To a queue that exists, both deliver, and the messages carry the event ids.
+#[test]
+fn amqp_sink_without_confirms_counts_unrouted_events_as_delivered() {
+    let _turn = one_at_a_time();
+    block_on(async {
+        let amqp = Amqp::new(None, "brokers-test", false);
+        let url = amqp.url().await.unwrap();
+        let events = |aggregate_type: &str| -> Vec<Event> {
+            (1..=3)
+                .map(|i| Event {
+                    event_id: uuid::Uuid::new_v4(),
+                    outbox_id: Some(i),
+                    aggregate_type: aggregate_type.into(),
+                    aggregate_id: i.to_string(),
+                    event_type: "OrderCreated".into(),
+                    payload: serde_json::Value::Null,
+                    fence: None,
+                })
+                .collect()
+        };
+        let queue = amqp.declare_queue("outbox.event.orders").await.unwrap();
+        for (aggregate_type, confirms, delivered_expected) in [
+            ("nowhere", true, 0),
+            ("nowhere", false, 3),
+            ("orders", true, 3),
+            ("orders", false, 3),
+        ] {
+            let options = SinkOptions {
+                publish_acks: confirms,
+                ..SinkOptions::new(&url)
+            };
+            let sink = options.connect(Duration::from_secs(5)).await.unwrap();
+            let delivered = AtomicUsize::new(0);
+            let results = sink
+                .deliver(&events(aggregate_type), |_| {
+                    delivered.fetch_add(1, Ordering::SeqCst);
+                })
+                .await;
+            let ok = results.iter().filter(|r| r.is_ok()).count();
+            assert_eq!(
+                (ok, delivered.load(Ordering::SeqCst)),
+                (delivered_expected, delivered_expected),
+                "{aggregate_type}, confirms={confirms}: {:?}",
+                results.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>()
+            );
+        }
+        let connection = outbox_lab::connect::amqp(&url).await.unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        let mut held = 0;
+        while let Some(message) = channel
+            .basic_get(queue.as_str().into(), Default::default())
+            .await
+            .unwrap()
+        {
+            let event: Event = serde_json::from_slice(&message.delivery.data).unwrap();
+            let properties = &message.delivery.properties;
+            assert_eq!(
+                properties.message_id().as_ref().map(|id| id.to_string()),
+                Some(event.event_id.to_string())
+            );
+            assert_eq!(*properties.delivery_mode(), Some(2), "not persistent");
+            held += 1;
+        }
+        assert_eq!(held, 6);
+        amqp.close().await.unwrap();
+    });
 }
