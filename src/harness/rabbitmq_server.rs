@@ -24,7 +24,6 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -260,8 +259,6 @@ pub struct Amqp {
     name_prefix: String,
     /// The queues this run declared, deleted from an external broker at the end.
     declared: Mutex<Vec<String>>,
-    /// Whether a scenario asked for RabbitMQ at all.
-    used: AtomicBool,
 }
 
 impl Amqp {
@@ -275,27 +272,24 @@ impl Amqp {
                 None => String::new(),
             },
             declared: Mutex::new(Vec::new()),
-            used: AtomicBool::new(false),
         }
     }
 
     /// The broker's URL, with its credentials, starting the private broker on first use.
     pub async fn url(&self) -> Result<String> {
-        Ok(self.private_or_external().await?.0)
+        match &self.external {
+            Some(url) => Ok(url.clone()),
+            None => Ok(self.private().await?.url.clone()),
+        }
     }
 
-    async fn private_or_external(&self) -> Result<(String, Option<&RabbitServer>)> {
-        self.used.store(true, Ordering::Relaxed);
-        if let Some(url) = &self.external {
-            return Ok((url.clone(), None));
-        }
+    /// The private broker, started on first use.
+    async fn private(&self) -> Result<&RabbitServer> {
         // Found only once a scenario asks: still the environment's fault, not the harness's.
-        let server = self
-            .private
+        self.private
             .get_or_try_init(|| RabbitServer::start(self.keep))
             .await
-            .map_err(|e| anyhow::Error::from(Error::Usage(e)))?;
-        Ok((server.url.clone(), Some(server)))
+            .map_err(|e| anyhow::Error::from(Error::Usage(e)))
     }
 
     /// What every queue name of this run starts with.
@@ -349,9 +343,7 @@ impl Amqp {
     /// credentials); how long the restart took until it let us in.
     pub async fn crash_and_restart(&self) -> Result<Duration> {
         self.require_private()?;
-        let (_, server) = self.private_or_external().await?;
-        let server = server.context("no private rabbitmq-server")?;
-        server.crash_and_restart().await
+        self.private().await?.crash_and_restart().await
     }
 
     /// Deletes this run's queues from an external broker; the private one goes away whole.
@@ -377,7 +369,7 @@ impl Amqp {
             .declared
             .into_inner()
             .unwrap_or_else(|e| e.into_inner());
-        if !self.used.load(Ordering::Relaxed) || declared.is_empty() {
+        if declared.is_empty() {
             return Ok(());
         }
         if self.keep {
