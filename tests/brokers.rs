@@ -393,7 +393,8 @@ fn broker_confirms_loses_nothing_and_no_rabbitmq_left_behind() {
 
 /// The amqp:// sink, publishing where no queue takes the messages: with confirms every event
 /// fails (returned unroutable, and retried); without, every one counts as delivered — the
-/// mistake. To a queue that exists, both deliver, and the messages carry the event ids.
+/// mistake. To a queue that exists, both deliver, and the messages carry the event ids. On an
+/// external broker a run declares prefixed queues only, and deletes them at its end.
 #[test]
 fn amqp_sink_without_confirms_counts_unrouted_events_as_delivered() {
     let _turn = one_at_a_time();
@@ -457,6 +458,28 @@ fn amqp_sink_without_confirms_counts_unrouted_events_as_delivered() {
             held += 1;
         }
         assert_eq!(held, 6);
+
+        // The same broker as another run's --amqp-url: its queues carry the run's prefix, and
+        // go at its end; the private broker's queue stays.
+        let external = Amqp::new(Some(&url), "run1", false);
+        let theirs = external.declare_queue("outbox.event.orders").await.unwrap();
+        assert_eq!(theirs, "outboxlab_run1_outbox.event.orders");
+        external.close().await.unwrap();
+        // A passive declare fails on a queue that does not exist (and closes its channel).
+        let exists = async |name: &str| {
+            let options = lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            };
+            let channel = connection.create_channel().await.unwrap();
+            let args = lapin::types::FieldTable::default();
+            channel
+                .queue_declare(name.into(), options, args)
+                .await
+                .is_ok()
+        };
+        assert!(!exists(&theirs).await, "{theirs} left behind");
+        assert!(exists(&queue).await, "{queue} deleted");
         amqp.close().await.unwrap();
     });
 }
