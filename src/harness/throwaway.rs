@@ -1,6 +1,7 @@
 //! Directories of throwaway servers (the PostgreSQL cluster, the Redis server): created under the
 //! temp dir with a marker naming the run that owns them and the server that runs in them, and
-//! removed with their server.
+//! removed with their server. Also what a server is given when it starts: a fresh secret, free
+//! ports of 127.0.0.1.
 //!
 //! A run killed with SIGKILL cannot clean up; the marker lets the next run find what it left
 //! (owner gone) and remove it. `--keep` marks a directory kept: only `outbox-lab clean` removes it.
