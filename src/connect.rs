@@ -1,5 +1,6 @@
 //! Connecting to the servers, for every part of outbox-lab: PostgreSQL (a connection string
-//! parsed, a connection opened, one that hands over LISTEN notifications), Redis and NATS — each
+//! parsed, a connection opened, one that hands over LISTEN notifications), Redis, NATS and AMQP
+//! (RabbitMQ) — each
 //! bounded in time, each failure saying where it tried and what to check.
 
 use std::str::FromStr;
@@ -164,6 +165,27 @@ pub async fn nats(url: &str) -> Result<async_nats::Client> {
                 without_credentials(url)
             )
         })
+}
+
+/// An AMQP connection (`amqp://USER:PASSWORD@HOST:PORT/%2f`), with a bound on the wait and a
+/// message that says where (the URL shown without its credentials).
+pub async fn amqp(url: &str) -> Result<lapin::Connection> {
+    let uri: lapin::uri::AMQPUri = url
+        .parse()
+        .map_err(|e| anyhow!("invalid --amqp-url '{}': {e}", without_credentials(url)))?;
+    tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        lapin::Connection::connect_uri(uri, lapin::ConnectionProperties::default()),
+    )
+    .await
+    .map_err(|_| anyhow!("no answer within 5 s"))
+    .and_then(|r| r.map_err(anyhow::Error::from))
+    .with_context(|| {
+        format!(
+            "cannot connect to RabbitMQ at {} (is it running? check --amqp-url)",
+            without_credentials(url)
+        )
+    })
 }
 
 /// `nats://127.0.0.1:4222` for `nats://TOKEN@127.0.0.1:4222`: for messages and logs.

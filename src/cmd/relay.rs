@@ -27,10 +27,12 @@ pub struct RelayArgs {
     #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
     database_url: String,
     /// http://HOST:PORT (an outbox-lab consumer, POST /events), redis://HOST:PORT (streams
-    /// outbox.event.<aggregate_type>) or nats://[TOKEN@]HOST:PORT (JetStream publishes to
+    /// outbox.event.<aggregate_type>), nats://[TOKEN@]HOST:PORT (JetStream publishes to
     /// subjects outbox.event.<aggregate_type>, Nats-Msg-Id = event_id; a stream must capture
-    /// them; give the token in the URL, or leave --sink out and set OUTBOX_LAB_SINK_URL, where
-    /// no other local user can read it).
+    /// them) or amqp://USER:PASSWORD@HOST:PORT/%2f (RabbitMQ: persistent messages to the
+    /// durable queues outbox.event.<aggregate_type>, which must exist; message_id = event_id).
+    /// A URL with credentials is best left out of the command line (any local user can read
+    /// one): leave --sink out and set OUTBOX_LAB_SINK_URL.
     #[arg(long, value_name = "URL", env = "OUTBOX_LAB_SINK_URL", hide_env_values = true,
           value_parser = parse_sink)]
     sink: String,
@@ -56,8 +58,9 @@ pub struct RelayArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16),
           conflicts_with = "partition")]
     workers: u32,
-    /// nats:// sinks only, the mistake: count an event published once it is written to the
-    /// connection (a core NATS publish), without waiting for JetStream's ack.
+    /// nats:// and amqp:// sinks only, the mistake: count an event published once it is
+    /// written to the connection (a core NATS publish; an AMQP publish without confirm mode),
+    /// without waiting for JetStream's ack or RabbitMQ's publisher confirm.
     #[arg(long)]
     no_publish_acks: bool,
     /// Names the relay in logs, metrics and pg_stat_activity.

@@ -11,6 +11,7 @@ use crate::connect;
 use crate::error::{self, exit};
 use crate::harness::db::PgServer;
 use crate::harness::nats_server::Nats;
+use crate::harness::rabbitmq_server::Amqp;
 use crate::harness::redis_server::Redis;
 use crate::harness::run::{new_run_id, on_server};
 use crate::harness::throwaway;
@@ -34,6 +35,11 @@ pub struct ScenarioArgs {
     /// outboxlab_<run>_* and subjects outboxlab.<run>.* there, and deletes its streams after.
     #[arg(long, env = "OUTBOX_LAB_NATS_URL")]
     nats_url: Option<String>,
+    /// Use this RabbitMQ (amqp://USER:PASSWORD@HOST:PORT/%2f) instead of a private
+    /// rabbitmq-server; outbox-lab only touches queues named outboxlab_<run>_* there, and
+    /// deletes them after. broker-confirms kills its broker, so it needs the private one.
+    #[arg(long, env = "OUTBOX_LAB_AMQP_URL")]
+    amqp_url: Option<String>,
     /// Read scenario files from this directory instead of the built-in copies.
     #[arg(long)]
     scenarios_dir: Option<PathBuf>,
@@ -88,12 +94,17 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
     if let Some(url) = &args.nats_url {
         connect::nats(url).await?;
     }
+    if let Some(url) = &args.amqp_url {
+        connect::amqp(url).await?;
+    }
 
     let run_id = new_run_id();
     // Redis starts only if a scenario asks for it; it is closed however the runs end.
     let redis = Redis::new(args.redis_url.as_deref(), &run_id, args.run.keep);
     // So does NATS.
     let nats = Nats::new(args.nats_url.as_deref(), &run_id, args.run.keep);
+    // And RabbitMQ.
+    let amqp = Amqp::new(args.amqp_url.as_deref(), &run_id, args.run.keep);
     let results = args.run.results_dir.join(&run_id);
     let progress = Progress::on_stderr(args.run.format == Format::Text && !args.quiet);
     let outcome = on_server(
@@ -104,7 +115,7 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
             let bar = progress.bar(prepared.len() as u64, "scenarios");
             for p in &prepared {
                 bar.set_message(p.scenario().name());
-                let report = scenarios::run(server, &redis, &nats, p, &progress)
+                let report = scenarios::run(server, &redis, &nats, &amqp, p, &progress)
                     .await
                     .map_err(error::harness)?;
                 report.write_files(&results)?;
@@ -123,9 +134,11 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
     .await;
     let closed = redis.close().await;
     let nats_closed = nats.close().await;
+    let amqp_closed = amqp.close().await;
     let reports = outcome?;
     closed.map_err(error::harness)?;
     nats_closed.map_err(error::harness)?;
+    amqp_closed.map_err(error::harness)?;
 
     let passed = reports.iter().all(Report::passed);
     let targets_met = reports.iter().all(Report::targets_met);

@@ -1,5 +1,5 @@
 //! The harness: everything that sets the stage for the system under test and watches it — the
-//! throwaway PostgreSQL [`cluster`], [`redis_server`] and [`nats_server`] (in [`throwaway`]
+//! throwaway PostgreSQL [`cluster`], [`redis_server`], [`nats_server`] and [`rabbitmq_server`] (in [`throwaway`]
 //! directories), the
 //! [`db`] server and databases of a run, the [`run`]'s life around them (its id, Ctrl-C), [`child`]
 //! processes that die for real, a [`foreign`] relay (the user's command), the network [`proxy`] between relay and consumer, the
@@ -14,6 +14,7 @@ pub mod load;
 pub mod nats_server;
 pub mod nemesis;
 pub mod proxy;
+pub mod rabbitmq_server;
 pub mod redis_server;
 pub mod run;
 pub mod server;

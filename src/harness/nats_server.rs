@@ -52,7 +52,7 @@ impl NatsServer {
         let run_as = throwaway::server_user()?;
         let mut server =
             Server::prepare("nats", "nats-server", Signal::SIGTERM, LOG, run_as.as_ref())?;
-        let token = random_token();
+        let token = throwaway::random_secret();
         let config = write_config(server.run_dir(), &token, run_as.as_ref())?;
         let mut cmd = Command::new(&binary);
         cmd.arg("-c").arg(&config);
@@ -79,15 +79,6 @@ impl NatsServer {
         let url = url.context("nats-server was ready without a port")?;
         Ok(NatsServer { server, url })
     }
-}
-
-/// 244 random bits, hex: a fresh token for every server.
-fn random_token() -> String {
-    format!(
-        "{}{}",
-        uuid::Uuid::new_v4().simple(),
-        uuid::Uuid::new_v4().simple()
-    )
 }
 
 /// The server's configuration, a new 0600 file in our part of the run directory (owned by the

@@ -79,9 +79,12 @@ impl Server {
             // Its own process group: a Ctrl-C at the terminal reaches us, and we stop it in order.
             .process_group(0);
         if let Some(user) = user {
-            cmd.uid(user.uid.as_raw())
-                .gid(user.gid.as_raw())
-                .env("HOME", &user.dir);
+            cmd.uid(user.uid.as_raw()).gid(user.gid.as_raw());
+            // The user's home, unless the server is given one of its own (RabbitMQ's, for its
+            // Erlang cookie).
+            if cmd.get_envs().all(|(name, _)| name != "HOME") {
+                cmd.env("HOME", &user.dir);
+            }
         }
         let child = cmd
             .spawn()
@@ -137,6 +140,16 @@ impl Server {
         }
         self.process = None;
         Ok(())
+    }
+
+    /// Kills the server and everything in its process group with SIGKILL (a crash, not a stop)
+    /// and collects it within `limit`: then [`Server::start`] can run it again in the same
+    /// directory. The process is our child, not yet waited for: its pid is still its own.
+    pub async fn crash(&mut self, limit: Duration) -> Result<()> {
+        if let Some(child) = &self.process {
+            let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+        }
+        self.collect_stopped(limit).await
     }
 
     /// Whether dropping it leaves it running (`--keep`); the marker says so too, so that no

@@ -1,6 +1,7 @@
 //! Directories of throwaway servers (the PostgreSQL cluster, the Redis server): created under the
 //! temp dir with a marker naming the run that owns them and the server that runs in them, and
-//! removed with their server.
+//! removed with their server. Also what a server is given when it starts: a fresh secret, free
+//! ports of 127.0.0.1.
 //!
 //! A run killed with SIGKILL cannot clean up; the marker lets the next run find what it left
 //! (owner gone) and remove it. `--keep` marks a directory kept: only `outbox-lab clean` removes it.
@@ -382,6 +383,29 @@ pub fn clean() -> Vec<Cleaned> {
             },
         })
         .collect()
+}
+
+/// 244 random bits, hex: a fresh secret (a token, a password, a cookie) for every server.
+pub fn random_secret() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// `N` distinct ports of 127.0.0.1 where nothing listened a moment ago, for a server that must
+/// be told its ports (all bound at once, then let go: another process may take one meanwhile,
+/// and the server's start then fails).
+pub fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    let listeners = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener.local_addr()?.port();
+    }
+    Ok(ports)
 }
 
 /// The last non-empty line of a log or an error output.

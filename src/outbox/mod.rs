@@ -1,10 +1,11 @@
 //! The system under test: the article's outbox [`schema`], the [`event`] that travels, the
 //! [`writer`] (business transaction + outbox row), the [`relay`] (fetch, deliver through a
 //! [`sink`], mark published), the HTTP [`consumer`], the Redis [`stream_consumer`] and the
-//! JetStream [`jetstream_consumer`], and the
+//! JetStream [`jetstream_consumer`] and RabbitMQ [`amqp_consumer`] ones, and the
 //! named [`crash`] points where they die; [`phases`]: the moments they print, on request, for
 //! notify-latency's split of a delivery's time.
 
+pub mod amqp_consumer;
 pub mod consumer;
 pub mod crash;
 pub mod event;

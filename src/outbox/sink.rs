@@ -1,8 +1,10 @@
 //! Where relays deliver events: the HTTP consumer (keep-alive client; one event per request, as
 //! the article posts them, or a batch per request: [`HttpBody`]), a Redis Stream
 //! (`XADD outbox.event.<aggregate_type>`, one pipeline per batch, each XADD acknowledged on its
-//! own) or NATS JetStream (a publish to `outbox.event.<aggregate_type>` with the event id as
-//! `Nats-Msg-Id`, the whole batch in flight, each publish acknowledged on its own).
+//! own), NATS JetStream (a publish to `outbox.event.<aggregate_type>` with the event id as
+//! `Nats-Msg-Id`, the whole batch in flight, each publish acknowledged on its own) or RabbitMQ
+//! (a persistent message to the durable queue `outbox.event.<aggregate_type>` with the event id
+//! as `message_id`, the whole batch in flight, each confirmed on its own).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,6 +31,7 @@ pub enum Sink {
     Http(HttpSink),
     Redis(RedisSink),
     Nats(NatsSink),
+    Amqp(AmqpSink),
 }
 
 impl Sink {
@@ -43,6 +46,7 @@ impl Sink {
             Sink::Http(http) => http.deliver(events, on_delivered).await,
             Sink::Redis(redis) => redis.deliver(events, on_delivered).await,
             Sink::Nats(nats) => nats.deliver(events, on_delivered).await,
+            Sink::Amqp(amqp) => amqp.deliver(events, on_delivered).await,
         }
     }
 }
@@ -51,20 +55,24 @@ impl Sink {
 /// [`RelayConfig::request_timeout`](crate::outbox::relay::RelayConfig)).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SinkOptions {
-    /// `http://…` (the consumer), a Redis URL (a stream per aggregate type) or `nats://…`
-    /// (JetStream: a subject per aggregate type, in a stream that must exist).
+    /// `http://…` (the consumer), a Redis URL (a stream per aggregate type), `nats://…`
+    /// (JetStream: a subject per aggregate type, in a stream that must exist) or `amqp://…`
+    /// (RabbitMQ: a durable queue per aggregate type, which must exist).
     pub url: String,
     /// Aggregates delivered to at once over HTTP, one event per request (per-aggregate order
     /// holds); 1: strictly one event after another.
     pub in_flight: usize,
     /// HTTP: one event per request, or the whole batch in one.
     pub http_body: HttpBody,
-    /// Before every stream name (the run's key prefix on an external Redis) or NATS subject
-    /// (the run's subject prefix on an external NATS).
+    /// Before every stream name (the run's key prefix on an external Redis), NATS subject
+    /// (the run's subject prefix on an external NATS) or AMQP queue (the run's name prefix on
+    /// an external RabbitMQ).
     pub stream_prefix: String,
     /// NATS: an event counts as delivered once JetStream acked its publish. `false` is the
     /// mistake, fire-and-forget: a core NATS publish, delivered as soon as it is written to the
-    /// connection, stored or not.
+    /// connection, stored or not. AMQP likewise: with `true`, an event counts as delivered
+    /// once RabbitMQ confirmed it (publisher confirms: stored, fsynced); `false` is the mistake,
+    /// no confirm mode, delivered as soon as `basic_publish` wrote it to the connection.
     #[serde(default = "publish_acks_by_default")]
     pub publish_acks: bool,
 }
@@ -97,10 +105,22 @@ impl SinkOptions {
     }
 
     /// The sink these options describe: `http://…` for the HTTP consumer, a Redis URL
-    /// ([`is_redis`]) for a Redis Stream, `nats://…` for JetStream. An HTTP delivery, or a
-    /// JetStream publish, unanswered after `request_timeout` failed.
+    /// ([`is_redis`]) for a Redis Stream, `nats://…` for JetStream, `amqp://…` for RabbitMQ. An
+    /// HTTP delivery, a JetStream publish or a RabbitMQ publish unanswered after
+    /// `request_timeout` failed.
     pub async fn connect(&self, request_timeout: Duration) -> Result<Sink> {
-        if is_nats(&self.url) {
+        if is_amqp(&self.url) {
+            let sink = AmqpSink {
+                url: self.url.clone(),
+                open: Arc::new(tokio::sync::Mutex::new(None)),
+                confirms: self.publish_acks,
+                queue_prefix: self.stream_prefix.clone(),
+                request_timeout,
+            };
+            // Connected now: a wrong URL or password is an error at once, not a retried event.
+            *sink.open.lock().await = Some(sink.open_channel().await?);
+            Ok(Sink::Amqp(sink))
+        } else if is_nats(&self.url) {
             let client = connect::nats(&self.url).await?;
             let mut jetstream = async_nats::jetstream::new(client.clone());
             jetstream.set_timeout(request_timeout);
@@ -138,13 +158,31 @@ pub fn is_nats(url: &str) -> bool {
     url.starts_with("nats://")
 }
 
+/// An AMQP URL (`amqp://USER:PASSWORD@HOST:PORT/%2f`; no TLS).
+pub fn is_amqp(url: &str) -> bool {
+    url.starts_with("amqp://")
+}
+
 /// Checks a sink URL before anything connects: `http://HOST[:PORT]` (the HTTP client speaks no
-/// TLS), a Redis URL ([`is_redis`]) that the Redis client accepts, or a NATS URL
-/// ([`is_nats`]). Anything else would have dead-lettered every event; the error says what to
-/// give instead.
+/// TLS), a Redis URL ([`is_redis`]) that the Redis client accepts, a NATS URL ([`is_nats`]) or
+/// an AMQP URL ([`is_amqp`]). Anything else would have dead-lettered every event; the error
+/// says what to give instead.
 pub fn check_url(url: &str) -> Result<(), String> {
     const GIVE: &str = "give http://HOST:PORT (an outbox-lab consumer), redis://HOST:PORT (a \
-                        Redis) or nats://HOST:PORT (NATS JetStream)";
+                        Redis), nats://HOST:PORT (NATS JetStream) or \
+                        amqp://USER:PASSWORD@HOST:PORT/%2f (RabbitMQ)";
+    if let Some(rest) = url.strip_prefix("amqp://") {
+        // The client would connect to localhost where the URL names no host.
+        let authority = rest.split('/').next().unwrap_or_default();
+        let host = authority.rsplit('@').next().unwrap_or_default();
+        if host.is_empty() || host.starts_with(':') {
+            return Err(format!("no host; {GIVE}"));
+        }
+        return url
+            .parse::<lapin::uri::AMQPUri>()
+            .map(drop)
+            .map_err(|e| format!("not an AMQP URL outbox-lab can use ({e}); {GIVE}"));
+    }
     if is_nats(url) {
         return match url.parse::<async_nats::ServerAddr>() {
             Ok(addr) if addr.host().is_empty() => Err(format!("no host; {GIVE}")),
@@ -488,6 +526,110 @@ impl NatsSink {
     }
 }
 
+/// Publishes events to RabbitMQ through the default exchange, each to the durable queue
+/// `outbox.event.<aggregate_type>` as a persistent message (delivery mode 2) with its event id
+/// as `message_id` and the event as JSON.
+#[derive(Clone)]
+pub struct AmqpSink {
+    url: String,
+    /// The connection and its channel (in confirm mode unless the mistake is asked for), opened
+    /// again when the broker went away: lapin does not reconnect by itself.
+    open: Arc<tokio::sync::Mutex<Option<(lapin::Connection, lapin::Channel)>>>,
+    /// Publisher confirms; `false`: the mistake.
+    confirms: bool,
+    /// Before every queue name (the run's name prefix on an external broker).
+    queue_prefix: String,
+    /// A batch whose confirms are not all in within this time failed where they are missing.
+    request_timeout: Duration,
+}
+
+impl AmqpSink {
+    /// The queue of an aggregate type, named as Debezium's outbox router names its topics.
+    pub fn queue_name(prefix: &str, aggregate_type: &str) -> String {
+        format!("{prefix}outbox.event.{aggregate_type}")
+    }
+
+    async fn open_channel(&self) -> Result<(lapin::Connection, lapin::Channel)> {
+        let connection = connect::amqp(&self.url).await?;
+        let channel = connection.create_channel().await?;
+        if self.confirms {
+            channel
+                .confirm_select(lapin::options::ConfirmSelectOptions::default())
+                .await?;
+        }
+        Ok((connection, channel))
+    }
+
+    /// Every event published before the first confirm is awaited (the whole batch in flight),
+    /// then each confirm awaited in batch order. With confirms, an event is delivered if and
+    /// only if its own confirm is an Ack of a routed message (published `mandatory`: one with
+    /// no queue to go to comes back, and fails); without, as soon as `basic_publish` returned.
+    /// A connection that failed is opened again by the next batch.
+    async fn deliver(&self, events: &[Event], on_delivered: impl Fn(&Event)) -> Vec<Result<()>> {
+        use lapin::options::BasicPublishOptions;
+        use lapin::{BasicProperties, Confirmation};
+        let mut open = self.open.lock().await;
+        if !open.as_ref().is_some_and(|(c, _)| c.status().connected()) {
+            match self.open_channel().await {
+                Ok(pair) => *open = Some(pair),
+                Err(e) => {
+                    *open = None;
+                    let error = format!("{e:#}");
+                    return events.iter().map(|_| Err(anyhow!(error.clone()))).collect();
+                }
+            }
+        }
+        let (_, channel) = open.as_ref().expect("just opened");
+        let options = BasicPublishOptions {
+            mandatory: self.confirms,
+            ..BasicPublishOptions::default()
+        };
+        let mut published = Vec::with_capacity(events.len());
+        for event in events {
+            let queue = Self::queue_name(&self.queue_prefix, &event.aggregate_type);
+            let properties = BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_message_id(event.event_id.to_string().into())
+                .with_content_type("application/json".into());
+            // An event always serializes.
+            let payload = serde_json::to_vec(event).unwrap_or_default();
+            let sent = channel
+                .basic_publish("".into(), queue.into(), options, &payload, properties)
+                .await;
+            published.push(sent);
+        }
+        let deadline = tokio::time::Instant::now() + self.request_timeout;
+        let mut results = Vec::with_capacity(events.len());
+        for (event, sent) in events.iter().zip(published) {
+            let delivered = match sent {
+                Err(e) => Err(anyhow!("AMQP publish: {e}")),
+                Ok(_) if !self.confirms => Ok(()),
+                Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
+                    Err(_) => Err(anyhow!(
+                        "no publisher confirm within {:?}",
+                        self.request_timeout
+                    )),
+                    Ok(Err(e)) => Err(anyhow!("AMQP publisher confirm: {e}")),
+                    Ok(Ok(Confirmation::Ack(None))) => Ok(()),
+                    Ok(Ok(Confirmation::Ack(Some(_)))) => Err(anyhow!(
+                        "returned by RabbitMQ: no queue {}",
+                        Self::queue_name(&self.queue_prefix, &event.aggregate_type)
+                    )),
+                    Ok(Ok(Confirmation::Nack(_))) => Err(anyhow!("nacked by RabbitMQ")),
+                    Ok(Ok(Confirmation::NotRequested)) => {
+                        Err(anyhow!("the channel is not in confirm mode"))
+                    }
+                },
+            };
+            if delivered.is_ok() {
+                on_delivered(event);
+            }
+            results.push(delivered);
+        }
+        results
+    }
+}
+
 /// "client error (Connect): tcp connect error: Connection refused (os error 111)".
 fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
@@ -505,13 +647,15 @@ mod tests {
     use super::check_url;
 
     #[test]
-    fn sink_urls_are_http_or_redis_or_nats() {
+    fn sink_urls_are_http_or_redis_or_nats_or_amqp() {
         for good in [
             "http://127.0.0.1:8080",
             "http://consumer/",
             "redis://10.0.0.6:6379",
             "nats://127.0.0.1:4222",
             "nats://token@127.0.0.1:4222",
+            "amqp://user:pass@127.0.0.1:5672/%2f",
+            "amqp://127.0.0.1",
         ] {
             assert_eq!(check_url(good), Ok(()), "{good}");
         }
@@ -522,6 +666,9 @@ mod tests {
             "http://",
             "http://a b",
             "nats://",
+            "amqp://",
+            "amqp://user:pass@/%2f",
+            "amqp://user:pass@127.0.0.1:notaport/%2f",
         ] {
             let e = check_url(bad).unwrap_err();
             assert!(e.contains("give http://HOST:PORT"), "{bad}: {e}");

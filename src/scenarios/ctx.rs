@@ -1,5 +1,5 @@
 //! What a scenario gets to work with: its databases, its child processes (writer, relays,
-//! consumers), Redis, NATS, progress, and the article's figures from its scenario file.
+//! consumers), Redis, NATS, RabbitMQ, progress, and the article's figures from its scenario file.
 
 use anyhow::Result;
 
@@ -8,6 +8,7 @@ use crate::harness::child::role::{CdcRelayRole, ConsumerRole, WriterRole};
 use crate::harness::child::{ChildCommand, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
 use crate::harness::nats_server::Nats;
+use crate::harness::rabbitmq_server::Amqp;
 use crate::harness::redis_server::Redis;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::crash::CrashPlan;
@@ -32,6 +33,7 @@ pub struct Ctx<'a> {
     pub(super) server: &'a PgServer,
     pub(super) redis: &'a Redis,
     pub(super) nats: &'a Nats,
+    pub(super) amqp: &'a Amqp,
     pub(super) scenario: Scenario,
     pub(super) spec: &'a Spec,
     pub(super) progress: &'a Progress,
@@ -171,9 +173,12 @@ impl Ctx<'_> {
     /// Where a relay child delivers: one event after another, streams (or subjects) named for
     /// this run.
     fn sink(&self, url: &str) -> SinkOptions {
-        let prefix = match sink::is_nats(url) {
-            true => self.nats.subject_prefix(),
-            false => self.redis.key_prefix(),
+        let prefix = if sink::is_nats(url) {
+            self.nats.subject_prefix()
+        } else if sink::is_amqp(url) {
+            self.amqp.name_prefix()
+        } else {
+            self.redis.key_prefix()
         };
         SinkOptions {
             stream_prefix: prefix.to_string(),
@@ -203,5 +208,11 @@ impl Ctx<'_> {
     /// What this run's NATS subjects start with.
     pub fn nats_subject_prefix(&self) -> &str {
         self.nats.subject_prefix()
+    }
+
+    /// The run's RabbitMQ: its URL with credentials (a private broker is started on first use),
+    /// its queues, and the private broker's crash.
+    pub fn amqp(&self) -> &Amqp {
+        self.amqp
     }
 }

@@ -9,6 +9,7 @@
 //! where rustfmt sees it; a test finds a file missing from the registry).
 
 pub mod batch_throughput;
+pub mod broker_confirms;
 pub mod broker_dedup;
 pub mod cdc;
 pub mod claim_vs_lock;
@@ -40,6 +41,7 @@ use serde::de::DeserializeOwned;
 
 use crate::harness::db::PgServer;
 use crate::harness::nats_server::Nats;
+use crate::harness::rabbitmq_server::Amqp;
 use crate::harness::redis_server::Redis;
 use crate::judge::expectations;
 use crate::report::plots::Plot;
@@ -66,6 +68,7 @@ registry! {
     cdc => "cdc",
     reply_lost => "reply-lost",
     broker_dedup => "broker-dedup",
+    broker_confirms => "broker-confirms",
 }
 
 /// No child of these scenarios needs more than a few seconds; this bounds a hang.
@@ -403,6 +406,7 @@ pub async fn run(
     server: &PgServer,
     redis: &Redis,
     nats: &Nats,
+    amqp: &Amqp,
     prepared: &Prepared,
     progress: &Progress,
 ) -> Result<Report> {
@@ -412,6 +416,7 @@ pub async fn run(
         server,
         redis,
         nats,
+        amqp,
         scenario: prepared.scenario,
         spec: &prepared.spec,
         progress,

@@ -1,0 +1,390 @@
+//! RabbitMQ for the broker scenarios: `--amqp-url`, or else a private `rabbitmq-server` in
+//! [`throwaway`] directories, started on first use and stopped at the end.
+//!
+//! The private broker is a node of its own (`outboxlab-<random>@localhost`) that shares nothing
+//! with a system RabbitMQ: its mnesia and log directories, its configuration and Erlang cookie
+//! are in its run directory, and Erlang's port mapper is a private `epmd` of ours (in a second
+//! throwaway directory), not the system daemon that Erlang would otherwise start and leave
+//! behind. Everything listens on 127.0.0.1 alone, on ports we pick: AMQP, the node's
+//! distribution port and epmd's (epmd adds ::1, loopback too). The broker's only user has a
+//! random name and password, known to its 0600 configuration file and our children's
+//! environment; there is no guest.
+//!
+//! broker-confirms kills the broker with SIGKILL and starts it again ([`Amqp::crash_and_restart`]):
+//! the same ports, directories and credentials, so durable queues and persistent messages come
+//! back.
+//!
+//! On a private broker the queues carry the article's names (`outbox.event.orders`). On an
+//! external one every queue is named `outboxlab_<run>_…`; AMQP cannot list queues, so the run
+//! deletes at the end the ones it declared ([`Amqp::declare_queue`]), and nothing of the user's
+//! is touched.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
+use nix::sys::signal::Signal;
+use nix::unistd::User;
+use tokio::sync::OnceCell;
+
+use crate::connect;
+use crate::error::Error;
+use crate::harness::server::Server;
+use crate::harness::throwaway::{self, RunDir};
+
+/// RabbitMQ 3.10 boots in 5 to 10 s on a busy 2-core machine (mnesia, the message stores);
+/// this bounds a wedged start.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// epmd listens within milliseconds.
+const EPMD_START_TIMEOUT: Duration = Duration::from_secs(10);
+/// A SIGKILLed broker is gone at once; collecting it is bounded all the same.
+const CRASH_TIMEOUT: Duration = Duration::from_secs(10);
+/// The broker's log (its console output), in our part of its run directory.
+const LOG: &str = "rabbitmq.log";
+/// epmd's output, in our part of its run directory.
+const EPMD_LOG: &str = "epmd.log";
+/// Its configuration (the password in it), in our part of the run directory.
+const CONFIG: &str = "rabbitmq.conf";
+/// Its plugin list (none), in our part of the run directory.
+const PLUGINS: &str = "enabled_plugins";
+/// The node's Erlang cookie, in the run directory that is the node's HOME.
+const COOKIE: &str = ".erlang.cookie";
+/// The script that starts the broker, as Debian installs it.
+const RABBITMQ_SERVER: &str = "/usr/lib/rabbitmq/bin/rabbitmq-server";
+/// The virtual host of every URL: `/`, percent-encoded.
+const VHOST: &str = "%2f";
+
+/// A private rabbitmq-server and its epmd, on 127.0.0.1 behind random credentials, run as the
+/// unprivileged server user when we are root; dropping it stops both (the broker first) and
+/// removes their directories, unless kept.
+struct RabbitServer {
+    /// The `rabbitmq-server` script, leader of a process group that holds the Erlang VM;
+    /// behind a lock for [`RabbitServer::crash_and_restart`].
+    broker: tokio::sync::Mutex<Server>,
+    /// The node's port mapper: dropped after the broker.
+    epmd: Server,
+    /// How the broker is started, again after a crash.
+    launch: Launch,
+    run_as: Option<User>,
+    /// `amqp://USER:PASSWORD@127.0.0.1:PORT/%2f`: what the run and its children connect with.
+    url: String,
+}
+
+/// The broker's command line and environment, the same at every start.
+struct Launch {
+    program: PathBuf,
+    env: Vec<(&'static str, OsString)>,
+}
+
+impl Launch {
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.program);
+        // Nothing from our environment (ERL_FLAGS, RABBITMQ_*) changes the node.
+        cmd.env_clear().envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd
+    }
+}
+
+impl RabbitServer {
+    async fn start(keep: bool) -> Result<RabbitServer> {
+        if !Path::new(RABBITMQ_SERVER).is_file() {
+            bail!(
+                "{RABBITMQ_SERVER} not found: run scripts/setup (apt-get install rabbitmq-server) \
+                 or pass --amqp-url"
+            );
+        }
+        let epmd_binary = find_epmd()?;
+        let run_as = throwaway::server_user()?;
+        let [epmd_port, amqp_port, dist_port] = throwaway::free_ports()?;
+
+        let mut epmd = Server::prepare("epmd", "epmd", Signal::SIGTERM, EPMD_LOG, run_as.as_ref())?;
+        let mut cmd = Command::new(&epmd_binary);
+        // In the foreground (no -daemon): a process of ours, stopped with the broker.
+        cmd.args(["-port", &epmd_port.to_string(), "-address", "127.0.0.1"])
+            .env_clear();
+        let every = Duration::from_millis(10);
+        let listens = async || Ok(std::net::TcpStream::connect(("127.0.0.1", epmd_port)).is_ok());
+        epmd.start(cmd, run_as.as_ref(), EPMD_START_TIMEOUT, every, listens)
+            .await?;
+        epmd.set_kept(keep)?;
+
+        let mut broker = Server::prepare(
+            "rabbitmq",
+            "rabbitmq-server",
+            // The script's trap stops the node in order (rabbitmqctl stop's way).
+            Signal::SIGTERM,
+            LOG,
+            run_as.as_ref(),
+        )?;
+        let user = format!("outboxlab-{}", &throwaway::random_secret()[..12]);
+        let password = throwaway::random_secret();
+        let run = broker.run_dir();
+        let config = write_owned(
+            run,
+            CONFIG,
+            0o600,
+            &format!(
+                "default_user = {user}\n\
+                 default_pass = {password}\n\
+                 listeners.tcp.1 = 127.0.0.1:{amqp_port}\n"
+            ),
+            run_as.as_ref(),
+        )?;
+        let plugins = write_owned(run, PLUGINS, 0o600, "[].\n", run_as.as_ref())?;
+        // Erlang reads the cookie from $HOME and refuses one that others may read.
+        write_owned(
+            run,
+            COOKIE,
+            0o400,
+            &throwaway::random_secret(),
+            run_as.as_ref(),
+        )?;
+        let server_dir = run.server_dir();
+        let node = format!("outboxlab-{}@localhost", &throwaway::random_secret()[..12]);
+        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/bin".into());
+        let launch = Launch {
+            program: PathBuf::from(RABBITMQ_SERVER),
+            env: vec![
+                ("PATH", path),
+                ("HOME", run.path().into()),
+                ("ERL_EPMD_PORT", epmd_port.to_string().into()),
+                ("RABBITMQ_NODENAME", node.into()),
+                ("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1".into()),
+                ("RABBITMQ_NODE_PORT", amqp_port.to_string().into()),
+                ("RABBITMQ_DIST_PORT", dist_port.to_string().into()),
+                (
+                    "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
+                    "-kernel inet_dist_use_interface {127,0,0,1}".into(),
+                ),
+                ("RABBITMQ_MNESIA_BASE", server_dir.join("mnesia").into()),
+                ("RABBITMQ_LOG_BASE", server_dir.join("log").into()),
+                // Its console output: our log, through the descriptor it inherits.
+                ("RABBITMQ_LOGS", "-".into()),
+                ("RABBITMQ_PID_FILE", server_dir.join("rabbitmq.pid").into()),
+                ("RABBITMQ_CONFIG_FILE", config.into()),
+                (
+                    "RABBITMQ_ADVANCED_CONFIG_FILE",
+                    server_dir.join("advanced.config").into(),
+                ),
+                ("RABBITMQ_ENABLED_PLUGINS_FILE", plugins.into()),
+                // Not the system's /etc/rabbitmq/rabbitmq-env.conf (not a regular file: skipped).
+                ("RABBITMQ_CONF_ENV_FILE", "/dev/null".into()),
+            ],
+        };
+        let url = format!("amqp://{user}:{password}@127.0.0.1:{amqp_port}/{VHOST}");
+        start_broker(&mut broker, &launch, run_as.as_ref(), &url).await?;
+        broker.set_kept(keep)?;
+        Ok(RabbitServer {
+            broker: tokio::sync::Mutex::new(broker),
+            epmd,
+            launch,
+            run_as,
+            url,
+        })
+    }
+
+    /// SIGKILL to the broker's process group (the Erlang VM in it), then the broker started
+    /// again on the same ports, directories and credentials; how long until it let us in.
+    async fn crash_and_restart(&self) -> Result<Duration> {
+        let mut broker = self.broker.lock().await;
+        broker.crash(CRASH_TIMEOUT).await?;
+        let clock = Instant::now();
+        start_broker(&mut broker, &self.launch, self.run_as.as_ref(), &self.url).await?;
+        Ok(clock.elapsed())
+    }
+}
+
+/// Starts the broker; it is ready once an AMQP connection with its credentials succeeds.
+async fn start_broker(
+    broker: &mut Server,
+    launch: &Launch,
+    run_as: Option<&User>,
+    url: &str,
+) -> Result<()> {
+    let every = Duration::from_millis(100);
+    let lets_in = async || Ok(connect::amqp(url).await.is_ok());
+    broker
+        .start(launch.command(), run_as, START_TIMEOUT, every, lets_in)
+        .await
+}
+
+/// A new file of ours in the run directory with `mode`, handed to the server user when it runs
+/// as one (so that it alone can read it): a configuration with a password in it, the cookie.
+fn write_owned(
+    run: &RunDir,
+    name: &str,
+    mode: u32,
+    text: &str,
+    user: Option<&User>,
+) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = run.path().join(name);
+    let mut file = throwaway::create_new(&path)?;
+    file.write_all(text.as_bytes())?;
+    file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    if let Some(user) = user {
+        // Through the descriptor: the file we just created, whatever the path names now.
+        nix::unistd::fchown(file.as_raw_fd(), Some(user.uid), Some(user.gid))
+            .with_context(|| format!("cannot hand {} to the server user", path.display()))?;
+    }
+    Ok(path)
+}
+
+fn find_epmd() -> Result<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain([PathBuf::from("/usr/bin")])
+        .map(|dir| dir.join("epmd"))
+        .find(|path| path.is_file())
+        .ok_or_else(|| anyhow!("epmd not found on PATH: run scripts/setup or pass --amqp-url"))
+}
+
+/// The RabbitMQ of a run: external, or private and started when a scenario first needs it.
+pub struct Amqp {
+    external: Option<String>,
+    private: OnceCell<RabbitServer>,
+    keep: bool,
+    /// Before every queue name on an external broker (`outboxlab_<run>_`); empty on the
+    /// private one.
+    name_prefix: String,
+    /// The queues this run declared, deleted from an external broker at the end.
+    declared: Mutex<Vec<String>>,
+}
+
+impl Amqp {
+    pub fn new(external: Option<&str>, run_id: &str, keep: bool) -> Amqp {
+        Amqp {
+            external: external.map(str::to_string),
+            private: OnceCell::new(),
+            keep,
+            name_prefix: match external {
+                Some(_) => format!("outboxlab_{run_id}_"),
+                None => String::new(),
+            },
+            declared: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The broker's URL, with its credentials, starting the private broker on first use.
+    pub async fn url(&self) -> Result<String> {
+        match &self.external {
+            Some(url) => Ok(url.clone()),
+            None => Ok(self.private().await?.url.clone()),
+        }
+    }
+
+    /// The private broker, started on first use.
+    async fn private(&self) -> Result<&RabbitServer> {
+        // Found only once a scenario asks: still the environment's fault, not the harness's.
+        self.private
+            .get_or_try_init(|| RabbitServer::start(self.keep))
+            .await
+            .map_err(|e| anyhow::Error::from(Error::Usage(e)))
+    }
+
+    /// What every queue name of this run starts with.
+    pub fn name_prefix(&self) -> &str {
+        &self.name_prefix
+    }
+
+    /// Declares the durable queue `name` (this run's prefix before it) afresh, deleting what an
+    /// earlier declaration held; returns its full name.
+    pub async fn declare_queue(&self, name: &str) -> Result<String> {
+        let full = format!("{}{name}", self.name_prefix);
+        let connection = connect::amqp(&self.url().await?).await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .queue_delete(full.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .with_context(|| format!("cannot delete queue {full}"))?;
+        channel
+            .queue_declare(
+                full.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .with_context(|| format!("cannot declare queue {full}"))?;
+        let _ = connection.close(200, "declared".into()).await;
+        let mut declared = self.declared.lock().unwrap_or_else(|e| e.into_inner());
+        if !declared.contains(&full) {
+            declared.push(full.clone());
+        }
+        Ok(full)
+    }
+
+    /// Refuses `--amqp-url` (bad input: exit 2) where a scenario kills the broker: only the
+    /// private one is ours to kill.
+    pub fn require_private(&self) -> Result<()> {
+        match self.external {
+            Some(_) => Err(Error::Usage(anyhow!(
+                "this scenario kills RabbitMQ: run it without --amqp-url (on a private \
+                 rabbitmq-server)"
+            ))
+            .into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Kills the private broker with SIGKILL and starts it again (same ports, directories,
+    /// credentials); how long the restart took until it let us in.
+    pub async fn crash_and_restart(&self) -> Result<Duration> {
+        self.require_private()?;
+        self.private().await?.crash_and_restart().await
+    }
+
+    /// Deletes this run's queues from an external broker; the private one goes away whole.
+    pub async fn close(self) -> Result<()> {
+        let Some(url) = &self.external else {
+            if let Some(server) = self.private.get() {
+                let broker = server.broker.lock().await;
+                if broker.is_kept() {
+                    let dir = broker.run_dir().path();
+                    eprintln!(
+                        "kept the private RabbitMQ running in {} (its epmd in {}): {}, its \
+                         password in {}; remove it with `outbox-lab clean`",
+                        dir.display(),
+                        server.epmd.run_dir().path().display(),
+                        connect::without_credentials(&server.url),
+                        dir.join(CONFIG).display()
+                    );
+                }
+            }
+            return Ok(());
+        };
+        let declared = self
+            .declared
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner());
+        if declared.is_empty() {
+            return Ok(());
+        }
+        if self.keep {
+            eprintln!("kept RabbitMQ queues {}*", self.name_prefix);
+            return Ok(());
+        }
+        let connection = connect::amqp(url).await?;
+        let channel = connection.create_channel().await?;
+        for name in &declared {
+            channel
+                .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .with_context(|| format!("cannot delete RabbitMQ queue {name}"))?;
+        }
+        let _ = connection.close(200, "done".into()).await;
+        Ok(())
+    }
+}

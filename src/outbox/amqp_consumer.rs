@@ -1,0 +1,79 @@
+//! A consumer of a RabbitMQ queue with manual acks: takes what the queue holds (`basic.get`),
+//! applies it with the consumer's logic, a batch per transaction ([`consumer::apply_batch`]),
+//! and acks it once applied. At-least-once too: a message taken but not acked goes back to the
+//! queue when the channel closes.
+
+use anyhow::{anyhow, bail, Context, Result};
+use lapin::options::{BasicAckOptions, BasicGetOptions};
+
+use crate::connect;
+use crate::outbox::consumer::{self, ConsumerKind};
+use crate::outbox::event::Event;
+
+/// A worker gives up after this many messages: far more than any scenario writes, a bound on a
+/// queue that never runs dry.
+const MAX_MESSAGES: usize = 1_000_000;
+
+pub struct AmqpWorker {
+    connection: lapin::Connection,
+    channel: lapin::Channel,
+    /// A pooled connection, so the consumer's logic prepares its statements once.
+    db: deadpool_postgres::Object,
+    kind: ConsumerKind,
+}
+
+impl AmqpWorker {
+    pub async fn connect(
+        url: &str,
+        db: deadpool_postgres::Object,
+        kind: ConsumerKind,
+    ) -> Result<AmqpWorker> {
+        let connection = connect::amqp(url).await?;
+        let channel = connection.create_channel().await?;
+        Ok(AmqpWorker {
+            connection,
+            channel,
+            db,
+            kind,
+        })
+    }
+
+    /// Applies and acks what `queue` holds, until it is empty: up to `batch` messages taken,
+    /// applied in one transaction ([`consumer::apply_batch`]), then acked together (the last
+    /// one's ack with `multiple`); returns how many it applied.
+    pub async fn drain(&mut self, queue: &str, batch: usize) -> Result<usize> {
+        let mut applied = 0;
+        while applied < MAX_MESSAGES {
+            let mut events = Vec::with_capacity(batch);
+            let mut last = None;
+            while events.len() < batch.max(1) {
+                let Some(message) = self
+                    .channel
+                    .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+                    .await
+                    .with_context(|| format!("cannot take a message from queue {queue}"))?
+                else {
+                    break;
+                };
+                let event: Event = serde_json::from_slice(&message.delivery.data)
+                    .map_err(|e| anyhow!("a message on queue {queue} is not an event: {e}"))?;
+                events.push(event);
+                last = Some(message.delivery);
+            }
+            let Some(last) = last else {
+                return Ok(applied);
+            };
+            consumer::apply_batch(&self.db, self.kind, &events).await?;
+            last.ack(BasicAckOptions { multiple: true })
+                .await
+                .map_err(|e| anyhow!("AMQP ack: {e}"))?;
+            applied += events.len();
+        }
+        bail!("queue {queue} did not run dry after {MAX_MESSAGES} messages")
+    }
+
+    pub async fn close(self) -> Result<()> {
+        self.connection.close(200, "drained".into()).await?;
+        Ok(())
+    }
+}
