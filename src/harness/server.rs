@@ -139,6 +139,18 @@ impl Server {
         Ok(())
     }
 
+    /// Kills the server with SIGKILL, as a crash would, and waits for its end: its directory
+    /// stays, for [`Server::start`] to run it again.
+    pub fn kill(&mut self) -> Result<()> {
+        if let Some(mut child) = self.process.take() {
+            child
+                .kill()
+                .with_context(|| format!("cannot kill {}", self.name))?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
     /// Whether dropping it leaves it running (`--keep`); the marker says so too, so that no
     /// later run's orphan sweep removes it.
     pub fn set_kept(&mut self, kept: bool) -> Result<()> {

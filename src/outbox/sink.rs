@@ -133,7 +133,7 @@ pub fn is_redis(url: &str) -> bool {
         .any(|scheme| url.starts_with(scheme))
 }
 
-/// A NATS URL (`nats://[TOKEN@|USER:PASSWORD@]HOST:PORT`).
+/// A NATS URL (`nats://[TOKEN@|USER:PASSWORD@]HOST:PORT`), or a cluster's, comma-separated.
 pub fn is_nats(url: &str) -> bool {
     url.starts_with("nats://")
 }
@@ -146,11 +146,14 @@ pub fn check_url(url: &str) -> Result<(), String> {
     const GIVE: &str = "give http://HOST:PORT (an outbox-lab consumer), redis://HOST:PORT (a \
                         Redis) or nats://HOST:PORT (NATS JetStream)";
     if is_nats(url) {
-        return match url.parse::<async_nats::ServerAddr>() {
-            Ok(addr) if addr.host().is_empty() => Err(format!("no host; {GIVE}")),
-            Ok(_) => Ok(()),
-            Err(e) => Err(format!("not a NATS URL outbox-lab can use ({e}); {GIVE}")),
-        };
+        // A cluster's nodes, separated by commas, each a NATS URL.
+        return url.split(',').try_for_each(|one| {
+            match one.trim().parse::<async_nats::ServerAddr>() {
+                Ok(addr) if addr.host().is_empty() => Err(format!("no host; {GIVE}")),
+                Ok(_) => Ok(()),
+                Err(e) => Err(format!("not a NATS URL outbox-lab can use ({e}); {GIVE}")),
+            }
+        });
     }
     if is_redis(url) {
         return redis::Client::open(url)
@@ -512,6 +515,7 @@ mod tests {
             "redis://10.0.0.6:6379",
             "nats://127.0.0.1:4222",
             "nats://token@127.0.0.1:4222",
+            "nats://token@127.0.0.1:4222,nats://token@127.0.0.1:4223",
         ] {
             assert_eq!(check_url(good), Ok(()), "{good}");
         }
@@ -522,6 +526,7 @@ mod tests {
             "http://",
             "http://a b",
             "nats://",
+            "nats://127.0.0.1:4222,nats://",
         ] {
             let e = check_url(bad).unwrap_err();
             assert!(e.contains("give http://HOST:PORT"), "{bad}: {e}");
