@@ -9,6 +9,7 @@
 //! where rustfmt sees it; a test finds a file missing from the registry).
 
 pub mod batch_throughput;
+pub mod broker_cluster;
 pub mod broker_dedup;
 pub mod cdc;
 pub mod claim_vs_lock;
@@ -66,6 +67,7 @@ registry! {
     cdc => "cdc",
     reply_lost => "reply-lost",
     broker_dedup => "broker-dedup",
+    broker_cluster => "broker-cluster",
 }
 
 /// No child of these scenarios needs more than a few seconds; this bounds a hang.
