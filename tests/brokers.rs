@@ -286,6 +286,19 @@ fn broker_cluster_loses_nothing_with_acks_and_no_node_left_behind() {
         let _ = killed.wait();
         panic!("the run's three nats-servers never ran");
     };
+    for (_, server) in &nodes {
+        // Its client port and its route port, both on 127.0.0.1 (0100007F) alone.
+        let wait_listening =
+            wait::blocking_up_to(Duration::from_secs(30), Duration::from_millis(20), || {
+                let addresses = tcp_listen_addresses(server.pid);
+                (addresses.len() == 2).then_some(addresses)
+            });
+        let addresses = wait_listening.expect("a node that listens on its two ports");
+        assert!(
+            addresses.iter().all(|a| a.starts_with("0100007F:")),
+            "a node listens beyond 127.0.0.1: {addresses:?}"
+        );
+    }
     kill(Pid::from_raw(killed.id() as i32), Signal::SIGKILL).unwrap();
     killed.wait().unwrap();
     for (_, server) in &nodes {

@@ -280,7 +280,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             m.set("acked.publish_p50_ms", summary.p50_ms);
             m.set("acked.publish_p99_ms", summary.p99_ms);
         }
-        outcome.tables.push(timeline(name, &measured));
+        outcome.tables.push(acks_over_time(name, &measured));
     }
     outcome.tables.insert(0, phases);
     outcome.tables.insert(0, summary);
@@ -556,7 +556,7 @@ fn round(ms: f64) -> f64 {
 
 /// The acked probes per [`BUCKET_MS`] over the case (by the moment of their ack), for the
 /// plot: a run of empty buckets is the failover.
-fn timeline(case: &str, measured: &Measured) -> Table {
+fn acks_over_time(case: &str, measured: &Measured) -> Table {
     let acks: Vec<f64> = measured
         .probes
         .iter()
