@@ -144,18 +144,22 @@ pub async fn redis(url: &str) -> Result<redis::aio::MultiplexedConnection> {
 
 /// A NATS connection, with a bound on the wait and a message that says where (the URL shown
 /// without its token or password). The URL's user part is the credentials: `TOKEN@` or
-/// `USER:PASSWORD@` (async-nats reads neither from the URL itself).
+/// `USER:PASSWORD@` (async-nats reads neither from the URL itself). Several URLs, separated by
+/// commas, are the nodes of one cluster (the first one's credentials for all): the client
+/// connects to one and fails over to the others.
 pub async fn nats(url: &str) -> Result<async_nats::Client> {
-    let addr: async_nats::ServerAddr = url
-        .parse()
+    let addrs = url
+        .split(',')
+        .map(|one| one.trim().parse::<async_nats::ServerAddr>())
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|e| anyhow!("invalid --nats-url '{}': {e}", without_credentials(url)))?;
     let mut options = async_nats::ConnectOptions::new().connection_timeout(CONNECT_TIMEOUT);
-    options = match (addr.username(), addr.password()) {
+    options = match (addrs[0].username(), addrs[0].password()) {
         (Some(user), Some(password)) => options.user_and_password(user.into(), password.into()),
         (Some(token), None) => options.token(token.into()),
         _ => options,
     };
-    tokio::time::timeout(CONNECT_TIMEOUT, options.connect(addr))
+    tokio::time::timeout(CONNECT_TIMEOUT, options.connect(addrs))
         .await
         .map_err(|_| anyhow!("no answer within 5 s"))
         .and_then(|r| r.map_err(anyhow::Error::from))
@@ -188,12 +192,16 @@ pub async fn amqp(url: &str) -> Result<lapin::Connection> {
     })
 }
 
-/// `nats://127.0.0.1:4222` for `nats://TOKEN@127.0.0.1:4222`: for messages and logs.
+/// `nats://127.0.0.1:4222` for `nats://TOKEN@127.0.0.1:4222` (each of a comma-separated list):
+/// for messages and logs.
 pub fn without_credentials(url: &str) -> String {
-    match (url.split_once("://"), url.rfind('@')) {
-        (Some((scheme, _)), Some(at)) => format!("{scheme}://{}", &url[at + 1..]),
-        _ => url.to_string(),
-    }
+    url.split(',')
+        .map(|one| match (one.split_once("://"), one.rfind('@')) {
+            (Some((scheme, _)), Some(at)) => format!("{scheme}://{}", &one[at + 1..]),
+            _ => one.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[cfg(test)]
@@ -207,6 +215,10 @@ mod tests {
             ("nats://s3cret@127.0.0.1:4222", "nats://127.0.0.1:4222"),
             ("nats://user:pa@ss@host:4222", "nats://host:4222"),
             ("nats://host:4222", "nats://host:4222"),
+            (
+                "nats://t@127.0.0.1:1,nats://t@127.0.0.1:2",
+                "nats://127.0.0.1:1,nats://127.0.0.1:2",
+            ),
         ] {
             assert_eq!(without_credentials(url), shown);
         }

@@ -4,7 +4,8 @@
 //! The same for RabbitMQ: broker-confirms' confirming relay loses nothing across a SIGKILL of
 //! the broker; a private rabbitmq-server (and its epmd) that lets no one in without its
 //! credentials, and that a SIGKILLed run leaves to the next one to remove; the amqp:// sink
-//! with and without publisher confirms.
+//! with and without publisher confirms. broker-cluster on a private 3-node NATS cluster, whose
+//! nodes a SIGKILLed run leaves to the next.
 
 mod common;
 
@@ -36,12 +37,17 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The server a run directory's marker records, once it does.
+fn recorded_server(dir: &Path) -> Option<ProcessId> {
+    let marker: Marker =
+        serde_json::from_slice(&std::fs::read(dir.join("outbox-lab-owner.json")).ok()?).ok()?;
+    Some(marker.server?.process)
+}
+
 /// The private server's pid and client port, once its run directory records it and it has
 /// written its ports file.
 fn ready_nats_server(dir: &Path) -> Option<(ProcessId, u16)> {
-    let marker: Marker =
-        serde_json::from_slice(&std::fs::read(dir.join("outbox-lab-owner.json")).ok()?).ok()?;
-    let server = marker.server?.process;
+    let server = recorded_server(dir)?;
     let ports = std::fs::read_dir(dir.join("server"))
         .ok()?
         .flatten()
@@ -482,4 +488,80 @@ fn amqp_sink_without_confirms_counts_unrouted_events_as_delivered() {
         assert!(exists(&queue).await, "{queue} deleted");
         amqp.close().await.unwrap();
     });
+}
+
+/// A run SIGKILLed while its 3-node cluster runs leaves the three nats-servers behind; the next
+/// run removes them, and its acked relay loses nothing across the leader's death, while the
+/// fire-and-forget relay, counted the same way, loses what the leaderless stream dropped (the
+/// count bites). The failover is reported.
+#[test]
+fn broker_cluster_loses_nothing_with_acks_and_no_node_left_behind() {
+    let _turn = one_at_a_time();
+    let mut killed = outbox_lab()
+        .args(["scenario", "broker-cluster", "--quick", "--format", "json"])
+        .arg("--results-dir")
+        .arg(scratch_dir("brokers-cluster-killed"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let found = wait::blocking_up_to(Duration::from_secs(60), Duration::from_millis(20), || {
+        let dirs = throwaway_dirs_of("nats-cluster", killed.id());
+        let servers: Vec<(PathBuf, ProcessId)> = dirs
+            .into_iter()
+            .filter_map(|dir| recorded_server(&dir).map(|server| (dir, server)))
+            .filter(|(_, server)| server.is_running())
+            .collect();
+        (servers.len() == 3).then_some(servers)
+    });
+    let Some(nodes) = found else {
+        let _ = killed.kill();
+        let _ = killed.wait();
+        panic!("the run's three nats-servers never ran");
+    };
+    for (_, server) in &nodes {
+        // Its client port and its route port, both on 127.0.0.1 (0100007F) alone.
+        let wait_listening =
+            wait::blocking_up_to(Duration::from_secs(30), Duration::from_millis(20), || {
+                let addresses = tcp_listen_addresses(server.pid);
+                (addresses.len() == 2).then_some(addresses)
+            });
+        let addresses = wait_listening.expect("a node that listens on its two ports");
+        assert!(
+            addresses.iter().all(|a| a.starts_with("0100007F:")),
+            "a node listens beyond 127.0.0.1: {addresses:?}"
+        );
+    }
+    kill(Pid::from_raw(killed.id() as i32), Signal::SIGKILL).unwrap();
+    killed.wait().unwrap();
+    for (_, server) in &nodes {
+        assert!(
+            server.is_running(),
+            "a SIGKILLed run cannot stop its nats-servers"
+        );
+    }
+
+    let (pid, run) = run_tracked(
+        outbox_lab()
+            .args(["scenario", "broker-cluster", "--quick", "--format", "json"])
+            .arg("--results-dir")
+            .arg(scratch_dir("brokers-cluster-next")),
+    );
+    assert_passed(&run);
+    assert_eq!(run.metric("acked.lost"), 0, "{}", run.stdout);
+    assert!(run.metric("fire_and_forget.lost") > 0, "{}", run.stdout);
+    assert!(run.metric_f64("failover_ms") > 0.0, "{}", run.stdout);
+    for (dir, server) in &nodes {
+        let gone = wait::blocking_up_to(Duration::from_secs(10), Duration::from_millis(20), || {
+            !server.is_running()
+        });
+        assert!(
+            gone.is_some(),
+            "nats-server {} of the killed run still runs",
+            server.pid
+        );
+        assert!(!dir.exists(), "{} left behind", dir.display());
+    }
+    let own: Vec<PathBuf> = throwaway_dirs_of("nats-cluster", pid);
+    assert!(own.is_empty(), "the passing run left {own:?}");
 }

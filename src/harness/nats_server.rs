@@ -1,5 +1,6 @@
 //! NATS JetStream for the broker scenarios: `--nats-url`, or else a private `nats-server -js`
-//! in a [`throwaway`] directory, started on first use and stopped at the end.
+//! in a [`throwaway`] directory, started on first use and stopped at the end; and a private
+//! 3-node cluster ([`NatsCluster`]) for the scenario that kills its nodes.
 //!
 //! nats-server has no Unix socket: the private one listens on 127.0.0.1, on a port it picks
 //! itself (`port: -1`, told back in its ports file), and requires a random token that only its
@@ -28,6 +29,7 @@ use crate::connect;
 use crate::error::Error;
 use crate::harness::server::Server;
 use crate::harness::throwaway::{self, RunDir};
+use crate::wait;
 
 /// nats-server with JetStream listens within a second of starting; this bounds a wedged start.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
@@ -37,6 +39,8 @@ const LOG: &str = "nats.log";
 const CONFIG: &str = "nats.conf";
 /// JetStream's store, in the server's part.
 const STORE_DIR: &str = "jetstream";
+/// How often a starting server is asked whether it is ready.
+const READY_POLL: Duration = Duration::from_millis(10);
 
 /// A private nats-server with JetStream, on 127.0.0.1 behind a token, run as the unprivileged
 /// server user when we are root; dropping it stops it and removes its directory, unless kept.
@@ -53,12 +57,14 @@ impl NatsServer {
         let mut server =
             Server::prepare("nats", "nats-server", Signal::SIGTERM, LOG, run_as.as_ref())?;
         let token = throwaway::random_secret();
-        let config = write_config(server.run_dir(), &token, run_as.as_ref())?;
-        let mut cmd = Command::new(&binary);
-        cmd.arg("-c").arg(&config);
         let ports_dir = server.run_dir().server_dir();
+        let text = format!(
+            "{}ports_file_dir: \"{}\"\n",
+            config_common(server.run_dir(), "-1", &token),
+            ports_dir.display()
+        );
+        let config = write_config(server.run_dir(), &text, run_as.as_ref())?;
         let mut url = None;
-        let every = Duration::from_millis(10);
         let found = &mut url;
         let ready = async || {
             // The ports file appears once the server listens; then JetStream must answer.
@@ -73,7 +79,13 @@ impl NatsServer {
             Ok(answered)
         };
         server
-            .start(cmd, run_as.as_ref(), START_TIMEOUT, every, ready)
+            .start(
+                server_command(&binary, &config),
+                run_as.as_ref(),
+                START_TIMEOUT,
+                READY_POLL,
+                ready,
+            )
             .await?;
         server.set_kept(keep)?;
         let url = url.context("nats-server was ready without a port")?;
@@ -81,21 +93,204 @@ impl NatsServer {
     }
 }
 
-/// The server's configuration, a new 0600 file in our part of the run directory (owned by the
-/// server user when it runs as one, so that it alone can read the token): 127.0.0.1 only, a
-/// port of its choosing told in a ports file, the token required, JetStream stored in its own
+/// `nats-server -c CONFIG`.
+fn server_command(binary: &Path, config: &Path) -> Command {
+    let mut cmd = Command::new(binary);
+    cmd.arg("-c").arg(config);
+    cmd
+}
+
+/// The nodes of a [`NatsCluster`]: the fewest that keep a quorum with one node down.
+pub const CLUSTER_NODES: usize = 3;
+/// A cluster is ready once an R3 stream can be created: its meta leader is elected and every
+/// node has joined. Elections take seconds.
+const CLUSTER_READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The stream that proves the cluster ready; deleted at once.
+const READY_STREAM: &str = "outboxlab_cluster_ready";
+
+/// A private 3-node JetStream cluster (broker-cluster): each node a nats-server in a
+/// [`throwaway`] directory of its own (so that a killed run's nodes are reaped one by one), on
+/// 127.0.0.1 ports picked free before the start (routes name each other's, and a restarted node
+/// takes its own again), the same token for clients, a random user and password on the
+/// routes, a JetStream store each. Dropping it stops every node and removes its directory,
+/// unless kept.
+pub struct NatsCluster {
+    nodes: Vec<ClusterNode>,
+    binary: PathBuf,
+    run_as: Option<User>,
+    token: String,
+}
+
+/// One node of a [`NatsCluster`].
+struct ClusterNode {
+    /// Its `server_name`: what a stream's info names as its leader.
+    name: String,
+    server: Server,
+    config: PathBuf,
+    client_port: u16,
+}
+
+impl NatsCluster {
+    /// Starts the nodes one after another, then waits until the cluster can hold an R3 stream.
+    async fn start(binary: PathBuf, keep: bool) -> Result<NatsCluster> {
+        let run_as = throwaway::server_user()?;
+        let token = throwaway::random_secret();
+        let (route_user, route_password) = (throwaway::random_secret(), throwaway::random_secret());
+        let ports = throwaway::free_ports::<{ 2 * CLUSTER_NODES }>()?;
+        let (client_ports, route_ports) = ports.split_at(CLUSTER_NODES);
+        let routes: Vec<String> = route_ports
+            .iter()
+            .map(|port| format!("\"nats-route://{route_user}:{route_password}@127.0.0.1:{port}\""))
+            .collect();
+        let mut cluster = NatsCluster {
+            nodes: Vec::with_capacity(CLUSTER_NODES),
+            binary,
+            run_as,
+            token,
+        };
+        for (i, (&client_port, &route_port)) in client_ports.iter().zip(route_ports).enumerate() {
+            let name = format!("n{i}");
+            let server = Server::prepare(
+                "nats-cluster",
+                "nats-server",
+                Signal::SIGTERM,
+                LOG,
+                cluster.run_as.as_ref(),
+            )?;
+            let text = format!(
+                "{}server_name: \"{name}\"\n\
+                 cluster {{\n  name: \"outboxlab\"\n  listen: \"127.0.0.1:{route_port}\"\n  \
+                 authorization {{\n    user: \"{route_user}\"\n    password: \"{route_password}\"\n  }}\n  \
+                 routes: [\n    {}\n  ]\n}}\n",
+                config_common(server.run_dir(), &client_port.to_string(), &cluster.token),
+                routes.join("\n    "),
+            );
+            let config = write_config(server.run_dir(), &text, cluster.run_as.as_ref())?;
+            cluster.nodes.push(ClusterNode {
+                name,
+                server,
+                config,
+                client_port,
+            });
+            cluster.start_node(i).await?;
+            cluster.nodes[i].server.set_kept(keep)?;
+        }
+        cluster.wait_ready().await?;
+        Ok(cluster)
+    }
+
+    /// Every node's URL with the token, comma-separated ([`connect::nats`] takes the list): a
+    /// client connected with it fails over to another node.
+    pub fn url(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|node| self.node_url(node))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn node_url(&self, node: &ClusterNode) -> String {
+        format!("nats://{}@127.0.0.1:{}", self.token, node.client_port)
+    }
+
+    /// Kills node `name` with SIGKILL, as a crash would: its directory, store and ports stay
+    /// for [`NatsCluster::restart`].
+    pub async fn kill(&mut self, name: &str) -> Result<()> {
+        let i = self.index(name)?;
+        self.nodes[i].server.crash(START_TIMEOUT).await
+    }
+
+    /// Starts node `name` again, on its ports, with its store: ready once it lets a client in.
+    pub async fn restart(&mut self, name: &str) -> Result<()> {
+        let i = self.index(name)?;
+        self.start_node(i).await
+    }
+
+    fn index(&self, name: &str) -> Result<usize> {
+        self.nodes
+            .iter()
+            .position(|node| node.name == name)
+            .ok_or_else(|| anyhow!("the cluster has no node named {name}"))
+    }
+
+    /// Starts node `i`: ready once it lets a client in with the token.
+    async fn start_node(&mut self, i: usize) -> Result<()> {
+        let url = self.node_url(&self.nodes[i]);
+        let cmd = server_command(&self.binary, &self.nodes[i].config);
+        let ready = async || Ok(jetstream_answers(&url).await.is_ok());
+        self.nodes[i]
+            .server
+            .start(cmd, self.run_as.as_ref(), START_TIMEOUT, READY_POLL, ready)
+            .await
+    }
+
+    /// Waits until an R3 stream can be created (and deletes it).
+    async fn wait_ready(&self) -> Result<()> {
+        let jetstream = async_nats::jetstream::new(connect::nats(&self.url()).await?);
+        let created = wait::up_to(
+            CLUSTER_READY_TIMEOUT,
+            Duration::from_millis(100),
+            async || {
+                let config = async_nats::jetstream::stream::Config {
+                    name: READY_STREAM.into(),
+                    subjects: vec![READY_STREAM.into()],
+                    num_replicas: CLUSTER_NODES,
+                    ..Default::default()
+                };
+                Ok(jetstream.create_stream(config).await.ok().map(drop))
+            },
+        )
+        .await?;
+        if created.is_none() {
+            bail!(
+                "the {CLUSTER_NODES}-node NATS cluster could not hold a replicated stream within \
+                 {CLUSTER_READY_TIMEOUT:?} (no JetStream leader elected)"
+            );
+        }
+        jetstream
+            .delete_stream(READY_STREAM)
+            .await
+            .map_err(|e| anyhow!("cannot delete JetStream stream {READY_STREAM}: {e}"))?;
+        Ok(())
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        let Some(node) = self.nodes.first() else {
+            return;
+        };
+        if node.server.is_kept() {
+            eprintln!(
+                "kept the private NATS cluster running in {}: {}, the token in each node's {CONFIG}; \
+                 remove it with `outbox-lab clean`",
+                self.nodes
+                    .iter()
+                    .map(|n| n.server.run_dir().path().display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                connect::without_credentials(&self.url()),
+            );
+        }
+    }
+}
+
+/// What every private server's configuration says: 127.0.0.1 only, on `port` (`-1`: one of
+/// its choosing), the token required, JetStream stored in the server's part of the run
 /// directory.
-fn write_config(run: &RunDir, token: &str, user: Option<&User>) -> Result<PathBuf> {
-    let server_dir = run.server_dir();
-    let text = format!(
+fn config_common(run: &RunDir, port: &str, token: &str) -> String {
+    format!(
         "host: \"127.0.0.1\"\n\
-         port: -1\n\
-         ports_file_dir: \"{ports}\"\n\
+         port: {port}\n\
          authorization {{\n  token: \"{token}\"\n}}\n\
          jetstream {{\n  store_dir: \"{store}\"\n  max_memory_store: 64MB\n  max_file_store: 1GB\n}}\n",
-        ports = server_dir.display(),
-        store = server_dir.join(STORE_DIR).display(),
-    );
+        store = run.server_dir().join(STORE_DIR).display(),
+    )
+}
+
+/// Writes a server's configuration `text` to a new 0600 file in our part of the run directory
+/// (owned by the server user when it runs as one, so that it alone can read the token).
+fn write_config(run: &RunDir, text: &str, user: Option<&User>) -> Result<PathBuf> {
     let path = run.path().join(CONFIG);
     let mut file = throwaway::create_new(&path)?;
     file.write_all(text.as_bytes())?;
@@ -195,6 +390,14 @@ impl Nats {
             .await
             .map_err(|e| anyhow::Error::from(Error::Usage(e)))?;
         Ok(server.url.clone())
+    }
+
+    /// A private [`NatsCluster`] of its own, started now and stopped when dropped: a scenario
+    /// that kills nodes never runs on `--nats-url`'s server.
+    pub async fn cluster(&self) -> Result<NatsCluster> {
+        // nats-server missing is the environment's fault; a cluster that fails to start, ours.
+        let binary = find_nats_server().map_err(|e| anyhow::Error::from(Error::Usage(e)))?;
+        NatsCluster::start(binary, self.keep).await
     }
 
     /// What every stream and consumer name of this run starts with.

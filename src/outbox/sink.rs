@@ -153,7 +153,7 @@ pub fn is_redis(url: &str) -> bool {
         .any(|scheme| url.starts_with(scheme))
 }
 
-/// A NATS URL (`nats://[TOKEN@|USER:PASSWORD@]HOST:PORT`).
+/// A NATS URL (`nats://[TOKEN@|USER:PASSWORD@]HOST:PORT`), or a cluster's, comma-separated.
 pub fn is_nats(url: &str) -> bool {
     url.starts_with("nats://")
 }
@@ -184,11 +184,14 @@ pub fn check_url(url: &str) -> Result<(), String> {
             .map_err(|e| format!("not an AMQP URL outbox-lab can use ({e}); {GIVE}"));
     }
     if is_nats(url) {
-        return match url.parse::<async_nats::ServerAddr>() {
-            Ok(addr) if addr.host().is_empty() => Err(format!("no host; {GIVE}")),
-            Ok(_) => Ok(()),
-            Err(e) => Err(format!("not a NATS URL outbox-lab can use ({e}); {GIVE}")),
-        };
+        // A cluster's nodes, separated by commas, each a NATS URL.
+        return url.split(',').try_for_each(|one| {
+            match one.trim().parse::<async_nats::ServerAddr>() {
+                Ok(addr) if addr.host().is_empty() => Err(format!("no host; {GIVE}")),
+                Ok(_) => Ok(()),
+                Err(e) => Err(format!("not a NATS URL outbox-lab can use ({e}); {GIVE}")),
+            }
+        });
     }
     if is_redis(url) {
         return redis::Client::open(url)
@@ -656,6 +659,7 @@ mod tests {
             "nats://token@127.0.0.1:4222",
             "amqp://user:pass@127.0.0.1:5672/%2f",
             "amqp://127.0.0.1",
+            "nats://token@127.0.0.1:4222,nats://token@127.0.0.1:4223",
         ] {
             assert_eq!(check_url(good), Ok(()), "{good}");
         }
@@ -669,6 +673,7 @@ mod tests {
             "amqp://",
             "amqp://user:pass@/%2f",
             "amqp://user:pass@127.0.0.1:notaport/%2f",
+            "nats://127.0.0.1:4222,nats://",
         ] {
             let e = check_url(bad).unwrap_err();
             assert!(e.contains("give http://HOST:PORT"), "{bad}: {e}");

@@ -7,7 +7,7 @@ use super::{Scenario, CHILD_TIMEOUT};
 use crate::harness::child::role::{CdcRelayRole, ConsumerRole, WriterRole};
 use crate::harness::child::{ChildCommand, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
-use crate::harness::nats_server::Nats;
+use crate::harness::nats_server::{Nats, NatsCluster};
 use crate::harness::rabbitmq_server::Amqp;
 use crate::harness::redis_server::Redis;
 use crate::outbox::consumer::{ConsumerKind, Faults};
@@ -198,6 +198,12 @@ impl Ctx<'_> {
     /// The run's NATS URL, with its credentials (a private server is started on first use).
     pub async fn nats_url(&self) -> Result<String> {
         self.nats.url().await
+    }
+
+    /// A private 3-node NATS cluster, started now (whatever `--nats-url` says: its nodes are
+    /// killed), stopped when dropped.
+    pub async fn nats_cluster(&self) -> Result<NatsCluster> {
+        self.nats.cluster().await
     }
 
     /// What this run's JetStream stream and consumer names start with.

@@ -9,6 +9,7 @@
 //! where rustfmt sees it; a test finds a file missing from the registry).
 
 pub mod batch_throughput;
+pub mod broker_cluster;
 pub mod broker_confirms;
 pub mod broker_dedup;
 pub mod cdc;
@@ -69,6 +70,7 @@ registry! {
     reply_lost => "reply-lost",
     broker_dedup => "broker-dedup",
     broker_confirms => "broker-confirms",
+    broker_cluster => "broker-cluster",
 }
 
 /// No child of these scenarios needs more than a few seconds; this bounds a hang.
