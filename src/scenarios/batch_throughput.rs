@@ -2,7 +2,8 @@
 //! 1, 10, 100 and 1000 (1,000 where each event is a round trip of its own: `serial_events`) —
 //! to a Redis Stream (a pipeline per batch), to the HTTP consumer one event per request as
 //! the article's relay posts them, or a batch per request (an array body the consumer applies
-//! in one transaction), and to NATS JetStream (the batch's publishes in flight, each acked). A batch of 1 pays a fetch, an UPDATE and a COMMIT per event; throughput
+//! in one transaction), to NATS JetStream and to RabbitMQ (the batch's publishes in flight,
+//! each acked or confirmed). A batch of 1 pays a fetch, an UPDATE and a COMMIT per event; throughput
 //! levels off around 100.
 //!
 //! Honest figures: the relay times itself, from its first fetch to its last commit, phase by
@@ -14,6 +15,8 @@
 //! reported; the same cells serve as the relay's benchmark: run before and after a change.
 
 use anyhow::{anyhow, bail, Result};
+use lapin::options::{QueueDeclareOptions, QueuePurgeOptions};
+use lapin::types::FieldTable;
 use redis::AsyncCommands;
 use serde::Deserialize;
 use tokio_postgres::Client;
@@ -26,7 +29,7 @@ use crate::judge::{counts, median};
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::relay::{BatchTimings, RelayConfig};
 use crate::outbox::schema;
-use crate::outbox::sink::{HttpBody, NatsSink, RedisSink};
+use crate::outbox::sink::{AmqpSink, HttpBody, NatsSink, RedisSink};
 use crate::outbox::writer;
 use crate::report::plots::{self, Axes, Plot};
 use crate::report::{Report, Table};
@@ -44,6 +47,9 @@ pub enum SinkKind {
     HttpArray,
     /// JetStream publishes with `Nats-Msg-Id`, the whole batch in flight, each publish acked.
     Nats,
+    /// RabbitMQ: persistent messages to a durable queue, the whole batch in flight, each
+    /// publisher-confirmed.
+    Amqp,
 }
 
 impl SinkKind {
@@ -53,6 +59,7 @@ impl SinkKind {
             SinkKind::Http => "http",
             SinkKind::HttpArray => "http_array",
             SinkKind::Nats => "nats",
+            SinkKind::Amqp => "amqp",
         }
     }
 
@@ -104,7 +111,7 @@ impl Experiment for Params {
             bail!("batch_sizes must be at least one size, each at least 1");
         }
         if self.sinks.is_empty() {
-            bail!("sinks must name at least one of redis, http, http_array, nats");
+            bail!("sinks must name at least one of redis, http, http_array, nats, amqp");
         }
         if self.http_in_flight.is_empty() || self.http_in_flight.contains(&0) {
             bail!("http_in_flight must be at least one value, each at least 1");
@@ -154,7 +161,7 @@ impl Cell {
                             workers,
                         }))
                     }
-                    SinkKind::HttpArray | SinkKind::Nats => cells.push(Cell {
+                    SinkKind::HttpArray | SinkKind::Nats | SinkKind::Amqp => cells.push(Cell {
                         sink,
                         batch,
                         in_flight: batch,
@@ -224,6 +231,11 @@ enum Receiver {
         jetstream: async_nats::jetstream::Context,
         stream: String,
     },
+    /// A durable RabbitMQ queue, purged before every run.
+    Amqp {
+        channel: lapin::Channel,
+        queue: String,
+    },
 }
 
 impl Target {
@@ -252,6 +264,15 @@ impl Target {
                     .await
                     .map_err(|e| anyhow!("cannot create JetStream stream {stream}: {e}"))?;
                 (url, Receiver::Nats { jetstream, stream })
+            }
+            SinkKind::Amqp => {
+                let url = ctx.amqp().url().await?;
+                let queue = ctx
+                    .amqp()
+                    .declare_queue(&AmqpSink::queue_name("", "orders"))
+                    .await?;
+                let channel = connect::amqp(&url).await?.create_channel().await?;
+                (url, Receiver::Amqp { channel, queue })
             }
             SinkKind::Http | SinkKind::HttpArray => {
                 let consumer = ctx
@@ -284,6 +305,12 @@ impl Target {
                     .await
                     .map_err(|e| anyhow!("cannot purge JetStream stream {stream}: {e}"))?;
             }
+            Receiver::Amqp { channel, queue } => {
+                channel
+                    .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
+                    .await
+                    .map_err(|e| anyhow!("cannot purge queue {queue}: {e}"))?;
+            }
         }
         Ok(())
     }
@@ -304,13 +331,28 @@ impl Target {
                     .clone();
                 info.state.messages as i64
             }
+            Receiver::Amqp { channel, queue } => {
+                let declared = channel
+                    .queue_declare(
+                        queue.as_str().into(),
+                        QueueDeclareOptions {
+                            passive: true,
+                            ..QueueDeclareOptions::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await
+                    .map_err(|e| anyhow!("cannot count queue {queue}: {e}"))?;
+                i64::from(declared.message_count())
+            }
         })
     }
 
     async fn stop(self) -> Result<()> {
         match self.receiver {
             Receiver::Consumer(consumer) => consumer.stop().await,
-            Receiver::Redis { .. } => Ok(()),
+            // The queue is the run's (deleted with an external broker's at the end).
+            Receiver::Redis { .. } | Receiver::Amqp { .. } => Ok(()),
             Receiver::Nats { jetstream, stream } => {
                 jetstream
                     .delete_stream(&stream)
@@ -522,7 +564,7 @@ async fn measure(
         .with(|relay| match cell.sink {
             SinkKind::Http => relay.sink.in_flight = cell.in_flight as usize,
             SinkKind::HttpArray => relay.sink.http_body = HttpBody::Array,
-            SinkKind::Redis | SinkKind::Nats => {}
+            SinkKind::Redis | SinkKind::Nats | SinkKind::Amqp => {}
         })
         .run(CHILD_TIMEOUT)
         .await?
