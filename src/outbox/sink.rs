@@ -571,18 +571,21 @@ impl AmqpSink {
     async fn deliver(&self, events: &[Event], on_delivered: impl Fn(&Event)) -> Vec<Result<()>> {
         use lapin::options::BasicPublishOptions;
         use lapin::{BasicProperties, Confirmation};
-        let mut open = self.open.lock().await;
-        if !open.as_ref().is_some_and(|(c, _)| c.status().connected()) {
-            match self.open_channel().await {
-                Ok(pair) => *open = Some(pair),
-                Err(e) => {
-                    *open = None;
-                    let error = format!("{e:#}");
-                    return events.iter().map(|_| Err(anyhow!(error.clone()))).collect();
+        // Held only to open the channel: a relay's workers publish on it side by side.
+        let channel = {
+            let mut open = self.open.lock().await;
+            if !open.as_ref().is_some_and(|(c, _)| c.status().connected()) {
+                match self.open_channel().await {
+                    Ok(pair) => *open = Some(pair),
+                    Err(e) => {
+                        *open = None;
+                        let error = format!("{e:#}");
+                        return events.iter().map(|_| Err(anyhow!(error.clone()))).collect();
+                    }
                 }
             }
-        }
-        let (_, channel) = open.as_ref().expect("just opened");
+            open.as_ref().expect("just opened").1.clone()
+        };
         let options = BasicPublishOptions {
             mandatory: self.confirms,
             ..BasicPublishOptions::default()

@@ -90,11 +90,12 @@ pub struct Params {
     /// value above a batch size is left out at that size: a batch cannot have more in flight
     /// than it holds.
     pub http_in_flight: Vec<u32>,
-    /// The Redis relay's delivery loops ([`RelayConfig::workers`]), each value a series of its
-    /// own: 1 is the article's relay; N splits the aggregates between N loops of one process
-    /// (partitioned, each its own connection and one batch's locks at a time), so one delivers
-    /// while another waits for its COMMIT.
-    pub redis_workers: Vec<u32>,
+    /// The delivery loops ([`RelayConfig::workers`]) of the relays whose whole batch is in
+    /// flight (Redis, NATS, RabbitMQ), each value a series of its own: 1 is the article's relay;
+    /// N splits the aggregates between N loops of one process (partitioned, each its own
+    /// database connection and one batch's locks at a time), so one delivers while another
+    /// waits for its COMMIT or its broker.
+    pub pipeline_workers: Vec<u32>,
 }
 
 impl Experiment for Params {
@@ -116,8 +117,8 @@ impl Experiment for Params {
         if self.http_in_flight.is_empty() || self.http_in_flight.contains(&0) {
             bail!("http_in_flight must be at least one value, each at least 1");
         }
-        if self.redis_workers.is_empty() || self.redis_workers.contains(&0) {
-            bail!("redis_workers must be at least one value, each at least 1");
+        if self.pipeline_workers.is_empty() || self.pipeline_workers.contains(&0) {
+            bail!("pipeline_workers must be at least one value, each at least 1");
         }
         Ok(())
     }
@@ -153,15 +154,15 @@ impl Cell {
                 match sink {
                     // An array of one is one event per request: the http cell measures it.
                     SinkKind::HttpArray if batch == 1 => {}
-                    SinkKind::Redis => {
-                        cells.extend(params.redis_workers.iter().map(|&workers| Cell {
+                    SinkKind::Redis | SinkKind::Nats | SinkKind::Amqp => {
+                        cells.extend(params.pipeline_workers.iter().map(|&workers| Cell {
                             sink,
                             batch,
                             in_flight: batch,
                             workers,
                         }))
                     }
-                    SinkKind::HttpArray | SinkKind::Nats | SinkKind::Amqp => cells.push(Cell {
+                    SinkKind::HttpArray => cells.push(Cell {
                         sink,
                         batch,
                         in_flight: batch,
@@ -618,12 +619,12 @@ fn throughput_by_batch(report: &Report) -> Result<Vec<Plot>> {
     let workers = cells.column("workers");
     let mut lines = Table::new(cells.title.clone(), &["series", "batch", "events_per_s"]);
     for row in &cells.rows {
-        // Redis has its whole batch in flight: a line per number of workers.
+        // Redis and the brokers have their whole batch in flight: a line per number of workers.
         let series = match (row[sink].as_str(), workers.map(|w| row[w].as_str())) {
             ("http", _) => format!("http, {} in flight", row[in_flight]),
-            ("redis", Some(workers)) if workers != "1" => {
+            (pipelined, Some(workers)) if workers != "1" => {
                 format!(
-                    "redis, {} workers",
+                    "{pipelined}, {} workers",
                     workers.trim_end_matches(", partitioned")
                 )
             }
