@@ -541,16 +541,31 @@ fn broker_cluster_loses_nothing_with_acks_and_no_node_left_behind() {
         );
     }
 
+    let results = scratch_dir("brokers-cluster-next");
     let (pid, run) = run_tracked(
         outbox_lab()
             .args(["scenario", "broker-cluster", "--quick", "--format", "json"])
             .arg("--results-dir")
-            .arg(scratch_dir("brokers-cluster-next")),
+            .arg(&results),
     );
     assert_passed(&run);
     assert_eq!(run.metric("acked.lost"), 0, "{}", run.stdout);
     assert!(run.metric("fire_and_forget.lost") > 0, "{}", run.stdout);
     assert!(run.metric_f64("failover_ms") > 0.0, "{}", run.stdout);
+    // The page shows each relay's failover as a timeline.
+    let page = std::fs::read_dir(&results)
+        .unwrap()
+        .flatten()
+        .map(|run_dir| run_dir.path().join("report.html"))
+        .find(|page| page.exists())
+        .expect("the run's page");
+    let page = std::fs::read_to_string(page).unwrap();
+    for plot in ["broker-cluster-acked", "broker-cluster-fire-and-forget"] {
+        assert!(
+            page.contains(&format!("data-plot=\"{plot}\"")),
+            "no {plot} plot"
+        );
+    }
     for (dir, server) in &nodes {
         let gone = wait::blocking_up_to(Duration::from_secs(10), Duration::from_millis(20), || {
             !server.is_running()

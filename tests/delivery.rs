@@ -221,8 +221,8 @@ fn redis_sink_marks_each_acknowledged_xadd() {
 /// Redis and the database, and stops otherwise), and the article's checks pass: batching pays,
 /// compared at one concurrency. In-flight is its own axis (HTTP one request at a time at every
 /// size, 16 at a time where a batch holds 16), the relay timed every event it delivered, and a
-/// batch per request beats one event per request by far (the check of HTTP's batching). Redis
-/// cells also run with 2 workers. Speed targets are judged apart (they may miss on a busy
+/// batch per request beats one event per request by far (the check of HTTP's batching). Redis,
+/// NATS and RabbitMQ cells also run with 2 workers. Speed targets are judged apart (they may miss on a busy
 /// machine) and do not decide the exit status.
 #[test]
 fn batch_throughput_batching_pays_at_one_concurrency() {
@@ -271,6 +271,13 @@ fn batch_throughput_batching_pays_at_one_concurrency() {
     // by the scenario to have delivered and timed every event with that many workers.
     for size in [1, 100, 1000] {
         assert!(run.metric_f64(&format!("redis.batch{size}.workers2.events_per_s")) > 0.0);
+    }
+    // The brokers too, with publish acks and publisher confirms, one and two workers.
+    for sink in ["nats", "amqp"] {
+        for workers in ["", ".workers2"] {
+            let metric = format!("{sink}.batch100{workers}.events_per_s");
+            assert!(run.metric_f64(&metric) > 0.0, "{metric}");
+        }
     }
     // One commit of the consumer per batch instead of per event: a margin beyond any noise.
     let array = run.metric_f64("http_array.batch100.events_per_s");

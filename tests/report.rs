@@ -14,8 +14,9 @@ use common::{assert_usage_error, outbox_lab, scratch_dir, server_url, Run};
 
 /// The scenarios that draw a plot, their plot, and what shortens them further (the page only
 /// needs their tables; cleanup has no [quick] parameters).
-const PLOTTED: [(&str, &str, &[&str]); 4] = [
+const PLOTTED: [(&str, &str, &[&str]); 5] = [
     ("notify-latency", "latency-cdf", &[]),
+    ("broker-dedup", "broker-dedup", &[]),
     ("batch-throughput", "throughput-by-batch", &[]),
     ("multi-relay-ordering", "ordering-violations", &[]),
     (

@@ -76,6 +76,7 @@ roles!(
     CdcRelay(CdcRelayRole) = "cdc-relay",
     StreamWorker(StreamWorkerRole) = "stream-worker",
     JetStreamWorker(JetStreamWorkerRole) = "jetstream-worker",
+    AmqpWorker(AmqpWorkerRole) = "amqp-worker",
     Consumer(ConsumerRole) = "consumer",
     ExploreWriter(ExploreWriterRole) = "explore-writer",
     ExploreRelay(ExploreRelayRole) = "explore-relay",
@@ -163,6 +164,18 @@ pub struct JetStreamWorkerRole {
     pub batch: usize,
     /// Keep fetching new messages until killed, instead of stopping when the stream runs dry.
     pub follow: bool,
+}
+
+/// A RabbitMQ queue's consumer with manual acks, following the queue until killed (prints
+/// `listening URL` once connected).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AmqpWorkerRole {
+    /// With its credentials: children get it in their environment, never on a command line.
+    pub amqp_url: String,
+    pub queue: String,
+    pub kind: ConsumerKind,
+    /// Messages taken, applied and acked at a time.
+    pub batch: usize,
 }
 
 /// The HTTP consumer; prints `listening URL` and serves until killed.

@@ -10,13 +10,14 @@ use tokio::io::AsyncReadExt;
 use uuid::Uuid;
 
 use super::role::{
-    ChildArgs, ChildSpec, ExploreRelayRole, ExploreWriterRole, JetStreamWorkerRole, NaiveAppRole,
-    Role, WriterRole, SPEC_ENV,
+    AmqpWorkerRole, ChildArgs, ChildSpec, ExploreRelayRole, ExploreWriterRole, JetStreamWorkerRole,
+    NaiveAppRole, Role, WriterRole, SPEC_ENV,
 };
 use super::REPORT_PREFIX;
 use crate::connect;
 use crate::harness::db::Database;
 use crate::ops::logging::{self, LogFormat};
+use crate::outbox::amqp_consumer::AmqpWorker;
 use crate::outbox::consumer;
 use crate::outbox::crash;
 use crate::outbox::jetstream_consumer::JetStreamWorker;
@@ -122,6 +123,7 @@ async fn perform(db: &Database, role: Role) -> Result<()> {
             Ok(())
         }
         Role::JetStreamWorker(role) => jetstream_worker(db, role).await,
+        Role::AmqpWorker(role) => amqp_worker(db, role).await,
         Role::Consumer(role) => {
             // A consumer restarted while its database restarts waits for it.
             connect::patiently(connect::RECONNECT_PATIENCE, async || db.connect().await).await?;
@@ -141,6 +143,21 @@ async fn perform(db: &Database, role: Role) -> Result<()> {
         Role::ExploreWriter(role) => explore_writer(db, role).await,
         Role::ExploreRelay(role) => explore_relay(db, role).await,
     }
+}
+
+/// The AMQP worker role: follows its queue.
+async fn amqp_worker(db: &Database, role: AmqpWorkerRole) -> Result<()> {
+    // A worker restarted while its database restarts waits for it.
+    let pool = consumer::pool(db.config()?, 1)?;
+    let pooled =
+        connect::patiently(connect::RECONNECT_PATIENCE, async || Ok(pool.get().await?)).await?;
+    let mut worker = AmqpWorker::connect(&role.amqp_url, pooled, role.kind).await?;
+    // The supervisor's sign that a consumer is ready, as the HTTP one's (no password shown).
+    announce(format_args!(
+        "listening {}",
+        connect::without_credentials(&role.amqp_url)
+    ));
+    worker.follow(&role.queue, role.batch).await
 }
 
 /// The JetStream worker role: drains its durable consumer once, or follows it.
