@@ -13,6 +13,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use outbox_lab::harness::db::Database;
 use outbox_lab::harness::nats_server::Nats;
+use outbox_lab::harness::rabbitmq_server::Amqp;
 use outbox_lab::outbox::schema;
 use outbox_lab::outbox::writer::{self, Ending};
 
@@ -218,20 +219,41 @@ fn standalone_relay_and_consumer_deliver_and_stop_cleanly() {
     );
 }
 
-/// Through NATS JetStream: the relay publishes (each publish acked), the consumer follows the
-/// stream (which it creates) and acks what it applied; both take the server's URL and token
-/// from the environment, so no command line shows the token. SIGTERM stops both cleanly.
+/// Through a broker — NATS JetStream (each publish acked; the consumer follows the stream it
+/// creates) and RabbitMQ (each publish confirmed; the consumer takes from the queue it
+/// declares) — acking what was applied; both processes take the broker's URL and credentials
+/// from the environment, so no command line shows them, and neither prints them. SIGTERM stops
+/// both cleanly.
 #[test]
-fn standalone_relay_and_consumer_through_jetstream() {
-    let name = format!("standalone_nats_{}", std::process::id());
+fn standalone_relay_and_consumer_through_the_brokers() {
+    let nats = Nats::new(None, "standalone-test", false);
+    let amqp = Amqp::new(None, "standalone-test", false);
+    for (broker, url, ready) in [
+        (
+            "nats",
+            block_on(nats.url()).unwrap(),
+            "following JetStream stream outbox",
+        ),
+        (
+            "amqp",
+            block_on(amqp.url()).unwrap(),
+            "taking from RabbitMQ queue outbox.event.orders",
+        ),
+    ] {
+        relay_and_consumer_through(broker, &url, ready);
+    }
+    block_on(nats.close()).unwrap();
+    block_on(amqp.close()).unwrap();
+}
+
+fn relay_and_consumer_through(broker: &str, broker_url: &str, ready: &str) {
+    let name = format!("standalone_{broker}_{}", std::process::id());
     let db = fresh_database(&name);
     let url = db.url();
-    let nats = Nats::new(None, "standalone-test", false);
-    let nats_url = block_on(nats.url()).unwrap();
     let start_with = |args: &[&str], var: &str| {
         let mut child = outbox_lab()
             .args(args)
-            .env(var, &nats_url)
+            .env(var, broker_url)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -240,27 +262,27 @@ fn standalone_relay_and_consumer_through_jetstream() {
     };
     let (mut consumer, mut consumer_out) = start_with(
         &["consumer", "--database-url", &url, "--idempotent"],
-        "OUTBOX_LAB_NATS_URL",
+        "OUTBOX_LAB_BROKER_URL",
     );
-    let following = wait_for_line(&mut consumer_out, "following JetStream stream outbox");
-    assert!(!following.contains('@'), "the token shown: {following}");
+    let following = wait_for_line(&mut consumer_out, ready);
+    assert!(!following.contains('@'), "credentials shown: {following}");
     write_orders(&db, 50);
     let (mut relay, mut relay_out) = start_with(
         &["relay", "--database-url", &url, "--mode", "notify"],
         "OUTBOX_LAB_SINK_URL",
     );
     let delivering = wait_for_line(&mut relay_out, "delivering to");
-    assert!(!delivering.contains('@'), "the token shown: {delivering}");
+    assert!(!delivering.contains('@'), "credentials shown: {delivering}");
     let started = Instant::now();
     while query_i64(&name, "SELECT count(*) FROM consumer.receipts") < 100 {
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "the consumer did not receive every event"
+            "{broker}: the consumer did not receive every event"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(sigterm_and_wait(&mut relay), Some(0));
-    assert_eq!(sigterm_and_wait(&mut consumer), Some(0));
+    assert_eq!(sigterm_and_wait(&mut relay), Some(0), "{broker}");
+    assert_eq!(sigterm_and_wait(&mut consumer), Some(0), "{broker}");
     assert_eq!(
         query_i64(
             &name,
@@ -275,7 +297,6 @@ fn standalone_relay_and_consumer_through_jetstream() {
         ),
         100
     );
-    block_on(nats.close()).unwrap();
 }
 
 #[test]

@@ -136,64 +136,68 @@ fn the_article_relay_holds_through_redis() {
     assert_eq!(run.metric("verify.faults_fired"), 4);
 }
 
-/// Through NATS JetStream (publishes acked, read by a durable consumer of ours): our relay,
-/// given the server's URL and token in its environment alone (`--sink` left out), killed,
-/// paused, cut off from the database and under its restart, loses nothing, and no token shows
-/// in what verify prints. A "relay" that marks the rows published without publishing loses
-/// every event: only what the stream delivered counts.
+/// Through a broker — NATS JetStream (publishes acked, read by a durable consumer of ours) and
+/// RabbitMQ (publishes confirmed, read with manual acks): our relay, given the broker's URL and
+/// credentials in its environment alone (`--sink` left out), killed, paused, cut off from the
+/// database and under its restart, loses nothing, and no credential shows in what verify
+/// prints. A "relay" that marks the rows published without publishing loses every event: only
+/// what the broker delivered counts.
 #[test]
-fn our_relay_holds_through_jetstream_and_marking_without_publishing_is_caught() {
-    let results = scratch_dir("verify-nats");
-    let relay = format!(
-        "'{}' relay --mode notify --interval-ms 50 --name {{name}}",
-        env!("CARGO_BIN_EXE_outbox-lab")
-    );
-    let output = verify_alone(
-        &results,
-        &[
-            "--relay-cmd",
-            &relay,
-            "--sink",
-            "nats",
-            "--relays",
-            "2",
-            "--events",
-            "200",
-        ],
-    )
-    .output()
-    .unwrap();
-    let run = Run::from(output);
-    assert_passed(&run);
-    assert_eq!(run.metric("verify.delivered_distinct"), 200);
-    assert_eq!(run.metric("verify.lost.violating"), 0);
-    // kill, pause, db-kill-backend, db-restart: the network nemeses are HTTP's.
-    assert_eq!(run.metric("verify.faults_fired"), 4);
-    let printed = format!("{}{}", run.stdout, run.stderr);
-    // The killed relay's last line names where it delivers.
-    assert!(printed.contains("nats://"), "{printed}");
-    for url in printed.split("nats://").skip(1) {
-        let url: String = url
-            .chars()
-            .take_while(|c| !c.is_whitespace() && *c != '"')
-            .collect();
-        assert!(!url.contains('@'), "a token shown: nats://{url}");
-    }
+fn our_relay_holds_through_the_brokers_and_marking_without_publishing_is_caught() {
+    for broker in ["nats", "amqp"] {
+        let results = scratch_dir(&format!("verify-{broker}"));
+        let relay = format!(
+            "'{}' relay --mode notify --interval-ms 50 --name {{name}}",
+            env!("CARGO_BIN_EXE_outbox-lab")
+        );
+        let output = verify_alone(
+            &results,
+            &[
+                "--relay-cmd",
+                &relay,
+                "--sink",
+                broker,
+                "--relays",
+                "2",
+                "--events",
+                "200",
+            ],
+        )
+        .output()
+        .unwrap();
+        let run = Run::from(output);
+        assert_passed(&run);
+        assert_eq!(run.metric("verify.delivered_distinct"), 200, "{broker}");
+        assert_eq!(run.metric("verify.lost.violating"), 0, "{broker}");
+        // kill, pause, db-kill-backend, db-restart: the network nemeses are HTTP's.
+        assert_eq!(run.metric("verify.faults_fired"), 4, "{broker}");
+        let printed = format!("{}{}", run.stdout, run.stderr);
+        // The killed relay's last line names where it delivers.
+        let scheme = format!("{broker}://");
+        assert!(printed.contains(&scheme), "{printed}");
+        for url in printed.split(&scheme).skip(1) {
+            let url: String = url
+                .chars()
+                .take_while(|c| !c.is_whitespace() && *c != '"')
+                .collect();
+            assert!(!url.contains('@'), "credentials shown: {scheme}{url}");
+        }
 
-    let marks_only = "sh -c 'echo \"UPDATE outbox SET published_at = now() WHERE published_at IS \
-                      NULL \\watch 0.1\" | psql -q \"$OUTBOX_LAB_DATABASE_URL\"'";
-    let run = verify(&[
-        "--relay-cmd",
-        marks_only,
-        "--sink",
-        "nats",
-        "--nemesis",
-        "none",
-        "--events",
-        "100",
-    ]);
-    assert_eq!(run.code, 1, "{}", run.stderr);
-    assert_eq!(run.metric("verify.lost.violating"), 100);
+        let marks_only = "sh -c 'echo \"UPDATE outbox SET published_at = now() WHERE \
+                          published_at IS NULL \\watch 0.1\" | psql -q \"$OUTBOX_LAB_DATABASE_URL\"'";
+        let run = verify(&[
+            "--relay-cmd",
+            marks_only,
+            "--sink",
+            broker,
+            "--nemesis",
+            "none",
+            "--events",
+            "100",
+        ]);
+        assert_eq!(run.code, 1, "{broker}: {}", run.stderr);
+        assert_eq!(run.metric("verify.lost.violating"), 100, "{broker}");
+    }
 }
 
 /// Order, claimed: the first request reset is an order's first event (its outbox rows are

@@ -1,5 +1,5 @@
-//! `outbox-lab consumer`: the HTTP consumer, or a JetStream one, against your own database until
-//! SIGTERM or Ctrl-C.
+//! `outbox-lab consumer`: the HTTP consumer, or a JetStream or RabbitMQ one, against your own
+//! database until SIGTERM or Ctrl-C.
 
 use std::process::ExitCode;
 
@@ -18,15 +18,19 @@ pub struct ConsumerArgs {
     /// Where to serve POST /events (port 0: any free port, printed at start).
     #[arg(long, required_unless_present = "from", conflicts_with = "from")]
     listen: Option<std::net::SocketAddr>,
-    /// Take the events from NATS JetStream instead: nats://[TOKEN@]HOST:PORT (or leave it out
-    /// and set OUTBOX_LAB_NATS_URL, where no other local user can read the token). Follows the
-    /// durable consumer `shipping` on --stream, acking each event once applied.
-    #[arg(long, value_name = "URL", env = "OUTBOX_LAB_NATS_URL", hide_env_values = true,
-          value_parser = parse_nats)]
+    /// Take the events from a broker instead: nats://[TOKEN@]HOST:PORT (JetStream: follows the
+    /// durable consumer `shipping` on --stream) or amqp://USER:PASSWORD@HOST:PORT/%2f (RabbitMQ:
+    /// takes from --queue), acking each event once applied. Or leave it out and set
+    /// OUTBOX_LAB_BROKER_URL, where no other local user can read the credentials.
+    #[arg(long, value_name = "URL", env = "OUTBOX_LAB_BROKER_URL", hide_env_values = true,
+          value_parser = parse_broker)]
     from: Option<String>,
     /// The JetStream stream to follow (created if missing, capturing outbox.event.>).
     #[arg(long, default_value = "outbox", requires = "from")]
     stream: String,
+    /// The RabbitMQ queue to take from (declared durable if missing).
+    #[arg(long, default_value = "outbox.event.orders", requires = "from")]
+    queue: String,
     /// The database with the consumer's tables (schema consumer).
     #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
     database_url: String,
@@ -52,6 +56,10 @@ pub async fn run(args: ConsumerArgs) -> Result<ExitCode> {
     };
     let source = match (args.listen, args.from) {
         (Some(listen), _) => ConsumerSource::Http(listen),
+        (None, Some(url)) if sink::is_amqp(&url) => ConsumerSource::Amqp {
+            url,
+            queue: args.queue,
+        },
         (None, Some(url)) => ConsumerSource::Nats {
             url,
             stream: args.stream,
@@ -69,10 +77,10 @@ pub async fn run(args: ConsumerArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(exit::OK))
 }
 
-/// A NATS URL outbox-lab can use: the relay's sink check, for the other end.
-fn parse_nats(url: &str) -> Result<String, String> {
-    if !sink::is_nats(url) {
-        return Err("give nats://[TOKEN@]HOST:PORT".into());
+/// A NATS or AMQP URL outbox-lab can use: the relay's sink check, for the other end.
+fn parse_broker(url: &str) -> Result<String, String> {
+    if !sink::is_nats(url) && !sink::is_amqp(url) {
+        return Err("give nats://[TOKEN@]HOST:PORT or amqp://USER:PASSWORD@HOST:PORT/%2f".into());
     }
     sink::check_url(url).map(|()| url.to_string())
 }

@@ -15,6 +15,7 @@ use crate::harness::db::{PgServer, ServerChoice};
 use crate::harness::foreign::PLACEHOLDERS;
 use crate::harness::nats_server::Nats;
 use crate::harness::nemesis::parse_duration;
+use crate::harness::rabbitmq_server::Amqp;
 use crate::harness::redis_server::Redis;
 use crate::harness::run::{new_run_id, on_server};
 use crate::outbox::consumer::ConsumerKind;
@@ -81,8 +82,10 @@ pub struct VerifyArgs {
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     claims: Option<Vec<String>>,
     /// Where the relay delivers: our HTTP consumer, a private Redis (XADD to
-    /// outbox.event.orders, read by a consumer group) or a private NATS JetStream (publish to
-    /// outbox.event.orders, read by a durable consumer); no network nemeses but with http.
+    /// outbox.event.orders, read by a consumer group), a private NATS JetStream (publish to
+    /// outbox.event.orders, read by a durable consumer) or a private RabbitMQ (publish to the
+    /// durable queue outbox.event.orders, read with manual acks); no network nemeses but with
+    /// http.
     #[arg(long, value_enum, default_value = "http")]
     sink: VerifySink,
     /// Your DDL, run after the article's tables in every run's fresh schema (your relay's own
@@ -146,17 +149,20 @@ pub async fn run(args: VerifyArgs) -> Result<ExitCode> {
         ..args.run.server_choice()
     };
     let (verification, version, kind) = on_server(&choice, &run_id, async |server: &PgServer| {
-        // A private Redis or NATS, started only for its --sink, gone with this run.
+        // A private Redis, NATS or RabbitMQ, started only for its --sink, gone with this run.
         let redis = Redis::new(None, &run_id, args.run.keep);
         let nats = Nats::new(None, &run_id, args.run.keep);
+        let amqp = Amqp::new(None, &run_id, args.run.keep);
         let broker_url = match args.sink {
             VerifySink::Redis => Some(redis.url().await?),
             VerifySink::Nats => Some(nats.url().await?),
+            VerifySink::Amqp => Some(amqp.url().await?),
             VerifySink::Http => None,
         };
         let verified = verify::verify(server, &plan, broker_url, text).await;
         redis.close().await?;
         nats.close().await?;
+        amqp.close().await?;
         let verification = verified.map_err(|e| {
             // The relay's own fault (exits at once, never connects) stays bad input.
             match error::Error::find(&e) {

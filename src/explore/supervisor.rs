@@ -25,8 +25,8 @@ use super::nemeses::{self, Arena, LiveProcesses};
 use super::schedule::{Fault, Role, Schedule};
 use crate::error;
 use crate::harness::child::role::{
-    ConsumerRole, ExploreRelayRole, ExploreWriterRole, JetStreamWorkerRole, Role as ChildRole,
-    StreamWorkerRole,
+    AmqpWorkerRole, ConsumerRole, ExploreRelayRole, ExploreWriterRole, JetStreamWorkerRole,
+    Role as ChildRole, StreamWorkerRole,
 };
 use crate::harness::child::{ChildCommand, ChildEnd, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
@@ -40,7 +40,7 @@ use crate::outbox::jetstream_consumer;
 use crate::outbox::relay::RELAY_APPLICATION_NAME;
 use crate::outbox::relay::{RelayConfig, RelayDesign, RelayOptions};
 use crate::outbox::schema;
-use crate::outbox::sink::{NatsSink, SinkOptions};
+use crate::outbox::sink::{AmqpSink, NatsSink, SinkOptions};
 use crate::outbox::stream_consumer;
 use crate::outbox::writer::WRITER_APPLICATION_NAME;
 
@@ -165,6 +165,9 @@ pub enum Delivery {
     /// Publishes to `outbox.event.<aggregate_type>` on the NATS at `url`, captured by the
     /// stream [`JETSTREAM_STREAM`] and read by a durable pull consumer of ours.
     Nats { url: String },
+    /// Publishes to the durable queue `queue` on the RabbitMQ at `url`, read by a worker of
+    /// ours with manual acks.
+    Amqp { url: String, queue: String },
 }
 
 /// The JetStream stream a run's deliveries go to (made anew for every run).
@@ -182,6 +185,13 @@ enum Backlog {
         url: String,
         consumer: Option<Box<async_nats::jetstream::consumer::PullConsumer>>,
     },
+    /// The queue's messages ready for our worker (one it took and did not ack goes back when
+    /// its channel closes: a killed worker's come back at once).
+    Amqp {
+        url: String,
+        queue: String,
+        channel: Option<lapin::Channel>,
+    },
 }
 
 impl Backlog {
@@ -192,10 +202,38 @@ impl Backlog {
                 url: url.clone(),
                 consumer: None,
             },
+            Delivery::Amqp { url, queue } => Backlog::Amqp {
+                url: url.clone(),
+                queue: queue.clone(),
+                channel: None,
+            },
         }
     }
 
     async fn count(&mut self) -> Result<i64> {
+        if let Backlog::Amqp {
+            url,
+            queue,
+            channel,
+        } = self
+        {
+            if !channel.as_ref().is_some_and(|c| c.status().connected()) {
+                *channel = Some(crate::connect::amqp(url).await?.create_channel().await?);
+            }
+            let declared = channel
+                .as_ref()
+                .expect("opened above")
+                .queue_declare(
+                    queue.as_str().into(),
+                    lapin::options::QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    Default::default(),
+                )
+                .await?;
+            return Ok(i64::from(declared.message_count()));
+        }
         let Backlog::Nats { url, consumer } = self else {
             return Ok(0);
         };
@@ -501,6 +539,25 @@ impl<'s> Lab<'s> {
                 "0",
             )
             .await?;
+        }
+        if let Delivery::Amqp { url, queue } = self.delivery() {
+            // An empty durable queue.
+            let connection = crate::connect::amqp(&url).await?;
+            let channel = connection.create_channel().await?;
+            channel
+                .queue_delete(queue.as_str().into(), Default::default())
+                .await?;
+            channel
+                .queue_declare(
+                    queue.as_str().into(),
+                    lapin::options::QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    AmqpSink::queue_arguments(),
+                )
+                .await?;
+            let _ = connection.close(200, "declared".into()).await;
         }
         if let Delivery::Nats { url } = self.delivery() {
             // An empty stream capturing every aggregate type's subject; the worker creates its
@@ -896,10 +953,12 @@ impl<'s> Lab<'s> {
             dsn.push_str(&format!(" password={}", quote(&p)));
             libpq_env.push(("PGPASSWORD".to_string(), p));
         }
-        let (http_url, redis_url, nats_url) = match self.delivery() {
-            Delivery::Http => (sink.to_string(), String::new(), String::new()),
-            Delivery::Redis { url, .. } => (String::new(), url, String::new()),
-            Delivery::Nats { url } => (String::new(), String::new(), url),
+        let none = String::new;
+        let (http_url, redis_url, nats_url, amqp_url) = match self.delivery() {
+            Delivery::Http => (sink.to_string(), none(), none(), none()),
+            Delivery::Redis { url, .. } => (none(), url, none(), none()),
+            Delivery::Nats { url } => (none(), none(), url, none()),
+            Delivery::Amqp { url, .. } => (none(), none(), none(), url),
         };
         Ok(Endpoints {
             database_url,
@@ -909,6 +968,7 @@ impl<'s> Lab<'s> {
             http_url,
             redis_url,
             nats_url,
+            amqp_url,
         })
     }
 
@@ -956,7 +1016,9 @@ impl<'s> Lab<'s> {
     fn sink_url(&self) -> String {
         match self.delivery() {
             Delivery::Http => format!("http://127.0.0.1:{}", self.port),
-            Delivery::Redis { url, .. } | Delivery::Nats { url } => url,
+            Delivery::Redis { url, .. } | Delivery::Nats { url } | Delivery::Amqp { url, .. } => {
+                url
+            }
         }
     }
 
@@ -996,6 +1058,16 @@ impl<'s> Lab<'s> {
                     kind: self.design.consumer,
                     batch: STREAM_READ_COUNT,
                     follow: true,
+                },
+            )
+            .any_role(),
+            Delivery::Amqp { url, queue } => ChildCommand::new(
+                &self.db,
+                AmqpWorkerRole {
+                    amqp_url: url,
+                    queue,
+                    kind: self.design.consumer,
+                    batch: STREAM_READ_COUNT,
                 },
             )
             .any_role(),

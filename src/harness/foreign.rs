@@ -8,7 +8,8 @@
 //! relay that needs a pipeline is written `sh -c '...'`.
 //!
 //! A command line is readable by every local user, so a value filled into one never carries a
-//! credential (the private NATS server's token): it is in the environment only.
+//! credential (the private NATS server's token, RabbitMQ's password): it is in the environment
+//! only.
 
 use std::collections::VecDeque;
 use std::process::{ExitStatus, Stdio};
@@ -23,10 +24,10 @@ use tokio::task::JoinHandle;
 
 use super::nemesis::OwnChild;
 use crate::connect::without_credentials;
-use crate::outbox::sink::is_nats;
+use crate::outbox::sink::{is_amqp, is_nats};
 
 /// The placeholders a template may hold, each also given in the environment.
-pub const PLACEHOLDERS: [(&str, &str, &str); 8] = [
+pub const PLACEHOLDERS: [(&str, &str, &str); 9] = [
     (
         "database_url",
         "OUTBOX_LAB_DATABASE_URL",
@@ -56,6 +57,12 @@ pub const PLACEHOLDERS: [(&str, &str, &str); 8] = [
         "nats_url",
         "OUTBOX_LAB_NATS_URL",
         "nats://127.0.0.1:PORT (empty but with --sink nats); the token is in the variable only",
+    ),
+    (
+        "amqp_url",
+        "OUTBOX_LAB_AMQP_URL",
+        "amqp://127.0.0.1:PORT/%2f (empty but with --sink amqp); the user and password are in \
+         the variable only",
     ),
     (
         "name",
@@ -94,6 +101,8 @@ pub struct Endpoints {
     pub redis_url: String,
     /// With its token.
     pub nats_url: String,
+    /// With its user and password.
+    pub amqp_url: String,
 }
 
 impl RelayTemplate {
@@ -136,19 +145,20 @@ impl RelayTemplate {
     fn command(&self, endpoints: &Endpoints, index: u32) -> Command {
         let name = relay_name(index);
         let index = index.to_string();
-        let values: [(&str, &str); 8] = [
+        let values: [(&str, &str); 9] = [
             ("database_url", &endpoints.database_url),
             ("dsn", &endpoints.dsn),
             ("sink_url", &endpoints.sink_url),
             ("http_url", &endpoints.http_url),
             ("redis_url", &endpoints.redis_url),
             ("nats_url", &endpoints.nats_url),
+            ("amqp_url", &endpoints.amqp_url),
             ("name", &name),
             ("index", &index),
         ];
         let fill = |word: &str| {
             values.iter().fold(word.to_string(), |word, (p, value)| {
-                let shown = match is_nats(value) {
+                let shown = match is_nats(value) || is_amqp(value) {
                     true => without_credentials(value),
                     false => value.to_string(),
                 };

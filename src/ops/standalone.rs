@@ -1,4 +1,5 @@
-//! The actors as long-running processes against your own PostgreSQL (and Redis or NATS):
+//! The actors as long-running processes against your own PostgreSQL (and Redis, NATS or
+//! RabbitMQ):
 //! `outbox-lab relay` and `outbox-lab consumer`, to spread relays and consumers over several
 //! hosts. They run the very components the scenarios use. SIGTERM or Ctrl-C stops them
 //! gracefully: the relay finishes its batch (sent, marked, committed), the consumer its requests.
@@ -21,13 +22,14 @@ use tokio_postgres::Client;
 use tracing::info;
 
 use crate::connect;
+use crate::outbox::amqp_consumer::AmqpWorker;
 use crate::outbox::consumer::{self, ConsumerKind, Faults};
 use crate::outbox::jetstream_consumer::{JetStreamWorker, DURABLE};
 use crate::outbox::relay::{drive, sql, RelayOptions, RelayStats, Wakeup};
 use crate::outbox::schema;
 use crate::outbox::sink::NatsSink;
 
-/// Messages a JetStream consumer fetches at a time.
+/// Messages a broker's consumer takes at a time.
 const FOLLOW_BATCH: usize = 100;
 
 /// Delivers until `shutdown` resolves (`relay.follow` says how it wakes up).
@@ -79,6 +81,8 @@ pub enum ConsumerSource {
     /// Follows the durable consumer `shipping` on this JetStream stream (created if missing,
     /// capturing `outbox.event.>`).
     Nats { url: String, stream: String },
+    /// Takes from this RabbitMQ queue (declared durable if missing), acking what it applied.
+    Amqp { url: String, queue: String },
 }
 
 /// Applies events from `source` until `shutdown` resolves; with `create_schema`, creates the
@@ -125,6 +129,20 @@ pub async fn run_consumer(
             );
             tokio::select! {
                 followed = worker.follow(FOLLOW_BATCH) => followed?,
+                () = shutdown => {}
+            }
+        }
+        ConsumerSource::Amqp { url, queue } => {
+            let pooled = consumer::pool(db, 1)?.get().await?;
+            let mut worker = AmqpWorker::connect(&url, pooled, kind).await?;
+            worker.declare_durable(&queue).await?;
+            info!(
+                consumer = name,
+                "taking from RabbitMQ queue {queue} on {}",
+                connect::without_credentials(&url)
+            );
+            tokio::select! {
+                followed = worker.follow(&queue, FOLLOW_BATCH) => followed?,
                 () = shutdown => {}
             }
         }

@@ -6,11 +6,12 @@
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use lapin::options::{BasicAckOptions, BasicGetOptions};
+use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
 
 use crate::connect;
 use crate::outbox::consumer::{self, ConsumerKind};
 use crate::outbox::event::Event;
+use crate::outbox::sink::AmqpSink;
 
 /// A worker gives up after this many messages: far more than any scenario writes, a bound on a
 /// queue that never runs dry.
@@ -40,6 +41,22 @@ impl AmqpWorker {
             db,
             kind,
         })
+    }
+
+    /// Declares `queue` durable, as the relays' sink wants it, if it is not there yet.
+    pub async fn declare_durable(&self, queue: &str) -> Result<()> {
+        self.channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                AmqpSink::queue_arguments(),
+            )
+            .await
+            .with_context(|| format!("cannot declare queue {queue}"))?;
+        Ok(())
     }
 
     /// Applies and acks what `queue` holds, until it is empty: up to `batch` messages taken,

@@ -31,7 +31,7 @@ use crate::harness::foreign::RelayTemplate;
 use crate::harness::nemesis::format_duration;
 use crate::judge::expectations::CheckResult;
 use crate::outbox::consumer::ConsumerKind;
-use crate::outbox::sink::RedisSink;
+use crate::outbox::sink::{AmqpSink, RedisSink};
 use crate::report::{Environment, Metrics, Report, Table};
 
 /// The writer's aggregate type: the relays' Redis stream is `outbox.event.orders`.
@@ -103,6 +103,9 @@ pub enum VerifySink {
     Redis,
     /// A private NATS JetStream: publish to outbox.event.orders, read by a durable consumer.
     Nats,
+    /// A private RabbitMQ: publish to the durable queue outbox.event.orders, read with manual
+    /// acks.
+    Amqp,
 }
 
 impl VerifySink {
@@ -116,6 +119,7 @@ impl VerifySink {
             VerifySink::Http => "http",
             VerifySink::Redis => "redis",
             VerifySink::Nats => "nats",
+            VerifySink::Amqp => "amqp",
         }
     }
 }
@@ -336,7 +340,7 @@ pub struct Verification {
 }
 
 /// Runs the plan on `server`; the relays deliver to our HTTP consumer, or to the broker at
-/// `broker_url` (Redis or NATS, as `--sink` says).
+/// `broker_url` (Redis, NATS or RabbitMQ, as `--sink` says).
 pub async fn verify(
     server: &PgServer,
     plan: &Plan,
@@ -352,6 +356,10 @@ pub async fn verify(
                 stream: RedisSink::stream_name("", ORDERS),
             },
             (VerifySink::Nats, Some(url)) => Delivery::Nats { url },
+            (VerifySink::Amqp, Some(url)) => Delivery::Amqp {
+                url,
+                queue: AmqpSink::queue_name("", ORDERS),
+            },
             _ => Delivery::Http,
         },
         pending_sql: plan
