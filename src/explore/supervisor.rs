@@ -547,16 +547,7 @@ impl<'s> Lab<'s> {
             channel
                 .queue_delete(queue.as_str().into(), Default::default())
                 .await?;
-            channel
-                .queue_declare(
-                    queue.as_str().into(),
-                    lapin::options::QueueDeclareOptions {
-                        durable: true,
-                        ..Default::default()
-                    },
-                    AmqpSink::queue_arguments(),
-                )
-                .await?;
+            AmqpSink::declare_queue(&channel, &queue).await?;
             let _ = connection.close(200, "declared".into()).await;
         }
         if let Delivery::Nats { url } = self.delivery() {

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use crate::outbox::sink::AmqpSink;
 use anyhow::{anyhow, bail, Context, Result};
-use lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+use lapin::options::QueueDeleteOptions;
 use nix::sys::signal::Signal;
 use nix::unistd::User;
 use tokio::sync::OnceCell;
@@ -307,17 +307,7 @@ impl Amqp {
             .queue_delete(full.as_str().into(), QueueDeleteOptions::default())
             .await
             .with_context(|| format!("cannot delete queue {full}"))?;
-        channel
-            .queue_declare(
-                full.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                AmqpSink::queue_arguments(),
-            )
-            .await
-            .with_context(|| format!("cannot declare queue {full}"))?;
+        AmqpSink::declare_queue(&channel, &full).await?;
         let _ = connection.close(200, "declared".into()).await;
         let mut declared = self.declared.lock().unwrap_or_else(|e| e.into_inner());
         if !declared.contains(&full) {

@@ -135,7 +135,7 @@ pub async fn run_consumer(
         ConsumerSource::Amqp { url, queue } => {
             let pooled = consumer::pool(db, 1)?.get().await?;
             let mut worker = AmqpWorker::connect(&url, pooled, kind).await?;
-            worker.declare_durable(&queue).await?;
+            worker.declare_queue(&queue).await?;
             info!(
                 consumer = name,
                 "taking from RabbitMQ queue {queue} on {}",

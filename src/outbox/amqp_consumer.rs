@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
+use lapin::options::{BasicAckOptions, BasicGetOptions};
 
 use crate::connect;
 use crate::outbox::consumer::{self, ConsumerKind};
@@ -43,20 +43,9 @@ impl AmqpWorker {
         })
     }
 
-    /// Declares `queue` durable, as the relays' sink wants it, if it is not there yet.
-    pub async fn declare_durable(&self, queue: &str) -> Result<()> {
-        self.channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                AmqpSink::queue_arguments(),
-            )
-            .await
-            .with_context(|| format!("cannot declare queue {queue}"))?;
-        Ok(())
+    /// Declares `queue` as the relays' sink wants it, if it is not there yet.
+    pub async fn declare_queue(&self, queue: &str) -> Result<()> {
+        AmqpSink::declare_queue(&self.channel, queue).await
     }
 
     /// Applies and acks what `queue` holds, until it is empty: up to `batch` messages taken,

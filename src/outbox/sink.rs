@@ -552,16 +552,24 @@ impl AmqpSink {
         format!("{prefix}outbox.event.{aggregate_type}")
     }
 
-    /// How outbox-lab declares the queues (durable, and these arguments): a classic queue of
-    /// the second version (RabbitMQ 3.10's new on-disk index and store), which took 15-25%
-    /// more confirmed messages per second than the first here.
-    pub fn queue_arguments() -> lapin::types::FieldTable {
+    /// Declares the durable queue `name` as outbox-lab's relays and consumers want it (or finds
+    /// it so): a classic queue of the second version (RabbitMQ 3.10's new on-disk index and
+    /// store), which took 15-25% more confirmed messages per second than the first here.
+    pub async fn declare_queue(channel: &lapin::Channel, name: &str) -> Result<()> {
         let mut arguments = lapin::types::FieldTable::default();
         arguments.insert(
             "x-queue-version".into(),
             lapin::types::AMQPValue::LongInt(2),
         );
-        arguments
+        let options = lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        channel
+            .queue_declare(name.into(), options, arguments)
+            .await
+            .with_context(|| format!("cannot declare queue {name}"))?;
+        Ok(())
     }
 
     async fn open_channel(&self) -> Result<(lapin::Connection, lapin::Channel)> {
