@@ -139,14 +139,26 @@ impl Run {
     }
 }
 
-/// The run worked and every check passed (else: its stderr and the failed checks).
+/// The run worked and every check passed (else: its stderr, the failed checks and, for explore
+/// and verify, how each fault went).
 pub fn assert_passed(run: &Run) {
-    assert_eq!(
+    if run.code == 0 {
+        return;
+    }
+    let faults: Vec<String> = run.json()["tables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["title"].as_str().is_some_and(|t| t.starts_with("faults")))
+        .flat_map(|t| t["rows"].as_array().cloned().unwrap_or_default())
+        .map(|row| row.to_string())
+        .collect();
+    panic!(
+        "exit {}: {}{}\n{}",
         run.code,
-        0,
-        "{}{}",
         run.stderr,
-        run.failed_checks().join("\n")
+        run.failed_checks().join("\n"),
+        faults.join("\n")
     );
 }
 
