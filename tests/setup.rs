@@ -27,6 +27,8 @@ fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
         "redis-cli",
         "cargo",
         "useradd",
+        "python3",
+        "rabbitmq-server",
     ];
     if with_chromium {
         present.push("chromium");
@@ -69,6 +71,10 @@ fn setup(name: &str, args: &[&str], with_chromium: bool) -> String {
         .args(args)
         .env_clear()
         .env("PATH", &bin)
+        // What it looks for at fixed paths: Debian's python3 (with psycopg and redis-py) and
+        // the broker's script, stand-ins too, whatever this machine has.
+        .env("OUTBOX_LAB_SETUP_PYTHON3", bin.join("python3"))
+        .env("OUTBOX_LAB_SETUP_RABBITMQ_SERVER", bin.join("rabbitmq-server"))
         .output()
         .unwrap();
     assert!(

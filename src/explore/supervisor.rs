@@ -33,6 +33,7 @@ use crate::harness::db::{Database, PgServer};
 use crate::harness::foreign::{relay_name, Endpoints, RelayTemplate, Tail};
 use crate::harness::nemesis::{Sessions, COUNT_FOREIGN_SESSIONS};
 use crate::harness::proxy::Proxy;
+use crate::harness::throwaway;
 use crate::judge::invariants::pending;
 use crate::outbox::consumer::{Faults, CONSUMER_APPLICATION_NAME};
 use crate::outbox::crash::CrashPlan;
@@ -463,9 +464,7 @@ impl<'s> Lab<'s> {
         let db = server.create_database(design.name).await?;
         let client = db.connect_as(LAB_APPLICATION_NAME).await?;
         client.batch_execute(RESET_LOCK_TIMEOUT).await?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
+        let [port] = throwaway::free_ports()?;
         Ok(Lab {
             design,
             relays,

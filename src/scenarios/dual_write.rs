@@ -8,6 +8,7 @@ use uuid::Uuid;
 use super::{metric_names, Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::role::NaiveAppRole;
 use crate::harness::child::ChildCommand;
+use crate::harness::throwaway;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::crash::{CrashPlan, CrashPoint};
@@ -93,7 +94,9 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
     let consumer = ctx
         .start_consumer(&db, ConsumerKind::Naive, &Faults::default())
         .await?;
-    let nobody_listens = format!("http://{}", closed_port()?);
+    // An address where nothing listens: a port bound a moment ago, then let go.
+    let [closed] = throwaway::free_ports()?;
+    let nobody_listens = format!("http://127.0.0.1:{closed}");
     let mut outcome = Outcome::default();
     let mut per_path = Table::new(
         "per path",
@@ -154,9 +157,4 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
 
 fn yes_no(b: bool) -> String {
     if b { "yes" } else { "no" }.into()
-}
-
-/// An address where nothing listens: bind a port, then let it go.
-fn closed_port() -> Result<std::net::SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
