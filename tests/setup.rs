@@ -74,7 +74,10 @@ fn setup(name: &str, args: &[&str], with_chromium: bool) -> String {
         // What it looks for at fixed paths: Debian's python3 (with psycopg and redis-py) and
         // the broker's script, stand-ins too, whatever this machine has.
         .env("OUTBOX_LAB_SETUP_PYTHON3", bin.join("python3"))
-        .env("OUTBOX_LAB_SETUP_RABBITMQ_SERVER", bin.join("rabbitmq-server"))
+        .env(
+            "OUTBOX_LAB_SETUP_RABBITMQ_SERVER",
+            bin.join("rabbitmq-server"),
+        )
         .output()
         .unwrap();
     assert!(

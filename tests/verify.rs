@@ -200,6 +200,33 @@ fn our_relay_holds_through_the_brokers_and_marking_without_publishing_is_caught(
     }
 }
 
+/// A nemesis due while its relay is between two processes (killed, not yet started again)
+/// strikes the next process as soon as it is up, and the faults table says when: the second
+/// kill, 10 ms after the first, hits relay-0#2. Before, it was not reached, and the verdict
+/// failed for a fault that only came too early.
+#[test]
+fn a_nemesis_due_between_two_processes_strikes_the_next() {
+    let run = verify(&[
+        "--relay-cmd",
+        &our_relay(""),
+        "--schedule",
+        "kill:relay@250ms,kill:relay@260ms",
+        "--events",
+        "100",
+    ]);
+    assert_passed(&run);
+    assert_eq!(run.metric("verify.faults_fired"), 2);
+    let json = run.json();
+    let faults = json["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["title"].as_str().unwrap().starts_with("faults"))
+        .expect("a faults table");
+    let second = &faults["rows"][1];
+    assert_eq!(second[2], "relay-0#2", "{faults}");
+}
+
 /// Order, claimed: the first request reset is an order's first event (its outbox rows are
 /// committed together, so the first batch starts with one), and our relay goes on with the
 /// order's next event; its head-of-line guard (`--guard`) holds the next one back.

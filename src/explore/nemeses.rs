@@ -141,6 +141,21 @@ impl Arena<'_> {
         self.started.elapsed().as_millis() as u64
     }
 
+    /// The role's process once one is up: at once, or as soon as the next one is when the
+    /// role is between two (a nemesis due while a killed relay is being restarted strikes the
+    /// restarted one, and says when); None if the run ended first.
+    async fn up(&self, role: Role) -> Option<(String, OwnChild)> {
+        loop {
+            if let Some(found) = self.live.now(role) {
+                return Some(found);
+            }
+            if *self.over.borrow() {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     /// Sleeps until `at` after the start; false if the run was over first.
     async fn until(&self, at: Duration) -> bool {
         let mut over = self.over.clone();
@@ -172,7 +187,7 @@ pub async fn strike(
             match *nemesis {
                 Nemesis::Pause { role, at, hold } => {
                     if arena.until(at).await {
-                        if let Some((label, child)) = arena.live.now(role) {
+                        if let Some((label, child)) = arena.up(role).await {
                             if child.signal(Signal::SIGSTOP) {
                                 fire(i, label);
                                 child.resume_after(hold).await;
@@ -181,16 +196,7 @@ pub async fn strike(
                     }
                 }
                 Nemesis::PauseAtPoint { fault, hold } => {
-                    let first = loop {
-                        if let Some(found) = arena.live.now(fault.role) {
-                            break Some(found);
-                        }
-                        if *arena.over.borrow() {
-                            break None;
-                        }
-                        tokio::time::sleep(Duration::from_millis(2)).await;
-                    };
-                    if let Some((label, child)) = first {
+                    if let Some((label, child)) = arena.up(fault.role).await {
                         if child.stopped_within(arena.over.clone()).await {
                             fire(i, label);
                             child.resume_after(hold).await;
@@ -199,7 +205,7 @@ pub async fn strike(
                 }
                 Nemesis::Kill { role, at } => {
                     if arena.until(at).await {
-                        if let Some((label, child)) = arena.live.now(role) {
+                        if let Some((label, child)) = arena.up(role).await {
                             if child.signal(Signal::SIGKILL) {
                                 fire(i, label);
                             }
