@@ -221,19 +221,8 @@ impl Backlog {
             if !channel.as_ref().is_some_and(|c| c.status().connected()) {
                 *channel = Some(crate::connect::amqp(url).await?.create_channel().await?);
             }
-            let declared = channel
-                .as_ref()
-                .expect("opened above")
-                .queue_declare(
-                    queue.as_str().into(),
-                    lapin::options::QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    Default::default(),
-                )
-                .await?;
-            return Ok(i64::from(declared.message_count()));
+            let channel = channel.as_ref().expect("opened above");
+            return AmqpSink::ready_messages(channel, queue).await;
         }
         let Backlog::Nats { url, consumer } = self else {
             return Ok(0);
@@ -543,25 +532,15 @@ impl<'s> Lab<'s> {
             // An empty durable queue.
             let connection = crate::connect::amqp(&url).await?;
             let channel = connection.create_channel().await?;
-            channel
-                .queue_delete(queue.as_str().into(), Default::default())
-                .await?;
-            AmqpSink::declare_queue(&channel, &queue).await?;
+            AmqpSink::redeclare_queue(&channel, &queue).await?;
             let _ = connection.close(200, "declared".into()).await;
         }
         if let Delivery::Nats { url } = self.delivery() {
             // An empty stream capturing every aggregate type's subject; the worker creates its
             // durable consumer.
             let jetstream = async_nats::jetstream::new(crate::connect::nats(&url).await?);
-            let _ = jetstream.delete_stream(JETSTREAM_STREAM).await;
-            jetstream
-                .create_stream(async_nats::jetstream::stream::Config {
-                    name: JETSTREAM_STREAM.into(),
-                    subjects: vec![NatsSink::subject("", ">")],
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| anyhow!("cannot create JetStream stream {JETSTREAM_STREAM}: {e}"))?;
+            let config = NatsSink::stream_config(JETSTREAM_STREAM, "");
+            NatsSink::create_fresh_stream(&jetstream, config).await?;
         }
         let history = Mutex::new(History {
             design: self.design.name.to_string(),

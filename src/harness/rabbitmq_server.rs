@@ -303,11 +303,7 @@ impl Amqp {
         let full = format!("{}{name}", self.name_prefix);
         let connection = connect::amqp(&self.url().await?).await?;
         let channel = connection.create_channel().await?;
-        channel
-            .queue_delete(full.as_str().into(), QueueDeleteOptions::default())
-            .await
-            .with_context(|| format!("cannot delete queue {full}"))?;
-        AmqpSink::declare_queue(&channel, &full).await?;
+        AmqpSink::redeclare_queue(&channel, &full).await?;
         let _ = connection.close(200, "declared".into()).await;
         let mut declared = self.declared.lock().unwrap_or_else(|e| e.into_inner());
         if !declared.contains(&full) {

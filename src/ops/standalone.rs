@@ -112,11 +112,7 @@ pub async fn run_consumer(
         ConsumerSource::Nats { url, stream } => {
             let jetstream = async_nats::jetstream::new(connect::nats(&url).await?);
             jetstream
-                .get_or_create_stream(async_nats::jetstream::stream::Config {
-                    name: stream.clone(),
-                    subjects: vec![NatsSink::subject("", ">")],
-                    ..Default::default()
-                })
+                .get_or_create_stream(NatsSink::stream_config(&stream, ""))
                 .await
                 .map_err(|e| anyhow!("JetStream stream {stream}: {e}"))?;
             let pooled = consumer::pool(db, 1)?.get().await?;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
+use async_nats::jetstream::stream;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Uri};
@@ -440,6 +441,42 @@ impl NatsSink {
         format!("{prefix}outbox.event.{aggregate_type}")
     }
 
+    /// The stream `name`, capturing every aggregate type's subject under `subject_prefix`; a
+    /// scenario sets what else it needs (its duplicate window, its replicas).
+    pub fn stream_config(name: &str, subject_prefix: &str) -> stream::Config {
+        stream::Config {
+            name: name.to_string(),
+            subjects: vec![Self::subject(subject_prefix, ">")],
+            ..Default::default()
+        }
+    }
+
+    /// The stream `config` describes, made anew: an earlier one of its name is deleted first
+    /// (with what it held).
+    pub async fn create_fresh_stream(
+        jetstream: &async_nats::jetstream::Context,
+        config: stream::Config,
+    ) -> Result<stream::Stream> {
+        let name = config.name.clone();
+        let _ = jetstream.delete_stream(&name).await;
+        jetstream
+            .create_stream(config)
+            .await
+            .map_err(|e| anyhow!("cannot create JetStream stream {name}: {e}"))
+    }
+
+    /// What is published for an event: the event as JSON, its id as `Nats-Msg-Id`.
+    fn message(event: &Event) -> (async_nats::HeaderMap, Bytes) {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            event.event_id.to_string().as_str(),
+        );
+        // An event always serializes.
+        let payload = serde_json::to_vec(event).unwrap_or_default();
+        (headers, payload.into())
+    }
+
     /// Every event published before the first ack is awaited (the whole batch in flight, as
     /// the Redis pipeline is), then each ack awaited in batch order. Each event is delivered if
     /// and only if its own publish was acknowledged by the stream (a duplicate the stream
@@ -458,16 +495,10 @@ impl NatsSink {
                     Self::subject(&self.subject_prefix, &event.aggregate_type),
                 );
             }
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(
-                async_nats::header::NATS_MESSAGE_ID,
-                event.event_id.to_string().as_str(),
-            );
-            // An event always serializes.
-            let payload = serde_json::to_vec(event).unwrap_or_default();
+            let (headers, payload) = Self::message(event);
             let published = self
                 .jetstream
-                .publish_with_headers(subject.1.clone(), headers, payload.into())
+                .publish_with_headers(subject.1.clone(), headers, payload)
                 .await;
             acks.push(published);
         }
@@ -497,15 +528,9 @@ impl NatsSink {
         let mut written = Vec::with_capacity(events.len());
         for event in events {
             let subject = Self::subject(&self.subject_prefix, &event.aggregate_type);
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(
-                async_nats::header::NATS_MESSAGE_ID,
-                event.event_id.to_string().as_str(),
-            );
-            // An event always serializes.
-            let payload = serde_json::to_vec(event).unwrap_or_default();
+            let (headers, payload) = Self::message(event);
             let published = client
-                .publish_with_headers(subject, headers, payload.into())
+                .publish_with_headers(subject, headers, payload)
                 .await
                 .map_err(|e| anyhow!("NATS publish: {e}"));
             written.push(published);
@@ -570,6 +595,29 @@ impl AmqpSink {
             .await
             .with_context(|| format!("cannot declare queue {name}"))?;
         Ok(())
+    }
+
+    /// The durable queue `name` made anew: an earlier one is deleted first (with what it
+    /// held).
+    pub async fn redeclare_queue(channel: &lapin::Channel, name: &str) -> Result<()> {
+        channel
+            .queue_delete(name.into(), lapin::options::QueueDeleteOptions::default())
+            .await
+            .with_context(|| format!("cannot delete queue {name}"))?;
+        Self::declare_queue(channel, name).await
+    }
+
+    /// The messages queue `name` holds ready for a consumer (not those taken and unacked).
+    pub async fn ready_messages(channel: &lapin::Channel, name: &str) -> Result<i64> {
+        let options = lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let declared = channel
+            .queue_declare(name.into(), options, lapin::types::FieldTable::default())
+            .await
+            .with_context(|| format!("cannot count queue {name}"))?;
+        Ok(i64::from(declared.message_count()))
     }
 
     async fn open_channel(&self) -> Result<(lapin::Connection, lapin::Channel)> {

@@ -15,8 +15,7 @@
 //! reported; the same cells serve as the relay's benchmark: run before and after a change.
 
 use anyhow::{anyhow, bail, Result};
-use lapin::options::{QueueDeclareOptions, QueuePurgeOptions};
-use lapin::types::FieldTable;
+use lapin::options::QueuePurgeOptions;
 use redis::AsyncCommands;
 use serde::Deserialize;
 use tokio_postgres::Client;
@@ -255,15 +254,8 @@ impl Target {
                 let url = ctx.nats_url().await?;
                 let jetstream = async_nats::jetstream::new(connect::nats(&url).await?);
                 let stream = format!("{}outbox_throughput", ctx.nats_name_prefix());
-                let _ = jetstream.delete_stream(&stream).await;
-                jetstream
-                    .create_stream(async_nats::jetstream::stream::Config {
-                        name: stream.clone(),
-                        subjects: vec![NatsSink::subject(ctx.nats_subject_prefix(), ">")],
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| anyhow!("cannot create JetStream stream {stream}: {e}"))?;
+                let config = NatsSink::stream_config(&stream, ctx.nats_subject_prefix());
+                NatsSink::create_fresh_stream(&jetstream, config).await?;
                 (url, Receiver::Nats { jetstream, stream })
             }
             SinkKind::Amqp => {
@@ -332,20 +324,7 @@ impl Target {
                     .clone();
                 info.state.messages as i64
             }
-            Receiver::Amqp { channel, queue } => {
-                let declared = channel
-                    .queue_declare(
-                        queue.as_str().into(),
-                        QueueDeclareOptions {
-                            passive: true,
-                            ..QueueDeclareOptions::default()
-                        },
-                        FieldTable::default(),
-                    )
-                    .await
-                    .map_err(|e| anyhow!("cannot count queue {queue}: {e}"))?;
-                i64::from(declared.message_count())
-            }
+            Receiver::Amqp { channel, queue } => AmqpSink::ready_messages(channel, queue).await?,
         })
     }
 

@@ -311,13 +311,11 @@ async fn run_case(
     let stream_name = format!("{}outbox_cluster_{name}", ctx.nats_name_prefix());
     let prefix = ctx.nats_subject_prefix();
     let probe_subject = format!("{prefix}outbox.probe");
+    let mut config = NatsSink::stream_config(&stream_name, prefix);
+    config.subjects.push(probe_subject.clone());
+    config.num_replicas = CLUSTER_NODES;
     let mut stream = jetstream
-        .create_stream(stream::Config {
-            name: stream_name.clone(),
-            subjects: vec![NatsSink::subject(prefix, ">"), probe_subject.clone()],
-            num_replicas: CLUSTER_NODES,
-            ..Default::default()
-        })
+        .create_stream(config)
         .await
         .map_err(|e| anyhow!("cannot create JetStream stream {stream_name}: {e}"))?;
 

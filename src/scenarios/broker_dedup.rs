@@ -163,16 +163,11 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         // A stream per case, deleted after it: the two would claim the same subjects.
         let name = format!("{}outbox_{case}", ctx.nats_name_prefix());
         let subjects = NatsSink::subject(ctx.nats_subject_prefix(), ">");
-        let _ = jetstream.delete_stream(&name).await;
-        let mut created = jetstream
-            .create_stream(stream::Config {
-                name: name.clone(),
-                subjects: vec![subjects.clone()],
-                duplicate_window: Duration::from_millis(window_ms),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| anyhow!("cannot create JetStream stream {name}: {e}"))?;
+        let config = stream::Config {
+            duplicate_window: Duration::from_millis(window_ms),
+            ..NatsSink::stream_config(&name, ctx.nats_subject_prefix())
+        };
+        let mut created = NatsSink::create_fresh_stream(&jetstream, config).await?;
 
         ctx.run_writer(&db, params.events, Ending::Commit, None)
             .await?
