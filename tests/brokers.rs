@@ -37,6 +37,42 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// `outbox-lab scenario ARGS --format json` started in the background, once `ready` finds its
+/// servers up (asked with the run's pid, for at most `limit`); the run is killed and the test
+/// fails if they never are.
+fn run_with_servers_up<T>(
+    args: &[&str],
+    results: &str,
+    limit: Duration,
+    mut ready: impl FnMut(u32) -> Option<T>,
+) -> (std::process::Child, T) {
+    let mut run = outbox_lab()
+        .arg("scenario")
+        .args(args)
+        .args(["--format", "json", "--results-dir"])
+        .arg(scratch_dir(results))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = run.id();
+    let Some(found) = wait::blocking_up_to(limit, Duration::from_millis(20), || ready(pid)) else {
+        let _ = run.kill();
+        let _ = run.wait();
+        panic!(
+            "the servers of `outbox-lab scenario {}` never came up",
+            args.join(" ")
+        );
+    };
+    (run, found)
+}
+
+/// Kills a run with SIGKILL: it cannot stop what it started.
+fn sigkill(mut run: std::process::Child) {
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGKILL).unwrap();
+    run.wait().unwrap();
+}
+
 /// The server a run directory's marker records, once it does.
 fn recorded_server(dir: &Path) -> Option<ProcessId> {
     let marker: Marker =
@@ -159,33 +195,21 @@ fn assert_nobody_gets_in(dir: &Path, server: ProcessId, port: u16) {
 fn broker_dedup_counts_and_no_nats_server_left_behind() {
     let _turn = one_at_a_time();
     // A long downtime keeps the killed run inside the scenario, its server up.
-    let mut killed = outbox_lab()
-        .args(["scenario", "broker-dedup", "--format", "json"])
-        .args([
-            "--set",
-            "downtime_ms=30000",
-            "--set",
-            "covered_window_ms=60000",
-        ])
-        .arg("--results-dir")
-        .arg(scratch_dir("brokers-killed"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let found = wait::blocking_up_to(Duration::from_secs(60), Duration::from_millis(20), || {
-        throwaway_dirs_of("nats", killed.id())
-            .into_iter()
-            .find_map(|dir| ready_nats_server(&dir).map(|ready| (dir, ready)))
-    });
-    let Some((dir, (server, port))) = found else {
-        let _ = killed.kill();
-        let _ = killed.wait();
-        panic!("the run's nats-server never became ready");
-    };
+    let args = [
+        "broker-dedup",
+        "--set",
+        "downtime_ms=30000",
+        "--set",
+        "covered_window_ms=60000",
+    ];
+    let (killed, (dir, (server, port))) =
+        run_with_servers_up(&args, "brokers-killed", Duration::from_secs(60), |pid| {
+            throwaway_dirs_of("nats", pid)
+                .into_iter()
+                .find_map(|dir| ready_nats_server(&dir).map(|ready| (dir, ready)))
+        });
     assert_nobody_gets_in(&dir, server, port);
-    kill(Pid::from_raw(killed.id() as i32), Signal::SIGKILL).unwrap();
-    killed.wait().unwrap();
+    sigkill(killed);
     assert!(
         server.is_running(),
         "a SIGKILLed run cannot stop its nats-server"
@@ -339,25 +363,14 @@ fn assert_nobody_gets_into_rabbitmq(dir: &Path, epmd_dir: &Path, url: &str) {
 #[test]
 fn broker_confirms_loses_nothing_and_no_rabbitmq_left_behind() {
     let _turn = one_at_a_time();
-    let mut killed = outbox_lab()
-        .args(["scenario", "broker-confirms", "--quick", "--format", "json"])
-        .arg("--results-dir")
-        .arg(scratch_dir("rabbitmq-killed"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let found = wait::blocking_up_to(Duration::from_secs(90), Duration::from_millis(50), || {
-        ready_rabbitmq(killed.id())
-    });
-    let Some((dir, epmd_dir, url)) = found else {
-        let _ = killed.kill();
-        let _ = killed.wait();
-        panic!("the run's rabbitmq-server never let us in");
-    };
+    let (killed, (dir, epmd_dir, url)) = run_with_servers_up(
+        &["broker-confirms", "--quick"],
+        "rabbitmq-killed",
+        Duration::from_secs(90),
+        ready_rabbitmq,
+    );
     assert_nobody_gets_into_rabbitmq(&dir, &epmd_dir, &url);
-    kill(Pid::from_raw(killed.id() as i32), Signal::SIGKILL).unwrap();
-    killed.wait().unwrap();
+    sigkill(killed);
     let left: Vec<ProcessId> = [processes_in(&dir), processes_in(&epmd_dir)]
         .concat()
         .into_iter()
@@ -497,28 +510,19 @@ fn amqp_sink_without_confirms_counts_unrouted_events_as_delivered() {
 #[test]
 fn broker_cluster_loses_nothing_with_acks_and_no_node_left_behind() {
     let _turn = one_at_a_time();
-    let mut killed = outbox_lab()
-        .args(["scenario", "broker-cluster", "--quick", "--format", "json"])
-        .arg("--results-dir")
-        .arg(scratch_dir("brokers-cluster-killed"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let found = wait::blocking_up_to(Duration::from_secs(60), Duration::from_millis(20), || {
-        let dirs = throwaway_dirs_of("nats-cluster", killed.id());
-        let servers: Vec<(PathBuf, ProcessId)> = dirs
-            .into_iter()
-            .filter_map(|dir| recorded_server(&dir).map(|server| (dir, server)))
-            .filter(|(_, server)| server.is_running())
-            .collect();
-        (servers.len() == 3).then_some(servers)
-    });
-    let Some(nodes) = found else {
-        let _ = killed.kill();
-        let _ = killed.wait();
-        panic!("the run's three nats-servers never ran");
-    };
+    let (killed, nodes) = run_with_servers_up(
+        &["broker-cluster", "--quick"],
+        "brokers-cluster-killed",
+        Duration::from_secs(60),
+        |pid| {
+            let servers: Vec<(PathBuf, ProcessId)> = throwaway_dirs_of("nats-cluster", pid)
+                .into_iter()
+                .filter_map(|dir| recorded_server(&dir).map(|server| (dir, server)))
+                .filter(|(_, server)| server.is_running())
+                .collect();
+            (servers.len() == 3).then_some(servers)
+        },
+    );
     for (_, server) in &nodes {
         // Its client port and its route port, both on 127.0.0.1 (0100007F) alone.
         let wait_listening =
@@ -532,8 +536,7 @@ fn broker_cluster_loses_nothing_with_acks_and_no_node_left_behind() {
             "a node listens beyond 127.0.0.1: {addresses:?}"
         );
     }
-    kill(Pid::from_raw(killed.id() as i32), Signal::SIGKILL).unwrap();
-    killed.wait().unwrap();
+    sigkill(killed);
     for (_, server) in &nodes {
         assert!(
             server.is_running(),
