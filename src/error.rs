@@ -17,6 +17,9 @@ pub mod exit {
     /// The harness failed in the middle of a run, after the setup worked: a child process
     /// failed unexpectedly, the server went away.
     pub const HARNESS: u8 = 3;
+    /// `verify` could not judge: the run was cut short by the user's `--time-limit` before it
+    /// drained, and broke no safety invariant meanwhile (Jepsen's unknown).
+    pub const INCONCLUSIVE: u8 = 4;
     /// Stopped by Ctrl-C or SIGTERM (after cleaning up).
     pub const INTERRUPTED: u8 = 130;
     /// The status of a child process that died at a crash point (`_exit(86)`), so that a crash
@@ -186,7 +189,7 @@ mod tests {
     #[test]
     fn a_crash_is_none_of_our_own_statuses() {
         use exit::*;
-        let ours = [OK, CHECK_FAILED, USAGE, HARNESS, INTERRUPTED];
+        let ours = [OK, CHECK_FAILED, USAGE, HARNESS, INCONCLUSIVE, INTERRUPTED];
         assert!(!ours.contains(&CRASHED));
     }
 }

@@ -255,7 +255,17 @@ fn mark_before_send_is_caught_and_the_article_relay_is_not() {
     assert_eq!(broken.code, 1, "{}", broken.stderr);
     assert!(broken.metric("verify.lost.violating") >= 1);
     assert_eq!(broken.metric("verify.faults_fired"), 1);
-    assert!(replay_of(&broken, "lost").contains("--schedule \"net:reset@5\""));
+    let replay = replay_of(&broken, "lost");
+    // The replay carries every flag that shaped the run.
+    for flag in [
+        "--schedule \"net:reset@5\"",
+        "--events 100",
+        "--sink http",
+        "--time-limit 120s",
+        "--consumer idempotent",
+    ] {
+        assert!(replay.contains(flag), "{flag} not in {replay}");
+    }
 
     let article = verify(&[
         "--relay-cmd",
@@ -277,7 +287,11 @@ fn a_relay_command_that_is_not_there_is_bad_input() {
     let run = verify(&["--relay-cmd", "sh -c {nope}"]);
     assert_usage_error(&run, "unknown placeholder {nope}");
     let run = verify(&["--relay-cmd", "sh", "--relays", "0"]);
-    assert_usage_error(&run, "--relays 0 must be between 1 and 8");
+    assert_usage_error(&run, "0 is not in 1..=8");
+    let run = verify(&["--relay-cmd", "sh", "--events", "-1"]);
+    assert_usage_error(&run, "is not in 10..=100000");
+    let run = verify(&["--relay-cmd", "sh", "--schedule", "pause:relay@250ms+0ms"]);
+    assert_usage_error(&run, "pauses nothing");
     let run = verify(&["--relay-cmd", "sh", "--nemesis", "kill,flood"]);
     assert_usage_error(&run, "unknown nemesis 'flood'");
     let run = verify(&[
@@ -339,4 +353,122 @@ fn a_schema_file_that_does_not_apply_is_bad_input() {
     assert_usage_error(&run, "--pending-sql does not run");
     let run = verify(&["--relay-cmd", "sh", "--pending-sql", "SELECT 'many'"]);
     assert_usage_error(&run, "--pending-sql must return one bigint");
+}
+
+/// A relay that does nothing and ends at once with status 0 (`true`) never connects: bad
+/// input, said within seconds — not a liveness verdict after the time limit.
+#[test]
+fn a_relay_that_ends_at_once_with_status_0_is_bad_input() {
+    let started = std::time::Instant::now();
+    let run = verify(&["--relay-cmd", "true"]);
+    assert_usage_error(&run, "exited by itself");
+    assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
+}
+
+/// A schema file that drops or changes outbox-lab's tables is bad input naming --schema.
+#[test]
+fn a_schema_that_breaks_our_tables_is_bad_input() {
+    let dir = scratch_dir("verify-schema-breaks");
+    for ddl in [
+        "DROP TABLE consumer.shipments;",
+        "DROP TABLE outbox CASCADE;",
+        "ALTER TABLE outbox DROP COLUMN payload;",
+    ] {
+        let schema = dir.join("schema.sql");
+        std::fs::write(&schema, ddl).unwrap();
+        let run = verify(&["--relay-cmd", "sh", "--schema", schema.to_str().unwrap()]);
+        assert_usage_error(&run, "--schema breaks outbox-lab's tables");
+    }
+}
+
+/// The user's SQL runs under a statement timeout of a quarter of --time-limit: too slow is
+/// bad input that says so, within seconds, not a hang.
+#[test]
+fn slow_user_sql_is_bad_input_within_its_bound() {
+    let dir = scratch_dir("verify-slow-sql");
+    let schema = dir.join("schema.sql");
+    std::fs::write(&schema, "SELECT pg_sleep(1000);").unwrap();
+    for args in [
+        vec!["--pending-sql", "SELECT count(*) FROM pg_sleep(1000)"],
+        vec!["--schema", schema.to_str().unwrap()],
+    ] {
+        let started = std::time::Instant::now();
+        let mut all = vec!["--relay-cmd", "sh", "--time-limit", "8s"];
+        all.extend(args);
+        let run = verify(&all);
+        assert_usage_error(&run, "bounded by 2s here, a quarter of --time-limit");
+        assert!(started.elapsed().as_secs() < 8, "{:?}", started.elapsed());
+    }
+}
+
+/// A run cut short by --time-limit before the relays drained is inconclusive (exit 4), not
+/// a liveness violation of the relay's.
+#[test]
+fn a_run_cut_short_by_the_time_limit_is_inconclusive() {
+    let run = verify(&[
+        "--relay-cmd",
+        &our_relay(""),
+        "--events",
+        "100000",
+        "--time-limit",
+        "5s",
+        "--nemesis",
+        "none",
+    ]);
+    assert_eq!(run.code, 4, "{}", run.stderr);
+    assert_eq!(run.metric("verify.inconclusive"), 1);
+    assert_eq!(run.metric("verify.liveness.violating"), 0);
+    assert_eq!(run.metric("verify.lost.violating"), 0);
+    assert!(run.metric("verify.written") < 100_000);
+    assert!(run.stderr.contains("inconclusive"), "{}", run.stderr);
+}
+
+/// A relay that deletes its outbox rows once delivered (Debezium's insert-then-delete) is
+/// judged on what was written, not on the empty outbox it leaves: the article's relay so
+/// loses nothing, and a "relay" that deletes every row without sending loses them all.
+#[test]
+fn a_relay_that_deletes_what_it_published_is_judged_on_what_was_written() {
+    let relay = format!("{} --delete-published", example("article.py"));
+    let run = verify(&[
+        "--relay-cmd",
+        &relay,
+        "--events",
+        "100",
+        "--nemesis",
+        "kill",
+    ]);
+    assert_passed(&run);
+    assert_eq!(run.metric("verify.written"), 100);
+    assert_eq!(run.metric("verify.delivered_distinct"), 100);
+    assert!(run.metric_f64("verify.latency.p50_ms") > 0.0);
+
+    let deletes_only = "sh -c 'echo \"DELETE FROM outbox \\watch 0.1\" | \
+                        psql -q \"$OUTBOX_LAB_DATABASE_URL\"'";
+    let run = verify(&[
+        "--relay-cmd",
+        deletes_only,
+        "--events",
+        "100",
+        "--nemesis",
+        "none",
+    ]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(run.metric("verify.lost.violating"), 100);
+}
+
+/// A nemesis that cannot strike is NOT REACHED and fails the verdict: the 500th request
+/// reset of a 100-event run never comes.
+#[test]
+fn a_nemesis_that_never_comes_is_not_reached_and_fails() {
+    let run = verify(&[
+        "--relay-cmd",
+        &our_relay(""),
+        "--events",
+        "100",
+        "--schedule",
+        "net:reset@500",
+    ]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(run.metric("verify.faults_not_reached"), 1);
+    assert_eq!(run.metric("verify.lost.violating"), 0);
 }

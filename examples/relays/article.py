@@ -37,7 +37,8 @@ def one_batch(conn, cursor, sink, args, stopping):
             failed.append((row["id"], str(e)))
             blocked.add(row["aggregate_id"])
     if delivered:
-        cursor.execute(common.MARK_PUBLISHED, {"ids": delivered})
+        done = common.DELETE_PUBLISHED if args.delete_published else common.MARK_PUBLISHED
+        cursor.execute(done, {"ids": delivered})
     for outbox_id, error in failed:
         cursor.execute(MARK_FAILED, {"id": outbox_id, "error": error})
     conn.commit()

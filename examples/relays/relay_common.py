@@ -37,6 +37,10 @@ MARK_PUBLISHED = """
 UPDATE outbox SET published_at = clock_timestamp(), attempts = attempts + 1
  WHERE id = ANY(%(ids)s)"""
 
+# Or, with --delete-published, the delivered rows go (Debezium's insert-then-delete, many
+# libraries' cleanup): the outbox holds only what is still owed.
+DELETE_PUBLISHED = "DELETE FROM outbox WHERE id = ANY(%(ids)s)"
+
 NOTIFY_CHANNEL = "outbox_new"
 
 # How long a relay asked to stop may go on finishing its batch before abandoning it.
@@ -133,6 +137,8 @@ def parse_args(description):
     p.add_argument("--name", default=env("OUTBOX_LAB_RELAY_NAME") or "relay-0",
                    help="log prefix and application_name 'outbox-lab-example <name>' "
                         "(default: $OUTBOX_LAB_RELAY_NAME or relay-0)")
+    p.add_argument("--delete-published", action="store_true",
+                   help="delete the delivered rows instead of marking them published")
     args = p.parse_args()
     if not args.sink:
         p.error("no sink: give --sink or set OUTBOX_LAB_SINK_URL")

@@ -43,9 +43,13 @@ takes a 2xx answer as received, and sets published_at. It is killed, paused, cut
 database and the consumer (--nemesis), started again whenever it ends, and stopped with
 SIGTERM once the outbox is drained. The consumer, the writer and the judge are outbox-lab's.
 
-Exit status: 0 every claimed invariant held and every nemesis fired, 1 one broke (the
-offending ids and the smallest schedule that reproduced it are printed), 2 bad input (the
-command not found, exits at once, never connects...), 3 the harness failed mid-run.";
+Exit status: 0 every claimed invariant held and every nemesis fired; 1 one broke (the
+offending ids and the smallest schedule that reproduced it are printed) or a nemesis was not
+reached; 2 bad input (the command not found, a relay that exits at once or never connects to
+the database, a --schema that does not apply or breaks outbox-lab's tables, --pending-sql that
+does not count or takes too long: every statement is bounded by a quarter of --time-limit);
+3 the harness failed mid-run; 4 inconclusive: --time-limit cut the run short before the
+relays drained, and no safety invariant broke meanwhile.";
 
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
@@ -53,7 +57,8 @@ pub struct VerifyArgs {
     #[arg(long, value_name = "CMD")]
     relay_cmd: String,
     /// Copies of the relay running at once.
-    #[arg(long, default_value_t = 1, value_name = "N")]
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=8))]
     relays: u32,
     /// The nemeses, comma-separated: kill, pause, db-restart, db-kill-backend, net-reset,
     /// net-reply-lost, net-delay; or all, or none.
@@ -69,7 +74,8 @@ pub struct VerifyArgs {
     #[arg(long, value_name = "FAULTS", conflicts_with = "nemesis")]
     schedule: Option<String>,
     /// Events the writer commits (two per order).
-    #[arg(long, default_value_t = 2000, value_name = "N")]
+    #[arg(long, default_value_t = 2000, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(10..=100_000))]
     events: u32,
     /// Stop shrinking after this long; no run lasts longer (e.g. 60s, 90s).
     #[arg(long, default_value = "120s", value_name = "DURATION", value_parser = parse_duration)]
@@ -174,6 +180,9 @@ pub async fn run(args: VerifyArgs) -> Result<ExitCode> {
         Ok((verification, server.version.clone(), server.kind()))
     })
     .await?;
+    if let Some(why) = verification.inconclusive() {
+        eprintln!("verify: inconclusive: the run was {why}: see the notes");
+    }
     let report = verify::report(
         &plan,
         &verification,
@@ -185,5 +194,11 @@ pub async fn run(args: VerifyArgs) -> Result<ExitCode> {
             server: kind.to_string(),
         },
     );
-    super::finish_run(&report, &results_dir, args.run.format, Report::render_text)
+    let status = super::finish_run(&report, &results_dir, args.run.format, Report::render_text)?;
+    Ok(
+        match verification.inconclusive().is_some() && report.passed() {
+            true => ExitCode::from(error::exit::INCONCLUSIVE),
+            false => status,
+        },
+    )
 }

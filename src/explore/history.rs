@@ -95,6 +95,10 @@ pub struct History {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rerun_of: Option<String>,
     pub elapsed_ms: u64,
+    /// Why the run ended before it could be judged whole (a bound of the user's): its verdict
+    /// is inconclusive, as Jepsen's unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cut_short: Option<String>,
     /// Every fault of the schedule, crash points then nemeses, fired or not reached.
     pub faults: Vec<FaultRecord>,
     pub processes: Vec<Process>,

@@ -149,6 +149,11 @@ pub struct Schedule {
 }
 
 impl Schedule {
+    /// When the last of its nemeses on the run's clock is over; `None` without such nemeses.
+    pub fn clock_over_at(&self) -> Option<Duration> {
+        self.nemeses.iter().filter_map(Nemesis::over_at).max()
+    }
+
     /// Smaller is simpler to read: fewer faults, then earlier passes.
     pub fn size(&self) -> (usize, u32) {
         (
@@ -331,6 +336,18 @@ impl Nemesis {
         }
     }
 
+    /// When a nemesis on the run's clock is over (struck and, for a pause, let go); `None`
+    /// for those triggered by a crash point or a request.
+    pub fn over_at(&self) -> Option<Duration> {
+        match *self {
+            Nemesis::Pause { at, hold, .. } => Some(at + hold),
+            Nemesis::Kill { at, .. }
+            | Nemesis::DbRestart { at }
+            | Nemesis::DbKillBackend { at, .. } => Some(at),
+            Nemesis::PauseAtPoint { .. } | Nemesis::Net(_) => None,
+        }
+    }
+
     /// Only the throwaway cluster can be restarted.
     pub fn needs_throwaway_cluster(&self) -> bool {
         matches!(self, Nemesis::DbRestart { .. })
@@ -391,6 +408,11 @@ impl FromStr for Nemesis {
                     .rsplit_once('+')
                     .ok_or_else(|| format!("'{item}' needs how long: pause:...+FOR"))?;
                 let hold = parse_duration(hold)?;
+                if hold.is_zero() {
+                    return Err(format!(
+                        "'{item}': a pause of 0 ms pauses nothing: give FOR above 0 (+500ms)"
+                    ));
+                }
                 if what.contains(':') {
                     let fault: Fault = what.parse()?;
                     return Ok(Nemesis::PauseAtPoint { fault, hold });
@@ -484,6 +506,8 @@ mod tests {
     fn bad_nemeses_are_explained() {
         let err = |s: &str| s.parse::<Nemesis>().unwrap_err();
         assert!(err("pause:relay@60ms").contains("needs how long"));
+        assert!(err("pause:relay@60ms+0ms").contains("pauses nothing"));
+        assert!(err("pause:relay:after-fetch@1+0s").contains("pauses nothing"));
         assert!(err("kill:relay").contains("needs a moment"));
         assert!(err("kill:broker@1s").contains("unknown role"));
         assert!(err("kill:relay@soon").contains("not a duration"));

@@ -16,6 +16,7 @@ use anyhow::{anyhow, Result};
 use futures_util::future::join_all;
 use tokio::sync::watch;
 use tokio_postgres::config::Host;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
 use super::checker;
@@ -31,10 +32,12 @@ use crate::harness::child::role::{
 use crate::harness::child::{ChildCommand, ChildEnd, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
 use crate::harness::foreign::{relay_name, Endpoints, RelayTemplate, Tail};
+use crate::harness::nemesis::format_duration;
 use crate::harness::nemesis::{Sessions, COUNT_FOREIGN_SESSIONS};
 use crate::harness::proxy::Proxy;
 use crate::harness::throwaway;
 use crate::judge::invariants::pending;
+use crate::judge::record;
 use crate::outbox::consumer::{Faults, CONSUMER_APPLICATION_NAME};
 use crate::outbox::crash::CrashPlan;
 use crate::outbox::jetstream_consumer;
@@ -75,6 +78,9 @@ pub struct Bounds {
     pub run: Duration,
     /// No single child may take longer.
     pub child: Duration,
+    /// No statement of the lab's may take longer (the user's `--schema` and `--pending-sql`
+    /// among them): slow SQL is an error that says so, not a hang.
+    pub statement: Duration,
 }
 
 /// explore's: small workloads, relays of ours.
@@ -82,6 +88,7 @@ pub const EXPLORE_BOUNDS: Bounds = Bounds {
     liveness: LIVENESS_BOUND,
     run: Duration::from_secs(30),
     child: Duration::from_secs(25),
+    statement: Duration::from_secs(25),
 };
 
 /// The lab names its own sessions so (`application_name`).
@@ -123,7 +130,13 @@ const CLAIM_LEASE: Duration = Duration::from_millis(250);
 const RELAY_REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 /// The reset between runs waits this long at most for a killed child's session (which the
 /// server ends a moment after the process) to release its locks.
-const RESET_LOCK_TIMEOUT: &str = "SET lock_timeout = '5s'";
+const RESET_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+/// The writer of a verify run spreads its workload until this long after the last nemesis on
+/// the clock is over: every nemesis strikes while events are being written.
+const WRITING_AFTER_NEMESES: Duration = Duration::from_millis(250);
+/// A relay of the user's whose first processes all end this soon, before any fault and before
+/// any relay was seen connected to the database, does not run at all (`--relay-cmd true`).
+const QUICK_EXITS_UNCONNECTED: u32 = 3;
 
 /// What the writer writes in every run.
 #[derive(Debug, Clone, Copy)]
@@ -407,6 +420,10 @@ struct Stage<'r> {
     drained: watch::Sender<bool>,
     /// What the user's relay 0 (its latest process) printed last, for a verdict that needs it.
     relay_tail: Mutex<Tail>,
+    /// Every nemesis has struck (or cannot any more): the user's relays are not drained before.
+    nemeses_done: watch::Sender<bool>,
+    /// A session of the user's relays was seen in the database.
+    relay_connected: watch::Sender<bool>,
 }
 
 impl<'s> Lab<'s> {
@@ -440,7 +457,29 @@ impl<'s> Lab<'s> {
     ) -> Result<Lab<'s>> {
         let lab = Lab::open(server, design, workload, Relays::Foreign(foreign), bounds).await?;
         lab.reset().await?;
+        lab.try_pending_sql().await?;
         Ok(lab)
+    }
+
+    /// Runs the user's relay's count of what is still owed once, on the fresh schema: a
+    /// statement that cannot count is bad input, found before any run.
+    async fn try_pending_sql(&self) -> Result<()> {
+        let Relays::Foreign(foreign) = &self.relays else {
+            return Ok(());
+        };
+        let client = self.client().await?;
+        let row = client
+            .query_one(foreign.pending_sql.as_str(), &[])
+            .await
+            .map_err(|e| {
+                self.user_sql_failed("--pending-sql does not run on the fresh schema", e)
+            })?;
+        row.try_get::<_, i64>(0).map_err(|_| {
+            error::Error::Usage(anyhow!(
+                "--pending-sql must return one bigint: the count still to be delivered"
+            ))
+        })?;
+        Ok(())
     }
 
     async fn open(
@@ -452,7 +491,7 @@ impl<'s> Lab<'s> {
     ) -> Result<Lab<'s>> {
         let db = server.create_database(design.name).await?;
         let client = db.connect_as(LAB_APPLICATION_NAME).await?;
-        client.batch_execute(RESET_LOCK_TIMEOUT).await?;
+        bound_session(&client, &bounds).await?;
         let [port] = throwaway::free_ports()?;
         Ok(Lab {
             design,
@@ -474,7 +513,7 @@ impl<'s> Lab<'s> {
                 self.db.connect_as(LAB_APPLICATION_NAME).await
             })
             .await?;
-            client.batch_execute(RESET_LOCK_TIMEOUT).await?;
+            bound_session(&client, &self.bounds).await?;
         }
         Ok(client)
     }
@@ -494,14 +533,37 @@ impl<'s> Lab<'s> {
                 schema::create(&client).await?;
                 client.batch_execute(schema::NOTIFY_TRIGGER).await?;
                 if let Some(ddl) = &foreign.schema {
-                    client.batch_execute(ddl).await.map_err(|e| {
-                        let why = anyhow::Error::from(e);
-                        error::Error::Usage(anyhow::anyhow!("--schema does not apply: {why:#}"))
-                    })?;
+                    client
+                        .batch_execute(ddl)
+                        .await
+                        .map_err(|e| self.user_sql_failed("--schema does not apply", e))?;
+                    if let Some(why) = record::broken_by_user_schema(&client).await {
+                        return Err(error::Error::Usage(anyhow!(
+                            "--schema breaks outbox-lab's tables ({why}): your DDL may add \
+                             tables, columns, indexes and triggers, not drop or change the \
+                             article's outbox, orders and consumer tables"
+                        ))
+                        .into());
+                    }
                 }
+                client.batch_execute(record::RECORD_WRITES).await?;
             }
         }
         Ok(())
+    }
+
+    /// The user's SQL failed: bad input, which says what and, when it was too slow, the bound.
+    fn user_sql_failed(&self, what: &str, e: tokio_postgres::Error) -> anyhow::Error {
+        let too_slow = e.code() == Some(&SqlState::QUERY_CANCELED);
+        let why = anyhow::Error::from(e);
+        let bound = match too_slow {
+            true => format!(
+                " (every statement is bounded by {} here, a quarter of --time-limit)",
+                format_duration(self.bounds.statement)
+            ),
+            false => String::new(),
+        };
+        error::Error::Usage(anyhow!("{what}: {why:#}{bound}")).into()
     }
 
     /// Where the relays deliver.
@@ -561,6 +623,8 @@ impl<'s> Lab<'s> {
             writer_done: watch::channel(false).0,
             drained: watch::channel(false).0,
             relay_tail: Mutex::new(Tail::default()),
+            nemeses_done: watch::channel(false).0,
+            relay_connected: watch::channel(false).0,
         };
         let outcomes = nemeses::not_reached(schedule);
         let (over, over_seen) = watch::channel(false);
@@ -595,24 +659,47 @@ impl<'s> Lab<'s> {
             over.send_replace(true);
             stuck
         };
-        let run = async { tokio::join!(supervised, nemeses::strike(schedule, &arena, &outcomes)) };
+        let striking = async {
+            let struck = nemeses::strike(schedule, &arena, &outcomes).await;
+            stage.nemeses_done.send_replace(true);
+            struck
+        };
+        let run = async { tokio::join!(supervised, striking) };
+        let mut cut_short = None;
         let stuck = match tokio::time::timeout(self.bounds.run, run).await {
             Ok((stuck, struck)) => {
                 struck?;
                 stuck?
             }
             // Dropping the supervision kills every child it still had (kill_on_drop).
-            Err(_) => Some(format!("not drained within {:?}", self.bounds.run)),
+            Err(_) => {
+                let why = format!("cut short by the run's bound of {:?}", self.bounds.run);
+                match self.relays {
+                    // The user's time limit ended it: inconclusive, not the relay's fault.
+                    Relays::Foreign(_) => {
+                        cut_short = Some(why);
+                        None
+                    }
+                    Relays::Ours => Some(why),
+                }
+            }
         };
         nemeses::settle(schedule, proxy.as_ref(), arena.started, &outcomes);
         let client = self.client().await?;
         if let Relays::Foreign(_) = self.relays {
-            // What the user's relay left out of its deliveries, by the event id it did send.
+            // The rows the relay deleted once published come back, and what it left out of
+            // its deliveries is filled in by the event id it did send.
+            record::restore_deleted(&client).await?;
             client.batch_execute(COMPLETE_RECEIPTS).await?;
         }
-        let violations = checker::check(&client, stuck.as_deref()).await?;
+        let violations = match cut_short {
+            // Not drained: what is owed is pending, not lost, and liveness is not judged.
+            Some(_) => checker::check_live(&client).await?,
+            None => checker::check(&client, stuck.as_deref()).await?,
+        };
         drop(client);
         let mut history = history.into_inner().expect("not poisoned");
+        history.cut_short = cut_short;
         history.faults = faults.records();
         let nemeses = outcomes.into_inner().expect("not poisoned");
         history.faults.extend(nemeses::records(schedule, nemeses));
@@ -683,7 +770,7 @@ impl<'s> Lab<'s> {
             let plan = faults.next(Role::Writer);
             let label = format!("writer#{n}");
             let writer = self
-                .writer_command(&stage.sink)
+                .writer_command(&stage.sink, stage.schedule)
                 .crash_at(plan)
                 .pause_at(nemeses::pause_point(stage.schedule, Role::Writer).filter(|_| n == 1))
                 .spawn()?;
@@ -767,6 +854,7 @@ impl<'s> Lab<'s> {
     ) -> Result<Option<String>> {
         let endpoints = self.endpoints(&stage.sink)?;
         let name = relay_name(index);
+        let mut quick_exits = 0;
         for n in 1..=MAX_PROCESSES_PER_ROLE {
             let label = format!("{name}#{n}");
             let mut relay = template.spawn(&endpoints, index)?;
@@ -792,9 +880,13 @@ impl<'s> Lab<'s> {
             let lived = relay.started.elapsed();
             let no_fault_yet = faults.last_fired().is_none() && struck.last().is_none();
             // With status 0 it may be a relay that drains what there is and ends (run from
-            // cron): started again like any other, not refused.
+            // cron): started again like any other, not refused — unless it never connects.
             let failed = status.code().is_some_and(|code| code != 0);
-            if n == 1 && lived < EXITS_AT_ONCE && failed && no_fault_yet {
+            let quick = lived < EXITS_AT_ONCE && no_fault_yet;
+            if quick && !*stage.relay_connected.borrow() {
+                quick_exits += 1;
+            }
+            if quick && (n == 1 && failed || quick_exits == QUICK_EXITS_UNCONNECTED) {
                 return Err(error::Error::Usage(
                     ForeignRelayError::ExitsAtOnce {
                         name,
@@ -842,6 +934,7 @@ impl<'s> Lab<'s> {
                     .query_one(COUNT_FOREIGN_SESSIONS, &[&OUR_SESSIONS.to_vec()])
                     .await;
                 connected = sessions.is_ok_and(|row| row.get::<_, i64>(0) > 0);
+                stage.relay_connected.send_replace(connected);
                 if !connected && started.elapsed() > CONNECT_BOUND {
                     let tail = stage.relay_tail.lock().expect("not poisoned").lines();
                     let tail = tail.join(" | ");
@@ -849,11 +942,17 @@ impl<'s> Lab<'s> {
                         .into();
                 }
             }
-            if !*stage.writer_done.borrow() {
+            if !*stage.writer_done.borrow() || !*stage.nemeses_done.borrow() {
                 continue;
             }
+            let pending = match client.query_one(&foreign.pending_sql, &[]).await {
+                Ok(row) => row.get::<_, i64>(0),
+                Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => {
+                    return self.user_sql_failed("--pending-sql took too long during the run", e);
+                }
+                Err(_) => continue,
+            };
             let counts = async {
-                let pending: i64 = client.query_one(&foreign.pending_sql, &[]).await?.get(0);
                 let received: i64 = client.query_one(COUNT_RECEIPTS, &[]).await?.get(0);
                 let pending = pending + broker.count().await?;
                 anyhow::Ok((pending, received))
@@ -1045,11 +1144,18 @@ impl<'s> Lab<'s> {
     }
 
     /// The writer; a dual write sends to `sink` itself.
-    fn writer_command(&self, sink: &str) -> ChildCommand<ExploreWriterRole> {
+    fn writer_command(&self, sink: &str, schedule: &Schedule) -> ChildCommand<ExploreWriterRole> {
+        // The user's relays may drain faster than the nemeses come: the workload is spread
+        // until they are over, so that each strikes a relay at work.
+        let window = match (&self.relays, schedule.clock_over_at()) {
+            (Relays::Foreign(_), Some(over)) => over + WRITING_AFTER_NEMESES,
+            _ => Duration::ZERO,
+        };
         let role = ExploreWriterRole {
             orders: self.workload.orders,
             events_per_order: self.workload.events_per_order,
             overlap: self.workload.overlap,
+            pace: window / self.workload.orders.div_ceil(2).max(1),
             dual_write: match self.design.writer {
                 Writer::Outbox => None,
                 Writer::DualWrite(order) => Some((order, sink.to_string())),
@@ -1104,6 +1210,17 @@ impl<'s> Lab<'s> {
 /// Liveness: once the writer is done, the relays must drain within [`LIVENESS_BOUND`] of the
 /// last fault, crash or nemesis (a fault that fires later starts the wait again); returns the
 /// bound they missed.
+/// Bounds the lab's own session: a reset waits [`RESET_LOCK_TIMEOUT`] at most for a killed
+/// child's locks, and no statement runs longer than the bounds say.
+async fn bound_session(client: &Client, bounds: &Bounds) -> Result<()> {
+    let sql = format!(
+        "SET lock_timeout = {}; SET statement_timeout = {}",
+        RESET_LOCK_TIMEOUT.as_millis(),
+        bounds.statement.as_millis()
+    );
+    Ok(client.batch_execute(&sql).await?)
+}
+
 async fn liveness_watchdog(
     faults: &FaultLog,
     struck: &Struck<'_>,

@@ -2,13 +2,15 @@
 //! liveness), what happened, counted from the database after the run ([`counts`]), latency
 //! summaries ([`latency`]), plans read with EXPLAIN ([`explain`]), the scenarios' expected
 //! figures held against what was measured ([`expectations`]), judging a consumer whose tables
-//! live in another database ([`two_databases`]), and the [`median`] of a figure's rounds.
+//! live in another database ([`two_databases`]), what it records of a foreign relay's run for
+//! itself ([`record`]), and the [`median`] of a figure's rounds.
 
 pub mod counts;
 pub mod expectations;
 pub mod explain;
 pub mod invariants;
 pub mod latency;
+pub mod record;
 pub mod two_databases;
 
 /// The median of a figure measured in several rounds (0 for none): one slow round on a shared

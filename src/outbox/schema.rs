@@ -70,6 +70,7 @@ RESTART IDENTITY";
 /// the user's created in `public`), for a run that starts from the schema files alone.
 pub const RECREATE: &str = "
 DROP SCHEMA IF EXISTS consumer CASCADE;
+DROP SCHEMA IF EXISTS judge CASCADE;
 DROP SCHEMA public CASCADE;
 CREATE SCHEMA public";
 

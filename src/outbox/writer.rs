@@ -128,15 +128,17 @@ pub async fn insert_order_with_events(
 
 /// Orders written in pairs by two sessions whose transactions overlap, as on any busy server:
 /// the second order of a pair commits first and the first `overlap` later (a slow request), so
-/// outbox ids do not become visible in id order.
+/// outbox ids do not become visible in id order. Each pair takes at least `pace`.
 pub async fn write_overlapping_pairs(
     slow: &mut Client,
     fast: &mut Client,
     customers: &[i64],
     events_per_order: u32,
     overlap: Duration,
+    pace: Duration,
 ) -> Result<()> {
     for pair in customers.chunks(2) {
+        let paced = tokio::time::sleep(pace);
         let slow_tx = slow.transaction().await?;
         insert_order_with_events(&slow_tx, pair[0], events_per_order, false).await?;
         if let Some(&second) = pair.get(1) {
@@ -148,6 +150,7 @@ pub async fn write_overlapping_pairs(
         }
         crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
         slow_tx.commit().await?;
+        paced.await;
     }
     Ok(())
 }

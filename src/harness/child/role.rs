@@ -195,6 +195,9 @@ pub struct ExploreWriterRole {
     pub events_per_order: u32,
     /// How long the first order of each pair stays uncommitted after the second commits.
     pub overlap: Duration,
+    /// Each pair takes at least this long: the workload spread over a window (verify's
+    /// nemeses strike while events are still being written).
+    pub pace: Duration,
     /// Be the naive app instead: write the order and POST its event (one per order) itself,
     /// in this order, to this sink.
     pub dual_write: Option<(DualWriteOrder, String)>,

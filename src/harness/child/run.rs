@@ -250,6 +250,7 @@ async fn explore_writer(db: &Database, args: ExploreWriterRole) -> Result<()> {
                     &todo,
                     args.events_per_order,
                     args.overlap,
+                    args.pace,
                 )
                 .await
             };
