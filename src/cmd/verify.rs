@@ -74,7 +74,7 @@ pub struct VerifyArgs {
     #[arg(long, value_name = "FAULTS", conflicts_with = "nemesis")]
     schedule: Option<String>,
     /// Events the writer commits (two per order).
-    #[arg(long, default_value_t = 2000, value_name = "N",
+    #[arg(long, default_value_t = 2000, value_name = "N", allow_negative_numbers = true,
           value_parser = clap::value_parser!(u32).range(10..=100_000))]
     events: u32,
     /// Stop shrinking after this long; no run lasts longer (e.g. 60s, 90s).
