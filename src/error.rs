@@ -3,7 +3,7 @@
 //! An error is an [`anyhow::Error`] chain; what it means for the exit status is told by an
 //! [`Error`] somewhere in it: [`exit_status`] looks for one (the innermost wins), and an error
 //! without one is bad input or a broken environment ([`exit::USAGE`]). [`one_line`] renders the
-//! chain on the single line that main prints.
+//! chain on the single line that main prints, its secrets masked.
 
 /// Exit statuses, in one place.
 pub mod exit {
@@ -77,18 +77,20 @@ pub fn exit_status(error: &anyhow::Error) -> u8 {
     Error::find(error).map_or(exit::USAGE, Error::exit_status)
 }
 
-/// The message of an error, cause chain included, on one line.
+/// The message of an error, cause chain included, on one line, its secrets masked (a URL in
+/// any message of the chain may carry a password).
 pub fn one_line(error: &anyhow::Error) -> String {
-    format!("{error:#}").replace('\n', " ")
+    crate::secrets::redact(&format!("{error:#}").replace('\n', " "))
 }
 
 /// A command-line error of clap's (a bad value, a missing argument) on one line, without its
-/// `error: ` prefix: the message, the possible values and the usage, joined.
+/// `error: ` prefix: the message, the possible values and the usage, joined; its secrets
+/// masked (clap quotes the bad value, a URL with its password).
 pub fn clap_one_line(error: &clap::Error) -> String {
     let text = error.render().to_string();
     let text = text.trim_start().trim_start_matches("error:");
     let lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
-    lines.collect::<Vec<_>>().join(" ")
+    crate::secrets::redact(&lines.collect::<Vec<_>>().join(" "))
 }
 
 /// A write to standard output: a reader that went away is [`Error::StdoutClosed`].
@@ -146,6 +148,16 @@ mod tests {
         );
     }
 
+    /// Whatever error main prints, a password in it is masked.
+    #[test]
+    fn one_line_shows_no_password() {
+        let e = anyhow!("refused").context("cannot connect to postgres://u:s3cret@h/db");
+        assert_eq!(
+            one_line(&e),
+            "cannot connect to postgres://u:***@h/db: refused"
+        );
+    }
+
     #[test]
     fn one_line_joins_the_chain_on_one_line() {
         let e = anyhow!("line one\nline two").context("reading");
@@ -184,6 +196,9 @@ mod tests {
         let line = clap_one_line(&e);
         assert!(!line.contains('\n'), "{line}");
         assert!(line.contains("--sink <SINK>"), "{line}");
+        let e = Cli::try_parse_from(["x", "--sink", "s", "--format", "redis://:pw@h"]);
+        let line = clap_one_line(&e.unwrap_err());
+        assert!(line.contains("'redis://:***@h'"), "{line}");
     }
 
     #[test]

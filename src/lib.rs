@@ -15,6 +15,8 @@
 //! - [`error`]: the typed errors that end a command, and every exit status.
 //! - [`connect`]: connecting to PostgreSQL and Redis, for every part of the house; [`wait`]: the
 //!   one bounded wait.
+//! - [`secrets`]: the one redaction of passwords and tokens, for everything printed or written,
+//!   and the form of a connection string that may stand on a command line.
 //!
 //! One scenario's path: `cmd` parses `scenario relay-crash`; `scenarios` loads its TOML, asks
 //! `harness` for a database, starts `outbox` actors as child processes that die at a crash
@@ -30,5 +32,6 @@ pub mod ops;
 pub mod outbox;
 pub mod report;
 pub mod scenarios;
+pub mod secrets;
 pub mod verify;
 pub mod wait;

@@ -1,6 +1,7 @@
 //! The harness is a guest on the machine, often run as root: its throwaway servers let no other
 //! local user in, it signals no process it cannot prove its own, writes no file through a link
-//! another user could plant, shows no password to `ps`, and cleans only what its dead runs left.
+//! another user could plant, shows no password to `ps` nor in what it prints or writes, and
+//! cleans only what its dead runs left.
 //!
 //! The parts that need a second user (`nobody`) run when the tests run as root, as CI does.
 
@@ -13,10 +14,15 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{block_on, outbox_lab, run_tracked, scratch_dir, server_url, throwaway_dirs_of, Run};
+use common::{
+    block_on, create_database, outbox_lab, query_i64, run_tracked, scratch_dir, server_url,
+    throwaway_dirs_of, Run,
+};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{geteuid, Pid, User};
 use outbox_lab::harness::throwaway::{self, Marker, ProcessId, ServerProcess};
+use outbox_lab::outbox::schema;
+use outbox_lab::outbox::writer::{self, Ending};
 
 /// `clean` looks at every throwaway directory: these tests take turns.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -468,12 +474,9 @@ fn children_of(parent: u32) -> usize {
         .count()
 }
 
-/// A password given in OUTBOX_LAB_DATABASE_URL never shows on a command line, although the
-/// scenario's children connect with it; the scan finds an argument that does (the check bites).
-#[test]
-fn children_never_show_a_password() {
-    let _turn = one_at_a_time();
-    // Numeric (a `sleep` argument below) and this run's own: other runs may scan at once.
+/// A password of this test's own, numeric (a `sleep` argument below): other runs may scan at
+/// once. The scan of command lines is shown to find it in a plain argument (the check bites).
+fn secret_the_scan_finds() -> String {
     let secret = format!(
         "{}{:09}",
         std::process::id(),
@@ -482,21 +485,29 @@ fn children_never_show_a_password() {
             .unwrap()
             .subsec_nanos()
     );
-    let secret = secret.as_str();
-    let mut control = Command::new("sleep").arg(secret).spawn().unwrap();
+    let mut control = Command::new("sleep").arg(&secret).spawn().unwrap();
     let started = Instant::now();
-    while command_lines_with(secret).is_empty() && started.elapsed() < Duration::from_secs(2) {
+    while command_lines_with(&secret).is_empty() && started.elapsed() < Duration::from_secs(2) {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(
-        command_lines_with(secret).len(),
+        command_lines_with(&secret).len(),
         1,
         "the scan misses a plain argument (control: {:?})",
         control.try_wait()
     );
     let _ = control.kill();
     let _ = control.wait();
+    secret
+}
 
+/// A password given in OUTBOX_LAB_DATABASE_URL never shows on a command line, although the
+/// scenario's children connect with it; the scan finds an argument that does (the check bites).
+#[test]
+fn children_never_show_a_password() {
+    let _turn = one_at_a_time();
+    let secret = secret_the_scan_finds();
+    let secret = secret.as_str();
     let url = server_url().replacen("postgres@", &format!("postgres:{secret}@"), 1);
     assert!(url.contains(secret));
     let results = scratch_dir("security-argv");
@@ -525,6 +536,235 @@ fn children_never_show_a_password() {
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(0), "{stderr}");
     assert!(children_seen > 0, "no child seen: the scan proved nothing");
+}
+
+/// `verify` against a server whose URL carries a password (in OUTBOX_LAB_DATABASE_URL): the
+/// relay's command line gets `{database_url}` without it (the relay connects all the same, with
+/// the variables), no child's command line shows it, and neither does the output nor any file
+/// of the run, whose directory is the owner's alone (0700, files 0600).
+#[test]
+fn a_verify_run_shows_no_password() {
+    let _turn = one_at_a_time();
+    let secret = secret_the_scan_finds();
+    let secret = secret.as_str();
+    let url = server_url().replacen("postgres@", &format!("postgres:{secret}@"), 1);
+    // Names this run's relays, so that the scan knows it saw them.
+    let marker = format!("secretless{}", std::process::id());
+    let relay = format!(
+        "'{}' relay --database-url {{database_url}} --sink {{sink_url}} --mode notify \
+         --interval-ms 50 --name {{name}}-{marker}",
+        env!("CARGO_BIN_EXE_outbox-lab")
+    );
+    let results = scratch_dir("security-verify");
+    let mut child = outbox_lab()
+        .args(["verify", "--relay-cmd", &relay, "--events", "20"])
+        .args(["--nemesis", "none", "--format", "json", "--results-dir"])
+        .arg(&results)
+        .env("OUTBOX_LAB_DATABASE_URL", &url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read while it runs: a full pipe would stall it.
+    let readers = [
+        read_to_end_in_thread(child.stdout.take().unwrap()),
+        read_to_end_in_thread(child.stderr.take().unwrap()),
+    ];
+    let started = Instant::now();
+    let mut relay_lines = Vec::new();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "verify did not end"
+        );
+        let shown = command_lines_with(secret);
+        assert_eq!(shown, Vec::<String>::new(), "a password on a command line");
+        // The relays' own, not verify's with the template.
+        let relays = command_lines_with(&marker).into_iter();
+        relay_lines.extend(relays.filter(|l| !l.contains("{database_url}")));
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let [stdout, stderr] = readers.map(|r| r.join().unwrap());
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{stderr}");
+    let relay_line = relay_lines
+        .first()
+        .unwrap_or_else(|| panic!("no relay seen: the scan proved nothing\n{stderr}"));
+    assert!(
+        relay_line.contains(" relay --database-url postgresql://postgres@"),
+        "{relay_line}"
+    );
+    for (what, text) in [("stdout", &stdout), ("stderr", &stderr)] {
+        assert!(!text.contains(secret), "the password on {what}: {text}");
+    }
+
+    let run_dir = std::fs::read_dir(&results)
+        .unwrap()
+        .next()
+        .expect("a run directory")
+        .unwrap()
+        .path();
+    let files = walk(&run_dir);
+    for name in ["verify.json", "report.html", "verify.jsonl"] {
+        assert!(
+            files.iter().any(|f| f.ends_with(name)),
+            "no {name} in {files:?}"
+        );
+    }
+    for path in std::iter::once(&run_dir).chain(&files) {
+        let mode = std::fs::symlink_metadata(path).unwrap().mode() & 0o777;
+        let private = if path.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(mode, private, "{} is {mode:o}", path.display());
+        if path.is_file() {
+            let text = std::fs::read_to_string(path).unwrap();
+            assert!(!text.contains(secret), "the password in {}", path.display());
+        }
+    }
+}
+
+/// Reads `output` to its end on a thread of its own.
+fn read_to_end_in_thread(
+    mut output: impl std::io::Read + Send + 'static,
+) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = output.read_to_string(&mut text);
+        text
+    })
+}
+
+/// The password the printed-secret tests give; their URLs point at nothing that answers.
+const SHOWN_NOWHERE: &str = "Pw0fTheSecretsTest";
+
+/// `outbox-lab ARGS` (with `env` set) to its end: exit 2, one line on stderr holding `needle`
+/// and not the password.
+fn fails_without_showing_the_password(args: &[&str], env: &[(&str, &str)], needle: &str) {
+    let mut command = outbox_lab();
+    command.args(args).stdin(Stdio::null());
+    for (var, value) in env {
+        command.env(var, value);
+    }
+    let started = Instant::now();
+    let (_, run) = run_tracked(&mut command);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{args:?} took long"
+    );
+    assert_eq!(run.code, 2, "{args:?} {env:?}: {}", run.stderr);
+    let shown = run.stderr.clone() + &run.stdout;
+    assert!(
+        !shown.contains(SHOWN_NOWHERE),
+        "{args:?} {env:?} shows the password: {shown}"
+    );
+    assert!(
+        run.stderr.contains(needle),
+        "{args:?} {env:?}: '{needle}' not in {}",
+        run.stderr
+    );
+}
+
+/// A malformed database URL (a port that is no number) is refused with its password masked, by
+/// check, relay and verify, whether it came from --database-url or OUTBOX_LAB_DATABASE_URL.
+#[test]
+fn a_malformed_database_url_shows_no_password() {
+    let url = format!("postgres://u:{SHOWN_NOWHERE}@127.0.0.1:notaport/db");
+    let masked = "invalid --database-url 'postgres://u:***@127.0.0.1:notaport/db'";
+    let results = scratch_dir("security-malformed");
+    let results = results.to_str().unwrap();
+    let commands: [&[&str]; 3] = [
+        &["check"],
+        &["relay", "--sink", "http://127.0.0.1:1/"],
+        &["verify", "--relay-cmd", "sh", "--results-dir", results],
+    ];
+    for command in commands {
+        let given = [command, &["--database-url", &url]].concat();
+        fails_without_showing_the_password(&given, &[], masked);
+        let from_env = [("OUTBOX_LAB_DATABASE_URL", url.as_str())];
+        fails_without_showing_the_password(command, &from_env, masked);
+    }
+}
+
+/// The standalone relay's sink that does not answer, and the consumer's broker URL that is
+/// refused, are named with the password masked; the relay names its own flag, --sink.
+#[test]
+fn unusable_broker_urls_show_no_password() {
+    let db = create_database(
+        &format!("security_sink_{}", std::process::id()),
+        schema::CREATE_OUTBOX,
+    );
+    let database_url = db.url();
+    let sink = format!("redis://:{SHOWN_NOWHERE}@127.0.0.1:1");
+    let relay = ["relay", "--database-url", &database_url];
+    let refused = "cannot deliver to --sink (or OUTBOX_LAB_SINK_URL): cannot connect to Redis at \
+                   redis://:***@127.0.0.1:1";
+    fails_without_showing_the_password(&[&relay[..], &["--sink", &sink]].concat(), &[], refused);
+    fails_without_showing_the_password(&relay, &[("OUTBOX_LAB_SINK_URL", &sink)], refused);
+    let consumer = ["consumer", "--database-url", &database_url];
+    let bad_value = "invalid value 'redis://:***@127.0.0.1:1' for '--from <URL>'";
+    fails_without_showing_the_password(
+        &[&consumer[..], &["--from", &sink]].concat(),
+        &[],
+        bad_value,
+    );
+    fails_without_showing_the_password(
+        &consumer,
+        &[("OUTBOX_LAB_BROKER_URL", &sink)],
+        "'redis://:***@127.0.0.1:1'",
+    );
+}
+
+/// The standalone relay's HTTP delivery that fails logs the sink's URL with its password
+/// masked, and records it so in the row's last_error.
+#[test]
+fn a_failed_http_delivery_shows_no_password() {
+    let name = format!("security_http_{}", std::process::id());
+    let db = create_database(&name, schema::CREATE_OUTBOX);
+    block_on(async {
+        let mut client = db.connect().await.unwrap();
+        writer::create_order_with_events(&mut client, 1, 1, Ending::Commit, false)
+            .await
+            .unwrap();
+    });
+    let sink = format!("http://u:{SHOWN_NOWHERE}@127.0.0.1:1/");
+    let mut relay = outbox_lab()
+        .args(["relay", "--database-url", &db.url(), "--sink", &sink])
+        .args(["--interval-ms", "50"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(relay.stdout.take().unwrap()));
+    let (sender, failures) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            let _ = sender.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    let failed = loop {
+        match failures.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) if line.contains(" failed: ") => break line,
+            Ok(line) => seen.push(line),
+            Err(e) => {
+                let _ = relay.kill();
+                panic!("no failed delivery ({e}); the relay printed {seen:?}");
+            }
+        }
+    };
+    kill(Pid::from_raw(relay.id() as i32), Signal::SIGTERM).unwrap();
+    let ended = relay.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&ended.stderr);
+    for line in seen.iter().chain([&failed]) {
+        assert!(!line.contains(SHOWN_NOWHERE), "the password in: {line}");
+    }
+    assert!(
+        failed.contains("POST http://u:***@127.0.0.1:1/events"),
+        "{failed}"
+    );
+    assert!(!stderr.contains(SHOWN_NOWHERE), "{stderr}");
+    let recorded = "SELECT count(*) FROM outbox WHERE last_error IS NOT NULL";
+    assert_eq!(query_i64(&name, recorded), 1);
+    let leaked = format!("SELECT count(*) FROM outbox WHERE last_error LIKE '%{SHOWN_NOWHERE}%'");
+    assert_eq!(query_i64(&name, &leaked), 0);
 }
 
 /// A postgres that never gets ready: killed with everything it started, not tried again, and

@@ -32,7 +32,7 @@ pub struct ConsumerArgs {
     #[arg(long, default_value = "outbox.event.orders", requires = "from")]
     queue: String,
     /// The database with the consumer's tables (schema consumer).
-    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL", hide_env_values = true)]
     database_url: String,
     /// Ship each event once, however often it arrives (dedup by event_id).
     #[arg(long)]

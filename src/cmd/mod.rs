@@ -3,7 +3,8 @@
 //! [`crate::error`]; a run's server and its Ctrl-C handling in [`crate::harness::run`].
 //!
 //! Everything a command prints on stdout goes through [`outln!`]: a reader that stops early
-//! (`outbox-lab list | head -1`) ends the command quietly with status 0 instead of a panic.
+//! (`outbox-lab list | head -1`) ends the command quietly with status 0 instead of a panic, and
+//! no password is shown ([`crate::secrets::redact`]).
 
 mod check;
 mod child;
@@ -134,7 +135,7 @@ failed mid-run.")]
   outbox-lab requeue --database-url postgres://user@host/shop")]
     Requeue {
         /// The database whose `outbox` table to requeue.
-        #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+        #[arg(long, env = "OUTBOX_LAB_DATABASE_URL", hide_env_values = true)]
         database_url: String,
         /// The relays' attempt limit: rows with this many attempts or more are dead letters.
         #[arg(long, default_value_t = crate::outbox::relay::DEFAULT_MAX_ATTEMPTS,
@@ -168,11 +169,11 @@ exit status 0 even when one is kept: kept partitions are reported on stderr.")]
     Check {
         /// The application's database: orders and the outbox (and the consumer's tables,
         /// unless --consumer-database-url says where they are).
-        #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+        #[arg(long, env = "OUTBOX_LAB_DATABASE_URL", hide_env_values = true)]
         database_url: String,
         /// The consumer's database, when it is not the application's (several hosts): its
         /// consumer.* tables are judged against the application's orders and outbox.
-        #[arg(long, env = "OUTBOX_LAB_CONSUMER_DATABASE_URL")]
+        #[arg(long, env = "OUTBOX_LAB_CONSUMER_DATABASE_URL", hide_env_values = true)]
         consumer_database_url: Option<String>,
     },
     /// Run the HTTP consumer against your own database until SIGTERM or Ctrl-C.
@@ -215,7 +216,7 @@ pub struct RunArgs {
     pub format: Format,
     /// Use this PostgreSQL server instead of a throwaway cluster; outbox-lab creates and drops
     /// only databases named outboxlab_* there.
-    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
     /// Leave the throwaway cluster and the run's databases in place, and print how to reach them.
     #[arg(long)]
@@ -301,9 +302,11 @@ fn finish_run(
     }))
 }
 
-/// Writes to stdout, as `print!` does, but returns the error (see [`outln!`]).
+/// Writes to stdout, as `print!` does, its secrets masked, but returns the error (see
+/// [`outln!`]).
 pub fn write_stdout(text: std::fmt::Arguments) -> Result<()> {
-    error::stdout_write(std::io::stdout().lock().write_fmt(text))
+    let text = crate::secrets::redact(&text.to_string());
+    error::stdout_write(std::io::stdout().lock().write_all(text.as_bytes()))
 }
 
 /// The run's summary table, its count of passed checks and of met targets.

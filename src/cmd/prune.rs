@@ -13,7 +13,7 @@ use crate::ops::partitions::{self, Action, Age};
 #[derive(Debug, Args)]
 pub struct PruneArgs {
     /// The database of the partitioned outbox.
-    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL", hide_env_values = true)]
     database_url: String,
     /// Prune partitions whose range ended at least this long ago: 3d, 12h, 90m, 30s.
     #[arg(long, value_name = "AGE")]

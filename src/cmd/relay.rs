@@ -24,7 +24,7 @@ enum RelayMode {
 #[derive(Debug, Args)]
 pub struct RelayArgs {
     /// The database with the outbox table.
-    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL")]
+    #[arg(long, env = "OUTBOX_LAB_DATABASE_URL", hide_env_values = true)]
     database_url: String,
     /// http://HOST:PORT (an outbox-lab consumer, POST /events), redis://HOST:PORT (streams
     /// outbox.event.<aggregate_type>), nats://[TOKEN@]HOST:PORT (JetStream publishes to

@@ -28,17 +28,17 @@ pub struct ScenarioArgs {
     run: RunArgs,
     /// Use this Redis instead of a private redis-server; outbox-lab only touches keys named
     /// outboxlab:<run>:* there.
-    #[arg(long, env = "OUTBOX_LAB_REDIS_URL")]
+    #[arg(long, env = "OUTBOX_LAB_REDIS_URL", hide_env_values = true)]
     redis_url: Option<String>,
     /// Use this NATS server (JetStream enabled; nats://[TOKEN@|USER:PASSWORD@]HOST:PORT)
     /// instead of a private nats-server; outbox-lab only touches streams and consumers named
     /// outboxlab_<run>_* and subjects outboxlab.<run>.* there, and deletes its streams after.
-    #[arg(long, env = "OUTBOX_LAB_NATS_URL")]
+    #[arg(long, env = "OUTBOX_LAB_NATS_URL", hide_env_values = true)]
     nats_url: Option<String>,
     /// Use this RabbitMQ (amqp://USER:PASSWORD@HOST:PORT/%2f) instead of a private
     /// rabbitmq-server; outbox-lab only touches queues named outboxlab_<run>_* there, and
     /// deletes them after. broker-confirms kills its broker, so it needs the private one.
-    #[arg(long, env = "OUTBOX_LAB_AMQP_URL")]
+    #[arg(long, env = "OUTBOX_LAB_AMQP_URL", hide_env_values = true)]
     amqp_url: Option<String>,
     /// Read scenario files from this directory instead of the built-in copies.
     #[arg(long)]
@@ -89,13 +89,13 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
     let prepared = scenarios::prepare_all(&selected, args.scenarios_dir.as_deref(), &overrides)?;
     can_write_under(&args.run.results_dir)?;
     if let Some(url) = &args.redis_url {
-        connect::redis(url).await?;
+        connect::redis(url).await.context("--redis-url")?;
     }
     if let Some(url) = &args.nats_url {
-        connect::nats(url).await?;
+        connect::nats(url).await.context("--nats-url")?;
     }
     if let Some(url) = &args.amqp_url {
-        connect::amqp(url).await?;
+        connect::amqp(url).await.context("--amqp-url")?;
     }
 
     let run_id = new_run_id();

@@ -6,11 +6,12 @@
 //! `results/<run-id>/history/`, so that every verdict can be audited.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
+
+use crate::report;
 
 pub use crate::harness::nemesis::FaultOutcome;
 
@@ -162,21 +163,17 @@ impl History {
     }
 }
 
-/// Appends a design's runs to `<dir>/history/<design>.jsonl`, one JSON document per line.
+/// Appends a design's runs to `<dir>/history/<design>.jsonl`, one JSON document per line (a
+/// file of the run's, [`report::write_run_file`]).
 pub fn save(dir: &Path, design: &str, runs: &[History]) -> Result<()> {
     let dir = dir.join("history");
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let path = dir.join(format!("{design}.jsonl"));
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    report::create_run_dir(&dir)?;
+    let mut lines = String::new();
     for run in runs {
-        serde_json::to_writer(&mut file, run)?;
-        file.write_all(b"\n")?;
+        lines.push_str(&serde_json::to_string(run)?);
+        lines.push('\n');
     }
-    Ok(())
+    report::write_run_file(&dir.join(format!("{design}.jsonl")), &lines, true)
 }
 
 #[cfg(test)]

@@ -23,20 +23,21 @@ use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
 use super::nemesis::OwnChild;
-use crate::connect::without_credentials;
-use crate::outbox::sink::{is_amqp, is_nats};
+use crate::secrets::without_secrets;
 
 /// The placeholders a template may hold, each also given in the environment.
 pub const PLACEHOLDERS: [(&str, &str, &str); 9] = [
     (
         "database_url",
         "OUTBOX_LAB_DATABASE_URL",
-        "postgres://... of the database holding the outbox",
+        "postgresql://USER@... of the database holding the outbox; the password is in the \
+         variable only (and PGPASSWORD)",
     ),
     (
         "dsn",
         "OUTBOX_LAB_DSN",
-        "the same in libpq's keyword form (host=... port=... dbname=...)",
+        "the same in libpq's keyword form (host=... port=... dbname=...); the password is in \
+         the variable only (and PGPASSWORD)",
     ),
     (
         "sink_url",
@@ -158,11 +159,7 @@ impl RelayTemplate {
         ];
         let fill = |word: &str| {
             values.iter().fold(word.to_string(), |word, (p, value)| {
-                let shown = match is_nats(value) || is_amqp(value) {
-                    true => without_credentials(value),
-                    false => value.to_string(),
-                };
-                word.replace(&format!("{{{p}}}"), &shown)
+                word.replace(&format!("{{{p}}}"), &without_secrets(value))
             })
         };
         let mut cmd = Command::new(fill(&self.words[0]));

@@ -1,7 +1,8 @@
 //! The actors' log lines. Events carry the actor as a field (`relay = "0"`); a process with no
 //! subscriber (the scenario runner itself) prints none. Text is the article's form,
 //! `[relay 0] outbox id=1 failed: HTTP 500`, which scenarios read back from their children;
-//! `--log-format json` gives one JSON object per line for log collectors.
+//! `--log-format json` gives one JSON object per line for log collectors. Either way, a line's
+//! secrets are masked ([`crate::secrets::redact`]): a failure may quote a URL with its password.
 
 use std::fmt;
 
@@ -33,7 +34,7 @@ pub fn init(format: LogFormat) {
     let ours = tracing_subscriber::filter::Targets::new()
         .with_target(env!("CARGO_CRATE_NAME"), tracing::Level::TRACE)
         .with_default(tracing::Level::WARN);
-    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stdout);
+    let layer = tracing_subscriber::fmt::layer().with_writer(|| RedactedStdout);
     let layer = match format {
         LogFormat::Text => layer.event_format(ArticleLine).boxed(),
         LogFormat::Json => layer.json().with_current_span(false).boxed(),
@@ -42,6 +43,22 @@ pub fn init(format: LogFormat) {
     let _ = tracing_subscriber::registry()
         .with(layer.with_filter(ours))
         .try_init();
+}
+
+/// Standard output, its secrets masked. The fmt layer writes each event whole, in one write,
+/// so no URL is split between two.
+struct RedactedStdout;
+
+impl std::io::Write for RedactedStdout {
+    fn write(&mut self, event: &[u8]) -> std::io::Result<usize> {
+        let shown = crate::secrets::redact(&String::from_utf8_lossy(event));
+        std::io::stdout().lock().write_all(shown.as_bytes())?;
+        Ok(event.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stdout().flush()
+    }
 }
 
 /// `[relay 0] message`.

@@ -28,6 +28,7 @@ use crate::outbox::jetstream_consumer::{JetStreamWorker, DURABLE};
 use crate::outbox::relay::{drive, sql, RelayOptions, RelayStats, Wakeup};
 use crate::outbox::schema;
 use crate::outbox::sink::NatsSink;
+use crate::secrets;
 
 /// Messages a broker's consumer takes at a time.
 const FOLLOW_BATCH: usize = 100;
@@ -51,7 +52,12 @@ pub async fn run_relay(
             schema::NOTIFY_TRIGGER
         );
     }
-    let mut connected = relay.connect(&db).await?;
+    let sink = relay
+        .sink
+        .connect(relay.config.request_timeout)
+        .await
+        .context("cannot deliver to --sink (or OUTBOX_LAB_SINK_URL)")?;
+    let mut connected = relay.connect_with(&db, sink).await?;
     if let Some(addr) = metrics_listen {
         let listener = bind(addr).await?;
         let bound = listener.local_addr()?;
@@ -67,7 +73,7 @@ pub async fn run_relay(
     let until = relay
         .follow
         .map_or_else(|| "until drained".to_string(), |wakeup| wakeup.to_string());
-    let sink = crate::connect::without_credentials(&relay.sink.url);
+    let sink = secrets::without_secrets(&relay.sink.url);
     info!(relay = %relay.name, "delivering to {sink} ({until})");
     drive(&mut connected, relay.until(), shutdown)
         .await
@@ -121,7 +127,7 @@ pub async fn run_consumer(
             info!(
                 consumer = name,
                 "following JetStream stream {stream} as {DURABLE} on {}",
-                connect::without_credentials(&url)
+                secrets::without_secrets(&url)
             );
             tokio::select! {
                 followed = worker.follow(FOLLOW_BATCH) => followed?,
@@ -135,7 +141,7 @@ pub async fn run_consumer(
             info!(
                 consumer = name,
                 "taking from RabbitMQ queue {queue} on {}",
-                connect::without_credentials(&url)
+                secrets::without_secrets(&url)
             );
             tokio::select! {
                 followed = worker.follow(&queue, FOLLOW_BATCH) => followed?,

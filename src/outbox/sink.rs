@@ -229,7 +229,7 @@ impl HttpSink {
     pub fn new(base_url: &str) -> Result<HttpSink> {
         let uri: Uri = format!("{}/events", base_url.trim_end_matches('/'))
             .parse()
-            .with_context(|| format!("invalid sink URL '{base_url}'"))?;
+            .with_context(|| format!("invalid sink URL '{}'", crate::secrets::redact(base_url)))?;
         let mut connector = HttpConnector::new();
         // Each request goes out at once, not held back by Nagle for an earlier segment's ACK.
         connector.set_nodelay(true);
@@ -241,6 +241,11 @@ impl HttpSink {
             body: HttpBody::Event,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
         })
+    }
+
+    /// Where it POSTs, its password masked: for messages, log lines and `last_error`.
+    fn shown_uri(&self) -> String {
+        crate::secrets::redact(&self.uri.to_string())
     }
 
     pub async fn send(&self, event: &Event) -> Result<()> {
@@ -257,11 +262,11 @@ impl HttpSink {
             .map_err(|_| {
                 anyhow!(
                     "no answer from {} within {:?}",
-                    self.uri,
+                    self.shown_uri(),
                     self.request_timeout
                 )
             })?
-            .map_err(|e| anyhow!("POST {}: {}", self.uri, error_chain(&e)))?;
+            .map_err(|e| anyhow!("POST {}: {}", self.shown_uri(), error_chain(&e)))?;
         let status = response.status();
         // Read the body to the end so the connection can be reused.
         let _ = response.into_body().collect().await;

@@ -1,13 +1,13 @@
 //! The report page, `results/<run-id>/report.html`: one self-contained file (inline CSS and SVG;
 //! no script, no font or anything else fetched) with the run's summary and, per scenario, its
-//! plots, tables, checks, notes and parameters. Every piece of text is escaped here. The page
-//! sits above what makes the results: each result's plots are drawn by its maker (a scenario
-//! of the registry, or explore), this module only lays them out.
+//! plots, tables, checks, notes and parameters. Every piece of text is escaped here, its secrets
+//! masked. The page sits above what makes the results: each result's plots are drawn by its
+//! maker (a scenario of the registry, or explore), this module only lays them out.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::explore;
 use crate::report::plots::Plot;
@@ -70,8 +70,7 @@ pub fn write(dir: &Path, reports: &[Report]) -> Result<PathBuf> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| dir.display().to_string());
     let path = dir.join(PAGE_FILE);
-    std::fs::write(&path, page(&run_id, reports)?)
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    report::write_run_file(&path, &page(&run_id, reports)?, false)?;
     Ok(path)
 }
 
@@ -241,8 +240,10 @@ fn anchor(scenario: &str) -> String {
     format!("scenario-{scenario}")
 }
 
-/// Text made safe for HTML content and attribute values.
+/// Text made safe for HTML content and attribute values, its secrets masked.
 pub fn escape(text: &str) -> String {
+    // Masked before the quotes of a libpq `password='...'` become `&#39;`, unseen by redact.
+    let text = crate::secrets::redact(text);
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

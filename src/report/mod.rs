@@ -11,6 +11,8 @@ pub mod plots;
 pub mod progress;
 
 use std::fmt::Write as _;
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -325,12 +327,11 @@ impl Report {
         )
     }
 
-    /// `<dir>/<scenario>.json` and `<dir>/<scenario>.<n>-<table>.csv`.
+    /// `<dir>/<scenario>.json` and `<dir>/<scenario>.<n>-<table>.csv` ([`write_run_file`]).
     pub fn write_files(&self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        create_run_dir(dir)?;
         let json = dir.join(format!("{}.json", self.scenario));
-        std::fs::write(&json, serde_json::to_vec_pretty(self)?)
-            .with_context(|| format!("cannot write {}", json.display()))?;
+        write_run_file(&json, &serde_json::to_string_pretty(self)?, false)?;
         for (n, table) in self.tables.iter().enumerate() {
             let path = dir.join(format!(
                 "{}.{}-{}.csv",
@@ -338,16 +339,44 @@ impl Report {
                 n + 1,
                 slug(&table.title)
             ));
-            let mut csv = csv::Writer::from_path(&path)
-                .with_context(|| format!("cannot write {}", path.display()))?;
+            let mut csv = csv::Writer::from_writer(Vec::new());
             csv.write_record(&table.columns)?;
             for row in &table.rows {
                 csv.write_record(row)?;
             }
-            csv.flush()?;
+            let text = String::from_utf8(csv.into_inner()?)?;
+            write_run_file(&path, &text, false)?;
         }
         Ok(())
     }
+}
+
+/// Makes a run's directory (or a folder in it, and what is missing above), readable by its
+/// owner only (0700): its files may hold a command line.
+pub fn create_run_dir(dir: &Path) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))
+}
+
+/// Writes `text` into a file of a run's directory, its secrets masked
+/// ([`crate::secrets::redact`]), readable by its owner only (0600); `append` adds it at the end.
+pub fn write_run_file(path: &Path, text: &str, append: bool) -> Result<()> {
+    let write = || -> std::io::Result<()> {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .append(append)
+            .truncate(!append)
+            .mode(0o600)
+            .open(path)?;
+        // A file an older outbox-lab wrote (`report` writes the page again) keeps its mode.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        file.write_all(crate::secrets::redact(text).as_bytes())
+    };
+    write().with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// The scenario results saved in a run's directory (`results/<run-id>`), in the order they ran.

@@ -335,9 +335,13 @@ impl CdcRelay {
         .await
     }
 
+    /// A log line, its secrets masked (a failure may quote the sink's URL).
     fn log(&self, line: std::fmt::Arguments<'_>) {
         if let Some(name) = &self.log_name {
-            println!("[relay {name}] {line}");
+            println!(
+                "[relay {name}] {}",
+                crate::secrets::redact(&line.to_string())
+            );
         }
     }
 }

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 use tracing::info;
 
-use crate::outbox::sink::{SinkOptions, DEFAULT_REQUEST_TIMEOUT};
+use crate::outbox::sink::{Sink, SinkOptions, DEFAULT_REQUEST_TIMEOUT};
 pub use polling::Relay;
 
 /// Relay children name their sessions `outbox-lab relay NAME` (`application_name`).
@@ -253,6 +253,12 @@ impl RelayOptions {
     /// The table relay these options describe, connected (LISTENing if it follows NOTIFY).
     pub async fn connect(&self, db: &tokio_postgres::Config) -> Result<Relay> {
         let sink = self.sink.connect(self.config.request_timeout).await?;
+        self.connect_with(db, sink).await
+    }
+
+    /// The same, delivering to `sink`, connected already (by a caller that says which flag
+    /// gave it, when it fails).
+    pub async fn connect_with(&self, db: &tokio_postgres::Config, sink: Sink) -> Result<Relay> {
         let listen = matches!(self.follow, Some(Wakeup::Notify { .. }));
         Relay::connect(
             &self.connection(db),
