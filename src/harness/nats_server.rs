@@ -326,8 +326,9 @@ fn find_nats_server() -> Result<PathBuf> {
         .find(|path| path.is_file())
         .ok_or_else(|| {
             anyhow!(
-                "nats-server not found on PATH or in /usr/sbin: run scripts/setup \
-                 (apt-get install nats-server) or pass --nats-url"
+                "nats-server not found on PATH or in /usr/sbin: install it with scripts/setup \
+                 (apt-get install nats-server); `scenario` can use a server of yours instead \
+                 (--nats-url)"
             )
         })
 }
