@@ -205,7 +205,3 @@ pub async fn amqp(url: &str) -> Result<lapin::Connection> {
         )
     })
 }
-
-/// The one way to leave secrets out, kept here for the callers in `harness/` that still name
-/// it: [`secrets::without_secrets`].
-pub use crate::secrets::without_secrets as without_credentials;

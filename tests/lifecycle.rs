@@ -215,3 +215,66 @@ fn server_gone_mid_run_exits_3() {
     assert!(stderr.contains("outbox-lab: error: "), "{stderr}");
     assert!(!dir.exists(), "{} left behind", dir.display());
 }
+
+/// Throwaway directories of any kind that the outbox-lab process `pid` created.
+fn any_throwaway_dirs_of(pid: u32) -> Vec<PathBuf> {
+    let infix = format!("-{pid}-");
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("outbox-lab-") && name.contains(&infix))
+        .map(|name| std::env::temp_dir().join(name))
+        .collect()
+}
+
+/// Ctrl-C or SIGTERM in the first 1.5 s (before, during and after initdb, during the start):
+/// every time, nothing of the run is left in the temp dir. Before, an interrupt during initdb
+/// sometimes left its half-made cluster (initdb's own postgres still writing while the
+/// directory was removed), and one before the signals were watched killed the run outright.
+#[test]
+fn early_interrupts_leave_nothing_behind() {
+    let results = scratch_dir("lifecycle-early");
+    for attempt in 0..12u64 {
+        let delay = Duration::from_millis(60 + attempt * 120);
+        let signal = [Signal::SIGINT, Signal::SIGTERM][attempt as usize % 2];
+        let mut child = outbox_lab()
+            .args([
+                "scenario",
+                "relay-crash",
+                "--format",
+                "json",
+                "--results-dir",
+            ])
+            .arg(&results)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(delay);
+        kill(Pid::from_raw(child.id() as i32), signal).unwrap();
+        let ended =
+            wait::blocking_up_to(Duration::from_secs(30), Duration::from_millis(10), || {
+                child.try_wait().unwrap().is_some()
+            });
+        if ended.is_none() {
+            let _ = child.kill();
+        }
+        let status = child.wait().unwrap();
+        let left = any_throwaway_dirs_of(child.id());
+        for dir in &left {
+            let _ = std::process::Command::new("rm")
+                .arg("-rf")
+                .arg(dir)
+                .status();
+        }
+        assert!(
+            ended.is_some(),
+            "{signal} after {delay:?}: still running after 30 s"
+        );
+        assert!(
+            left.is_empty(),
+            "{signal} after {delay:?} ({status}): left {left:?}"
+        );
+    }
+}

@@ -906,3 +906,86 @@ fn clean_drops_only_dead_runs_databases() {
         }
     });
 }
+
+/// The processes working in a throwaway directory of the outbox-lab process `run` (its servers:
+/// each works in its directory), with whether their environment holds `needle`.
+fn servers_of(run: u32, needle: &str) -> Vec<(String, bool)> {
+    let infix = format!("-{run}-");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| {
+            std::fs::read_link(e.path().join("cwd")).is_ok_and(|cwd| {
+                let cwd = cwd.to_string_lossy().into_owned();
+                cwd.contains("/outbox-lab-") && cwd.contains(&infix)
+            })
+        })
+        .filter_map(|e| {
+            let environ = std::fs::read(e.path().join("environ")).ok()?;
+            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            let holds = String::from_utf8_lossy(&environ).contains(needle);
+            Some((comm.trim().to_string(), holds))
+        })
+        .collect()
+}
+
+/// Secrets in the caller's environment (the sink URL's password, anything else) never reach
+/// a server outbox-lab starts (PostgreSQL, Redis, NATS): each gets a minimal environment of
+/// its own, read here from /proc while the run lasts. Before, each inherited ours whole.
+#[test]
+fn servers_get_none_of_the_callers_environment() {
+    if !is_root() {
+        eprintln!("skipped: reading the servers' environment needs root when they run as postgres");
+        return;
+    }
+    let secret = "s3cretXYZ";
+    let relay = format!(
+        "{} relay --mode notify --interval-ms 50",
+        env!("CARGO_BIN_EXE_outbox-lab")
+    );
+    for sink in ["redis", "nats"] {
+        let mut run = outbox_lab()
+            .args(["verify", "--relay-cmd", &relay, "--sink", sink])
+            .args(["--nemesis", "kill", "--events", "100", "--format", "json"])
+            .arg("--results-dir")
+            .arg(scratch_dir("security-environment"))
+            .env(
+                "OUTBOX_LAB_SINK_URL",
+                format!("http://u:{secret}@127.0.0.1:9/"),
+            )
+            .env("SOME_SECRET", secret)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut seen = std::collections::BTreeMap::new();
+        let started = Instant::now();
+        while run.try_wait().unwrap().is_none() && started.elapsed() < Duration::from_secs(120) {
+            for (server, holds) in servers_of(run.id(), secret) {
+                *seen.entry(server).or_insert(false) |= holds;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = run.kill();
+        let output = run.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{sink}: {stderr}");
+        let server = if sink == "redis" {
+            "redis-server"
+        } else {
+            "nats-server"
+        };
+        for expected in ["postgres", server] {
+            assert!(
+                seen.contains_key(expected),
+                "{sink}: no {expected} seen in {seen:?}"
+            );
+        }
+        let leaking: Vec<&String> = seen.iter().filter(|(_, h)| **h).map(|(s, _)| s).collect();
+        assert!(
+            leaking.is_empty(),
+            "{sink}: the secret is in the environment of {leaking:?}"
+        );
+    }
+}

@@ -7,7 +7,6 @@
 //! on a Unix socket inside that directory only: no other local user can reach it.
 
 use std::fs;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -16,7 +15,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::User;
 
-use crate::harness::server::Server;
+use crate::harness::server::{self, Server};
 use crate::harness::throwaway;
 
 /// The superuser initdb creates; it connects through the private socket only, so no password.
@@ -124,7 +123,6 @@ impl Cluster {
         // From here on, Drop cleans up whatever exists.
         let server = Server::prepare("pg", "postgres", Signal::SIGINT, LOG, run_as.as_ref())?;
         let data_dir = server.run_dir().server_dir().join("data");
-        initdb(bins, &data_dir, run_as.as_ref()).await?;
         let mut cluster = Cluster {
             server,
             bins: bins.clone(),
@@ -132,9 +130,29 @@ impl Cluster {
             data_dir,
             commit_timestamps,
         };
+        cluster.initdb().await?;
         cluster.start_postgres(false).await?;
         cluster.server.set_kept(keep)?;
         Ok(cluster)
+    }
+
+    /// initdb, as the server user and like a server (killed with what it started if the run
+    /// ends meanwhile: its own postgres would go on writing): trust on the socket only (it is
+    /// in a directory no one else can enter), no TCP.
+    async fn initdb(&mut self) -> Result<()> {
+        let mut initdb = Command::new(&self.bins.initdb);
+        initdb.arg("-D").arg(&self.data_dir).args([
+            "-U",
+            SUPERUSER,
+            "--auth-local=trust",
+            "--auth-host=reject",
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-sync",
+        ]);
+        self.server
+            .run_to_end(initdb, self.run_as.as_ref(), START_TIMEOUT)
+            .await
     }
 
     /// Starts the postmaster on the cluster's data directory and socket, and waits until it is
@@ -201,12 +219,7 @@ impl Cluster {
             .args(["-m", "immediate", "-w", "-s"])
             .current_dir(self.server.run_dir().server_dir())
             .stdin(Stdio::null());
-        if let Some(user) = &self.run_as {
-            pg_ctl
-                .uid(user.uid.as_raw())
-                .gid(user.gid.as_raw())
-                .env("HOME", &user.dir);
-        }
+        server::as_server_user(&mut pg_ctl, self.run_as.as_ref());
         let out = tokio::process::Command::from(pg_ctl)
             .kill_on_drop(true)
             .output()
@@ -244,45 +257,4 @@ impl Cluster {
     pub fn set_kept(&mut self, kept: bool) -> Result<()> {
         self.server.set_kept(kept)
     }
-}
-
-/// initdb, as the server user: trust on the socket only (it is in a directory no one else can
-/// enter), no TCP.
-async fn initdb(bins: &PgBinaries, data_dir: &Path, run_as: Option<&User>) -> Result<()> {
-    let mut cmd = Command::new(&bins.initdb);
-    cmd.arg("-D")
-        .arg(data_dir)
-        .args([
-            "-U",
-            SUPERUSER,
-            "--auth-local=trust",
-            "--auth-host=reject",
-            "--encoding=UTF8",
-            "--locale=C",
-            "--no-sync",
-        ])
-        .current_dir(
-            data_dir
-                .parent()
-                .expect("data lies in the server directory"),
-        )
-        .stdin(Stdio::null());
-    if let Some(user) = run_as {
-        cmd.uid(user.uid.as_raw())
-            .gid(user.gid.as_raw())
-            .env("HOME", &user.dir);
-    }
-    let out = tokio::process::Command::from(cmd)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .with_context(|| format!("cannot run {}", bins.initdb.display()))?;
-    if !out.status.success() {
-        bail!(
-            "initdb failed ({}): {}",
-            out.status,
-            throwaway::last_line(&String::from_utf8_lossy(&out.stderr))
-        );
-    }
-    Ok(())
 }

@@ -19,10 +19,11 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::task::JoinHandle;
 
 use super::nemesis::OwnChild;
+use super::process_group::GroupLeader;
 use crate::secrets::without_secrets;
 
 /// The placeholders a template may hold, each also given in the environment.
@@ -79,6 +80,10 @@ pub const PLACEHOLDERS: [(&str, &str, &str); 9] = [
 
 /// Lines of a relay's output kept for the verdict (the rest is not read).
 const TAIL_LINES: usize = 20;
+/// Bytes kept of one line (a longer one is cut, ending in "…"): a relay may print anything.
+const LINE_BYTES: usize = 500;
+/// Bytes kept of all the lines together: they end up in one error message.
+const TAIL_BYTES: usize = 4000;
 /// How long an ended relay's output is still read.
 const OUTPUT_DRAIN: Duration = Duration::from_millis(500);
 
@@ -142,7 +147,8 @@ impl RelayTemplate {
     }
 
     /// The command for relay `index`, its placeholders filled in, the values also in its
-    /// environment; started in a process group of its own, killed if we die.
+    /// environment, killed if we die ([`RelayTemplate::spawn`] starts it leading a process group
+    /// of its own).
     fn command(&self, endpoints: &Endpoints, index: u32) -> Command {
         let name = relay_name(index);
         let index = index.to_string();
@@ -171,9 +177,7 @@ impl RelayTemplate {
         cmd.envs(endpoints.libpq_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
@@ -186,12 +190,11 @@ impl RelayTemplate {
 
     /// Starts relay `index`.
     pub fn spawn(&self, endpoints: &Endpoints, index: u32) -> Result<ForeignRelay> {
-        let mut child = self
-            .command(endpoints, index)
-            .spawn()
+        let mut process = GroupLeader::spawn(&mut self.command(endpoints, index))
             .with_context(|| format!("cannot start --relay-cmd '{}'", self.text))?;
-        let pid = child.id().context("the relay ended before it was seen")?;
+        let pid = process.id().context("the relay ended before it was seen")?;
         let tail = Tail::default();
+        let child = process.child_mut();
         let readers = [
             child
                 .stdout
@@ -208,7 +211,7 @@ impl RelayTemplate {
         .collect();
         Ok(ForeignRelay {
             own: OwnChild::spawned(pid),
-            child,
+            process,
             tail,
             readers,
             started: Instant::now(),
@@ -235,19 +238,34 @@ impl Tail {
             .collect()
     }
 
-    fn push(&self, line: String) {
+    /// Keeps `line` (cut to [`LINE_BYTES`]), the oldest lines going beyond [`TAIL_LINES`] or
+    /// [`TAIL_BYTES`].
+    fn push(&self, line: &[u8]) {
+        let line = String::from_utf8_lossy(line);
+        let line = line.strip_suffix('\r').unwrap_or(&line);
+        let line = match line.len() > LINE_BYTES {
+            true => {
+                let mut end = LINE_BYTES;
+                while !line.is_char_boundary(end) {
+                    end -= 1;
+                }
+                format!("{}…", &line[..end])
+            }
+            false => line.to_string(),
+        };
         let mut tail = self.0.lock().expect("not poisoned");
-        if tail.len() == TAIL_LINES {
+        tail.push_back(line);
+        while tail.len() > TAIL_LINES || tail.iter().map(String::len).sum::<usize>() > TAIL_BYTES {
             tail.pop_front();
         }
-        tail.push_back(line);
     }
 }
 
 /// A running relay of the user's.
 pub struct ForeignRelay {
-    child: Child,
-    /// Proven ours when spawned: the group it leads is signalled only while it is.
+    /// The relay's process, leading the group of whatever it starts.
+    process: GroupLeader,
+    /// Proven ours when spawned: what a nemesis signals.
     own: Option<OwnChild>,
     tail: Tail,
     /// The tasks reading its stdout and stderr into the tail.
@@ -261,35 +279,21 @@ impl ForeignRelay {
         self.own
     }
 
-    /// Resolves when it has ended (cancel-safe).
+    /// Resolves when it has ended, and whatever it started with it (cancel-safe).
     /// Its last lines are all in the tail then (read to the end of its output, or for at most
-    /// [`OUTPUT_DRAIN`]: something it started may hold the pipe open).
+    /// [`OUTPUT_DRAIN`]).
     pub async fn exited(&mut self) -> Result<ExitStatus> {
-        let status = self.child.wait().await?;
+        let status = self.process.wait().await?;
         for reader in std::mem::take(&mut self.readers) {
             let _ = tokio::time::timeout(OUTPUT_DRAIN, reader).await;
         }
         Ok(status)
     }
 
-    /// SIGTERM to its group, SIGKILL after `grace`; how it ended.
+    /// SIGTERM to its group, SIGKILL to the group once it has ended or after `grace`; how it
+    /// ended.
     pub async fn stop(mut self, grace: Duration) -> Result<ExitStatus> {
-        self.signal_group(Signal::SIGCONT);
-        self.signal_group(Signal::SIGTERM);
-        match tokio::time::timeout(grace, self.child.wait()).await {
-            Ok(status) => Ok(status?),
-            Err(_) => {
-                self.signal_group(Signal::SIGKILL);
-                Ok(self.child.wait().await?)
-            }
-        }
-    }
-
-    /// Its group gets `signal`, if its leader is still this child of ours.
-    fn signal_group(&self, signal: Signal) {
-        if let Some(own) = self.own {
-            own.signal_group(signal);
-        }
+        Ok(self.process.stop(grace).await?)
     }
 
     /// The last lines it printed (stdout and stderr, as they came).
@@ -298,18 +302,28 @@ impl ForeignRelay {
     }
 }
 
-impl Drop for ForeignRelay {
-    /// Whatever it started goes with it (kill_on_drop reaches only the leader).
-    fn drop(&mut self) {
-        self.signal_group(Signal::SIGKILL);
-    }
-}
-
-/// Keeps the last [`TAIL_LINES`] lines of `output`.
+/// Keeps the last lines of `output` in `tail`, holding no more of a line than is kept.
 async fn keep_tail(output: impl AsyncRead + Unpin, tail: Tail) {
-    let mut lines = BufReader::new(output).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        tail.push(line);
+    let mut output = BufReader::new(output);
+    let mut line = Vec::new();
+    loop {
+        let chunk = match output.fill_buf().await {
+            Ok([]) | Err(_) => break,
+            Ok(chunk) => chunk,
+        };
+        let newline = chunk.iter().position(|b| *b == b'\n');
+        let part = &chunk[..newline.unwrap_or(chunk.len())];
+        // One byte beyond what is kept: enough to tell that the line was cut.
+        let room = (LINE_BYTES + 1).saturating_sub(line.len());
+        line.extend_from_slice(&part[..part.len().min(room)]);
+        let used = newline.map_or(chunk.len(), |at| at + 1);
+        output.consume(used);
+        if newline.is_some() {
+            tail.push(&std::mem::take(&mut line));
+        }
+    }
+    if !line.is_empty() {
+        tail.push(&line);
     }
 }
 
@@ -354,5 +368,31 @@ mod tests {
         assert!(err("no-such-relay-xyz --x").contains("not found"));
         assert!(err("sh 'unclosed").contains("does not parse"));
         assert!(err("").contains("empty"));
+    }
+
+    /// A relay's kept lines are bounded each and together: a 10 MB line (multibyte, no
+    /// newline at its end) and many long lines keep at most what fits an error message.
+    #[tokio::test]
+    async fn the_tail_is_bounded() {
+        let tail = Tail::default();
+        let mut output = b"first\r\n".to_vec();
+        output.extend("é".repeat(5_000_000).as_bytes());
+        keep_tail(&output[..], tail.clone()).await;
+        let lines = tail.lines();
+        assert_eq!(lines[0], "first");
+        assert!(
+            lines[1].len() <= LINE_BYTES + "…".len(),
+            "{}",
+            lines[1].len()
+        );
+        assert!(lines[1].ends_with("é…"));
+
+        let tail = Tail::default();
+        let output = format!("{}\n", "x".repeat(LINE_BYTES)).repeat(50);
+        keep_tail(output.as_bytes(), tail.clone()).await;
+        let lines = tail.lines();
+        assert!(lines.iter().all(|l| l.len() == LINE_BYTES));
+        assert!(lines.iter().map(String::len).sum::<usize>() <= TAIL_BYTES);
+        assert_eq!(lines.len(), TAIL_BYTES / LINE_BYTES);
     }
 }

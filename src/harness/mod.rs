@@ -2,7 +2,8 @@
 //! throwaway PostgreSQL [`cluster`], [`redis_server`], [`nats_server`] and [`rabbitmq_server`] (in [`throwaway`]
 //! directories), the
 //! [`db`] server and databases of a run, the [`run`]'s life around them (its id, Ctrl-C), [`child`]
-//! processes that die for real, a [`foreign`] relay (the user's command), the network [`proxy`] between relay and consumer, the
+//! processes that die for real, a [`foreign`] relay (the user's command), each leading a
+//! [`process_group`] that goes with it, the network [`proxy`] between relay and consumer, the
 //! [`nemesis`] machinery (signals to our own children, backends terminated), bulk [`load`]ing
 //! with COPY.
 
@@ -13,6 +14,7 @@ pub mod foreign;
 pub mod load;
 pub mod nats_server;
 pub mod nemesis;
+pub mod process_group;
 pub mod proxy;
 pub mod rabbitmq_server;
 pub mod redis_server;

@@ -269,7 +269,7 @@ impl Drop for NatsCluster {
                     .map(|n| n.server.run_dir().path().display().to_string())
                     .collect::<Vec<_>>()
                     .join(", "),
-                connect::without_credentials(&self.url()),
+                crate::secrets::without_secrets(&self.url()),
             );
         }
     }
@@ -326,8 +326,9 @@ fn find_nats_server() -> Result<PathBuf> {
         .find(|path| path.is_file())
         .ok_or_else(|| {
             anyhow!(
-                "nats-server not found on PATH or in /usr/sbin: run scripts/setup \
-                 (apt-get install nats-server) or pass --nats-url"
+                "nats-server not found on PATH or in /usr/sbin: install it with scripts/setup \
+                 (apt-get install nats-server); `scenario` can use a server of yours instead \
+                 (--nats-url)"
             )
         })
 }
@@ -421,7 +422,7 @@ impl Nats {
                         "kept the private NATS server running in {}: {}, its token in {}; remove \
                          it with `outbox-lab clean`",
                         dir.display(),
-                        connect::without_credentials(&server.url),
+                        crate::secrets::without_secrets(&server.url),
                         dir.join(CONFIG).display()
                     );
                 }

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use nix::sys::signal::{kill, killpg, Signal};
+use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde::Serialize;
 use tokio::sync::watch;
@@ -80,12 +80,6 @@ impl OwnChild {
     /// Sends `signal` if the process is still that child of ours; whether it was sent.
     pub fn signal(self, signal: Signal) -> bool {
         self.0.is_our_child() && kill(Pid::from_raw(self.0.pid), signal).is_ok()
-    }
-
-    /// Sends `signal` to the process group it leads (it was started in one of its own), if it
-    /// is still that child of ours: whatever it started gets it too. Whether it was sent.
-    pub fn signal_group(self, signal: Signal) -> bool {
-        self.0.is_our_child() && killpg(Pid::from_raw(self.0.pid), signal).is_ok()
     }
 
     /// Lets the stopped process go on (SIGCONT) after `hold`; also if the wait is cut short

@@ -77,7 +77,8 @@ struct RabbitServer {
     url: String,
 }
 
-/// The broker's command line and environment, the same at every start.
+/// The broker's command line and environment, the same at every start (nothing else of ours:
+/// no ERL_FLAGS or RABBITMQ_* of the caller's changes the node, see [`as_server_user`](crate::harness::server::as_server_user)).
 struct Launch {
     program: PathBuf,
     env: Vec<(&'static str, OsString)>,
@@ -86,8 +87,7 @@ struct Launch {
 impl Launch {
     fn command(&self) -> Command {
         let mut cmd = Command::new(&self.program);
-        // Nothing from our environment (ERL_FLAGS, RABBITMQ_*) changes the node.
-        cmd.env_clear().envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd
     }
 }
@@ -96,8 +96,8 @@ impl RabbitServer {
     async fn start(keep: bool) -> Result<RabbitServer> {
         if !Path::new(RABBITMQ_SERVER).is_file() {
             bail!(
-                "{RABBITMQ_SERVER} not found: run scripts/setup (apt-get install rabbitmq-server) \
-                 or pass --amqp-url"
+                "{RABBITMQ_SERVER} not found: install it with scripts/setup (apt-get install \
+                 rabbitmq-server); `scenario` can use a broker of yours instead (--amqp-url)"
             );
         }
         let epmd_binary = find_epmd()?;
@@ -107,8 +107,7 @@ impl RabbitServer {
         let mut epmd = Server::prepare("epmd", "epmd", Signal::SIGTERM, EPMD_LOG, run_as.as_ref())?;
         let mut cmd = Command::new(&epmd_binary);
         // In the foreground (no -daemon): a process of ours, stopped with the broker.
-        cmd.args(["-port", &epmd_port.to_string(), "-address", "127.0.0.1"])
-            .env_clear();
+        cmd.args(["-port", &epmd_port.to_string(), "-address", "127.0.0.1"]);
         let every = Duration::from_millis(10);
         let listens = async || Ok(std::net::TcpStream::connect(("127.0.0.1", epmd_port)).is_ok());
         epmd.start(cmd, run_as.as_ref(), EPMD_START_TIMEOUT, every, listens)
@@ -148,11 +147,9 @@ impl RabbitServer {
         )?;
         let server_dir = run.server_dir();
         let node = format!("outboxlab-{}@localhost", &throwaway::random_secret()[..12]);
-        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/bin".into());
         let launch = Launch {
             program: PathBuf::from(RABBITMQ_SERVER),
             env: vec![
-                ("PATH", path),
                 ("HOME", run.path().into()),
                 ("ERL_EPMD_PORT", epmd_port.to_string().into()),
                 ("RABBITMQ_NODENAME", node.into()),
@@ -246,7 +243,12 @@ fn find_epmd() -> Result<PathBuf> {
         .chain([PathBuf::from("/usr/bin")])
         .map(|dir| dir.join("epmd"))
         .find(|path| path.is_file())
-        .ok_or_else(|| anyhow!("epmd not found on PATH: run scripts/setup or pass --amqp-url"))
+        .ok_or_else(|| {
+            anyhow!(
+                "epmd not found on PATH: install it with scripts/setup (apt-get install \
+                 rabbitmq-server); `scenario` can use a broker of yours instead (--amqp-url)"
+            )
+        })
 }
 
 /// The RabbitMQ of a run: external, or private and started when a scenario first needs it.
@@ -344,7 +346,7 @@ impl Amqp {
                          password in {}; remove it with `outbox-lab clean`",
                         dir.display(),
                         server.epmd.run_dir().path().display(),
-                        connect::without_credentials(&server.url),
+                        crate::secrets::without_secrets(&server.url),
                         dir.join(CONFIG).display()
                     );
                 }

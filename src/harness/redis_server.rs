@@ -91,8 +91,8 @@ fn find_redis_server() -> Result<PathBuf> {
         .find(|path| path.is_file())
         .ok_or_else(|| {
             anyhow!(
-                "redis-server not found on PATH: run scripts/setup (apt-get install redis-server) \
-                 or pass --redis-url"
+                "redis-server not found on PATH: install it with scripts/setup (apt-get install \
+                 redis-server); `scenario` can use a server of yours instead (--redis-url)"
             )
         })
 }

@@ -2,8 +2,8 @@
 //! ending it cleanly (`outbox-lab scenario` and `explore`; the signals also stop `relay` and
 //! `consumer`).
 
-use anyhow::Result;
-use tokio::signal::unix::{signal, SignalKind};
+use anyhow::{Context, Result};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::error::{self, Error};
 use crate::harness::db::{PgServer, ServerChoice};
@@ -25,13 +25,18 @@ pub async fn on_server<T>(
     run_id: &str,
     work: impl AsyncFnOnce(&PgServer) -> Result<T>,
 ) -> Result<T> {
+    // Watched before anything is created: from here on an interrupt is one we clean up after
+    // (before, one that came as the cluster's directory was made killed us outright).
+    let mut interrupts = Interrupts::watch()
+        .context("cannot watch for Ctrl-C and SIGTERM")
+        .map_err(error::harness)?;
     let server = tokio::select! {
         server = PgServer::open(choice, run_id) => server?,
-        by = interrupted() => return Err(Error::Interrupted(by).into()),
+        by = interrupts.next() => return Err(Error::Interrupted(by).into()),
     };
     let outcome = tokio::select! {
         outcome = work(&server) => outcome,
-        by = interrupted() => Err(Error::Interrupted(by).into()),
+        by = interrupts.next() => Err(Error::Interrupted(by).into()),
     };
     let closed = server.close().await;
     let outcome = outcome?;
@@ -39,14 +44,33 @@ pub async fn on_server<T>(
     Ok(outcome)
 }
 
+/// Ctrl-C and SIGTERM, watched from the moment this is made.
+struct Interrupts {
+    int: Signal,
+    term: Signal,
+}
+
+impl Interrupts {
+    fn watch() -> std::io::Result<Interrupts> {
+        Ok(Interrupts {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// The next one, by name (cancel-safe).
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.int.recv() => "SIGINT",
+            _ = self.term.recv() => "SIGTERM",
+        }
+    }
+}
+
 /// Resolves on Ctrl-C or SIGTERM, naming the signal.
 pub async fn interrupted() -> &'static str {
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => "SIGINT",
-        _ = term.recv() => "SIGTERM",
+    match Interrupts::watch() {
+        Ok(mut interrupts) => interrupts.next().await,
+        Err(_) => std::future::pending().await,
     }
 }

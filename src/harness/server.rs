@@ -1,8 +1,10 @@
 //! A throwaway server process (PostgreSQL's postmaster, redis-server) in its run directory:
-//! started in a process group of its own, as the server user, its output in our log file;
+//! started in a process group of its own, as the server user with a minimal environment, its
+//! output in our log file;
 //! recorded in the directory's marker; ready within a bound or killed with everything it
 //! started; stopped and its directory removed when dropped, unless kept.
 
+use std::ffi::{OsStr, OsString};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -11,8 +13,12 @@ use anyhow::{bail, Context, Result};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::{Pid, User};
 
+use crate::harness::process_group;
 use crate::harness::throwaway::{self, Marker, ProcessId, RunDir, ServerProcess};
 use crate::wait;
+
+/// A server's PATH when we have none (a server script runs other programs).
+const DEFAULT_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
 
 #[derive(Debug)]
 pub struct Server {
@@ -63,35 +69,13 @@ impl Server {
     /// time out again.
     pub async fn start(
         &mut self,
-        mut cmd: Command,
+        cmd: Command,
         user: Option<&User>,
         default_limit: Duration,
         every: Duration,
         mut ready: impl AsyncFnMut() -> Result<bool>,
     ) -> Result<()> {
-        // Ours, in our directory: the server writes to it through the descriptor it inherits
-        // (a restarted server goes on after its predecessor's lines).
-        let log = self.run.append_file(self.log)?;
-        cmd.current_dir(self.run.server_dir())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            // Its own process group: a Ctrl-C at the terminal reaches us, and we stop it in order.
-            .process_group(0);
-        if let Some(user) = user {
-            cmd.uid(user.uid.as_raw()).gid(user.gid.as_raw());
-            // The user's home, unless the server is given one of its own (RabbitMQ's, for its
-            // Erlang cookie).
-            if cmd.get_envs().all(|(name, _)| name != "HOME") {
-                cmd.env("HOME", &user.dir);
-            }
-        }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start {}", self.name))?;
-        self.recorded = Some(ServerProcess::spawned(&child)?);
-        self.process = Some(child);
-        self.write_marker()?;
+        self.spawn(cmd, user)?;
         let limit = start_timeout(default_limit);
         let name = self.name;
         let process = &mut self.process;
@@ -112,14 +96,75 @@ impl Server {
             ),
             Err(e) => e,
         };
+        Err(self.failed(failure))
+    }
+
+    /// Runs `cmd` (as `user`, its output in the log, in the server's directory and a process
+    /// group of its own, like a server) to its end, within `start_timeout(default_limit)`: a
+    /// step before the server starts (initdb), killed with its group, as a server is, if the
+    /// run ends meanwhile. An error with its last line unless it exited with 0.
+    pub async fn run_to_end(
+        &mut self,
+        cmd: Command,
+        user: Option<&User>,
+        default_limit: Duration,
+    ) -> Result<()> {
+        let program = std::path::Path::new(cmd.get_program());
+        let program = program
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        self.spawn(cmd, user)?;
+        let limit = start_timeout(default_limit);
+        let process = &mut self.process;
+        let ended = wait::up_to(limit, Duration::from_millis(20), async || {
+            let child = process.as_mut().expect("just spawned");
+            Ok(child.try_wait()?.inspect(|_| *process = None))
+        })
+        .await;
+        let failure = match ended {
+            Ok(Some(status)) if status.success() => return Ok(()),
+            Ok(Some(status)) => anyhow::anyhow!("{program} failed ({status})"),
+            Ok(None) => anyhow::anyhow!("{program} did not end within {limit:?}"),
+            Err(e) => e,
+        };
+        Err(self.failed(failure))
+    }
+
+    /// Starts `cmd` as the server user in the server's directory, in a process group of its
+    /// own, with a minimal environment, its output in the log; records it in the marker.
+    fn spawn(&mut self, mut cmd: Command, user: Option<&User>) -> Result<()> {
+        // Ours, in our directory: the server writes to it through the descriptor it inherits
+        // (a restarted server goes on after its predecessor's lines).
+        let log = self.run.append_file(self.log)?;
+        cmd.current_dir(self.run.server_dir())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            // Its own process group: a Ctrl-C at the terminal reaches us, and we stop it in order.
+            .process_group(0);
+        as_server_user(&mut cmd, user);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", self.name))?;
+        self.process = Some(child);
+        self.recorded = Some(ServerProcess::spawned(
+            self.process.as_ref().expect("just spawned"),
+        )?);
+        self.write_marker()
+    }
+
+    /// Kills what runs (with its group) after `failure`, which gets the log's last line.
+    fn failed(&mut self, failure: anyhow::Error) -> anyhow::Error {
         if let Some(mut child) = self.process.take() {
-            let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+            process_group::kill_group_and_wait(child.id());
             let _ = child.wait();
         }
         let log = std::fs::read_to_string(self.run.path().join(self.log)).unwrap_or_default();
         match throwaway::last_line(&log) {
-            line if line.is_empty() => Err(failure),
-            line => Err(anyhow::anyhow!("{failure:#}: {line}")),
+            line if line.is_empty() => failure,
+            line => anyhow::anyhow!("{failure:#}: {line}"),
         }
     }
 
@@ -184,9 +229,46 @@ impl Drop for Server {
         }
         if let (Some(mut child), Some(recorded)) = (self.process.take(), &self.recorded) {
             recorded.process.stop(self.stop_signal);
+            // Ended, not yet reaped: what it left in its group goes too (initdb's own postgres
+            // would go on writing in the directory about to be removed).
+            process_group::kill_group_and_wait(child.id());
             let _ = child.wait();
         }
         let _ = std::fs::remove_dir_all(self.run.path());
+    }
+}
+
+/// Runs `cmd` as `user` (when we are root), with a minimal environment: none of ours, whose
+/// secrets the server user could read in /proc/PID/environ. It gets PATH, the locale (LANG,
+/// LANGUAGE, LC_*, TZ) when set, HOME (the user's, or ours, unless `cmd` sets its own), and
+/// what `cmd` sets itself.
+pub fn as_server_user(cmd: &mut Command, user: Option<&User>) {
+    let own: Vec<(OsString, Option<OsString>)> = cmd
+        .get_envs()
+        .map(|(name, value)| (name.to_owned(), value.map(OsStr::to_owned)))
+        .collect();
+    cmd.env_clear();
+    let kept = |name: &OsStr| {
+        let name = name.to_string_lossy();
+        ["PATH", "LANG", "LANGUAGE", "TZ"].contains(&name.as_ref()) || name.starts_with("LC_")
+    };
+    cmd.env("PATH", DEFAULT_PATH)
+        .envs(std::env::vars_os().filter(|(name, _)| kept(name)));
+    let home = match user {
+        Some(user) => Some(user.dir.clone().into_os_string()),
+        None => std::env::var_os("HOME"),
+    };
+    if let Some(home) = home {
+        cmd.env("HOME", home);
+    }
+    for (name, value) in own {
+        match value {
+            Some(value) => cmd.env(name, value),
+            None => cmd.env_remove(name),
+        };
+    }
+    if let Some(user) = user {
+        cmd.uid(user.uid.as_raw()).gid(user.gid.as_raw());
     }
 }
 

@@ -6,6 +6,10 @@
 //! ([`ChildEnd`], in Jepsen's terms: a crash is an `info`, the parent does not know what the
 //! child got done). A crash is recognised by its exit status alone
 //! ([`exit::CRASHED`]), and its point is the one the parent planned.
+//!
+//! Each child leads a process group of its own ([`GroupLeader`]): stopping it, killing it or
+//! dropping it reaches whatever it started, and a Ctrl-C at the terminal reaches the parent
+//! alone, which stops its children in order.
 
 pub mod role;
 mod run;
@@ -15,11 +19,12 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
+use tokio::process::{ChildStdin, Command};
 
 use crate::error::exit;
 use crate::harness::db::Database;
+use crate::harness::process_group::GroupLeader;
 use crate::harness::throwaway;
 use crate::outbox::crash::{CrashPlan, CrashPoint};
 pub use role::{ChildArgs, Role};
@@ -31,6 +36,9 @@ pub const REPORT_PREFIX: &str = "report ";
 
 /// How long a consumer may take to say where it listens.
 const CONSUMER_READY_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a child being stopped has after SIGTERM before SIGKILL (ours handle no SIGTERM:
+/// they end at once).
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// How a child ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,8 +169,7 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
             .env(role::SPEC_ENV, serde_json::to_string(&spec)?)
             .stdin(stdin)
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         Ok(cmd)
     }
 
@@ -174,14 +181,12 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
     /// Starts it in the background: for children that run until stopped (following relays), or
     /// until they are done and their stdin is closed ([`RunningChild::close_stdin`]).
     pub fn spawn(self) -> Result<RunningChild> {
-        let mut child = self
-            .command(Stdio::piped())?
-            .spawn()
+        let mut process = GroupLeader::spawn(&mut self.command(Stdio::piped())?)
             .context("cannot start a child process")?;
         // Held apart: tokio's `Child::wait` would close it.
-        let stdin = child.stdin.take();
+        let stdin = process.child_mut().stdin.take();
         Ok(RunningChild {
-            child,
+            process,
             stdin,
             crash_at: self.crash_at,
         })
@@ -189,11 +194,9 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
 
     /// Starts a consumer and waits until it says where it listens.
     pub async fn spawn_consumer(self) -> Result<ConsumerProcess> {
-        let mut child = self
-            .command(Stdio::null())?
-            .spawn()
+        let mut process = GroupLeader::spawn(&mut self.command(Stdio::null())?)
             .context("cannot start the consumer")?;
-        let stdout = child.stdout.take().expect("piped");
+        let stdout = process.child_mut().stdout.take().expect("piped");
         let mut lines = BufReader::new(stdout).lines();
         let ready = tokio::time::timeout(CONSUMER_READY_TIMEOUT, lines.next_line()).await;
         match ready {
@@ -201,7 +204,7 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
                 let url = line["listening ".len()..].trim().to_string();
                 Ok(ConsumerProcess {
                     process: RunningChild {
-                        child,
+                        process,
                         stdin: None,
                         crash_at: self.crash_at,
                     },
@@ -209,11 +212,9 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
                 })
             }
             _ => {
-                let _ = child.start_kill();
-                let mut stderr = String::new();
-                if let Some(mut err) = child.stderr.take() {
-                    let _ = err.read_to_string(&mut stderr).await;
-                }
+                process.signal_group(nix::sys::signal::Signal::SIGKILL);
+                let stderr = read_all(process.child_mut().stderr.take()).await;
+                let stderr = String::from_utf8_lossy(&stderr);
                 Err(anyhow!(
                     "the consumer did not start: {}",
                     throwaway::last_line(&stderr)
@@ -225,7 +226,8 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
 
 /// A child running in the background.
 pub struct RunningChild {
-    child: Child,
+    /// The child, leading the group of whatever it starts.
+    process: GroupLeader,
     /// The write end of the child's stdin; dropping it is the "stop when done" signal.
     stdin: Option<ChildStdin>,
     /// Where it was told to die: the point of a crash it ends with.
@@ -235,12 +237,13 @@ pub struct RunningChild {
 impl RunningChild {
     /// Its pid while it has not been waited for (a nemesis proves it is ours before signalling).
     pub fn pid(&self) -> Option<u32> {
-        self.child.id()
+        self.process.id()
     }
 
-    /// Resolves when the process has ended (cancel-safe: a `select!` may drop it).
+    /// Resolves when the process has ended, and whatever it started with it (cancel-safe: a
+    /// `select!` may drop it).
     pub async fn exited(&mut self) {
-        let _ = self.child.wait().await;
+        let _ = self.process.wait().await;
     }
 
     /// Closes the child's stdin: end of input, read by the child as "stop when done".
@@ -254,30 +257,41 @@ impl RunningChild {
         self.stdin.take()
     }
 
-    /// Waits for its end (or kills it after `timeout`) and classifies how it ended.
-    pub async fn finish(self, timeout: Duration) -> Result<ChildRun> {
-        match tokio::time::timeout(timeout, self.child.wait_with_output()).await {
+    /// Waits for its end (or kills it, its group with it, after `timeout`) and classifies how
+    /// it ended.
+    pub async fn finish(mut self, timeout: Duration) -> Result<ChildRun> {
+        let stdout = self.process.child_mut().stdout.take();
+        let stderr = self.process.child_mut().stderr.take();
+        let ended = async { tokio::join!(self.process.wait(), read_all(stdout), read_all(stderr)) };
+        match tokio::time::timeout(timeout, ended).await {
             Err(_) => Ok(ChildRun {
                 end: ChildEnd::TimedOut,
                 stdout: String::new(),
             }),
-            Ok(output) => {
-                let output = output?;
-                let stderr = String::from_utf8_lossy(&output.stderr);
+            Ok((status, stdout, stderr)) => {
+                let stderr = String::from_utf8_lossy(&stderr);
                 Ok(ChildRun {
-                    end: classify(output.status, &stderr, self.crash_at),
-                    stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+                    end: classify(status?, &stderr, self.crash_at),
+                    stdout: String::from_utf8_lossy(&stdout).into_owned(),
                 })
             }
         }
     }
 
-    /// Kills it and waits until it is gone.
+    /// SIGTERM to its group, SIGKILL after [`STOP_GRACE`]; waits until it is gone.
     pub async fn stop(mut self) -> Result<()> {
-        let _ = self.child.start_kill();
-        self.child.wait().await?;
+        self.process.stop(STOP_GRACE).await?;
         Ok(())
     }
+}
+
+/// Everything `pipe` gives until its end (nothing if there is no pipe or it fails).
+async fn read_all(pipe: Option<impl AsyncRead + Unpin>) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    if let Some(mut pipe) = pipe {
+        let _ = pipe.read_to_end(&mut bytes).await;
+    }
+    bytes
 }
 
 /// A running consumer child.
@@ -294,16 +308,14 @@ impl ConsumerProcess {
 
     /// Waits until it ends by itself (a crash) and classifies how (cancel-safe).
     pub async fn ended(&mut self) -> Result<ChildEnd> {
-        let child = &mut self.process.child;
-        let status = child.wait().await?;
-        let mut stderr = String::new();
-        if let Some(mut err) = child.stderr.take() {
-            err.read_to_string(&mut stderr).await?;
-        }
+        let process = &mut self.process.process;
+        let status = process.wait().await?;
+        let stderr = read_all(process.child_mut().stderr.take()).await;
+        let stderr = String::from_utf8_lossy(&stderr);
         Ok(classify(status, &stderr, self.process.crash_at))
     }
 
-    /// Kills it and waits until it is gone.
+    /// Stops it ([`RunningChild::stop`]) and waits until it is gone.
     pub async fn stop(self) -> Result<()> {
         self.process.stop().await
     }

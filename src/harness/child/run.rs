@@ -155,7 +155,7 @@ async fn amqp_worker(db: &Database, role: AmqpWorkerRole) -> Result<()> {
     // The supervisor's sign that a consumer is ready, as the HTTP one's (no password shown).
     announce(format_args!(
         "listening {}",
-        connect::without_credentials(&role.amqp_url)
+        crate::secrets::without_secrets(&role.amqp_url)
     ));
     worker.follow(&role.queue, role.batch).await
 }
@@ -179,7 +179,7 @@ async fn jetstream_worker(db: &Database, role: JetStreamWorkerRole) -> Result<()
         // The supervisor's sign that a consumer is ready, as the HTTP one's (no token shown).
         announce(format_args!(
             "listening {}",
-            connect::without_credentials(&role.nats_url)
+            crate::secrets::without_secrets(&role.nats_url)
         ));
         return worker.follow(role.batch).await;
     }
