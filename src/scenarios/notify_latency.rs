@@ -1,4 +1,4 @@
-//! notify-latency (配送遅延とスループットの実測): orders written every 200 ms (on average), and
+//! notify-latency (配送遅延とスループットの実測): orders written a few per poll interval, and
 //! the delay from the outbox row's created_at to the consumer's received_at, for a relay polling
 //! every 1000 ms and every 100 ms. Then the relay woken by LISTEN/NOTIFY (statement trigger,
 //! 1 s fallback poll), timed over enough events that its p99 is not its maximum, to the HTTP
@@ -48,8 +48,9 @@ use crate::wait;
 pub struct Params {
     /// Orders timed for each polling relay.
     pub orders: u32,
-    /// Average gap between those orders.
-    pub interval_ms: u64,
+    /// They are written this many per poll interval (on average): each relay is timed over
+    /// orders / orders_per_poll of its polls, whatever its interval.
+    pub orders_per_poll: u32,
     /// Chooses the (reproducible) shifts of the write times around the average gap.
     pub seed: u64,
     pub poll_intervals_ms: Vec<u64>,
@@ -94,7 +95,14 @@ impl SinkChoice {
 impl Experiment for Params {
     fn metrics(&self) -> Vec<String> {
         let polls = self.poll_intervals_ms.iter().map(|ms| format!("poll{ms}"));
-        let every_mode = ["p50_ms", "p99_ms", "max_ms", "samples", "idle_xacts_10s"];
+        let every_mode = [
+            "p50_ms",
+            "p95_ms",
+            "p99_ms",
+            "max_ms",
+            "samples",
+            "idle_xacts_10s",
+        ];
         let mut metrics = metric_names(polls, &every_mode);
         let notify = self.sink.sinks().iter().map(|sink| sink.notify_mode());
         let split = [
@@ -108,14 +116,22 @@ impl Experiment for Params {
         ];
         metrics.extend(metric_names(notify, &[&every_mode[..], &split].concat()));
         let trigger = ["with_trigger", "without_trigger"];
-        metrics.extend(metric_names(["writer_tps", "commit_queue"], &trigger));
+        let queue = ["writer_tps", "commit_queue", "queued_looks"];
+        metrics.extend(metric_names(queue, &trigger));
         metrics.push("writer_tps.with_to_without".into());
         metrics
     }
 
     fn validate(&self) -> Result<()> {
-        if self.orders == 0 || self.notify_events == 0 || self.tps_rounds == 0 {
-            bail!("orders, notify_events and tps_rounds must be at least 1");
+        if [
+            self.orders,
+            self.orders_per_poll,
+            self.notify_events,
+            self.tps_rounds,
+        ]
+        .contains(&0)
+        {
+            bail!("orders, orders_per_poll, notify_events and tps_rounds must be at least 1");
         }
         Ok(())
     }
@@ -186,7 +202,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             wakeup: Wakeup::Poll(Duration::from_millis(ms)),
             sink: SinkKind::Http,
             orders: params.orders,
-            interval_ms: params.interval_ms,
+            interval_ms: ms / u64::from(params.orders_per_poll),
             phases: false,
             idle: true,
         })
@@ -211,6 +227,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             "orders",
             "~ms apart",
             "p50_ms",
+            "p95_ms",
             "p99_ms",
             "max_ms",
             "idle transactions per 10 s",
@@ -292,6 +309,7 @@ fn record(
     let m = &mut outcome.metrics;
     let latency = &measured.insert_to_receipt;
     m.set(format!("{name}.p50_ms"), latency.p50_ms);
+    m.set(format!("{name}.p95_ms"), latency.p95_ms);
     m.set(format!("{name}.p99_ms"), latency.p99_ms);
     m.set(format!("{name}.max_ms"), latency.max_ms);
     if let Some(idle) = measured.idle_xacts_10s {
@@ -306,6 +324,7 @@ fn record(
         mode.orders.to_string(),
         mode.interval_ms.to_string(),
         format!("{:.2}", latency.p50_ms),
+        format!("{:.2}", latency.p95_ms),
         format!("{:.2}", latency.p99_ms),
         format!("{:.2}", latency.max_ms),
         measured
@@ -649,6 +668,7 @@ async fn writer_throughput(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome
             format!("commit_queue.{name}"),
             (queued_share * 1000.0).round() / 1000.0,
         );
+        m.set(format!("queued_looks.{name}"), queued[design]);
         let each: Vec<String> = rounds[design].iter().map(|r| format!("{r:.0}")).collect();
         table.push(vec![
             name.replace('_', " "),
