@@ -1,4 +1,4 @@
-//! notify-latency (配送遅延とスループットの実測): orders written a few per poll interval, and
+//! notify-latency (配送遅延とスループットの実測): orders written every 200 ms (on average), and
 //! the delay from the outbox row's created_at to the consumer's received_at, for a relay polling
 //! every 1000 ms and every 100 ms. Then the relay woken by LISTEN/NOTIFY (statement trigger,
 //! 1 s fallback poll), timed over enough events that its p99 is not its maximum, to the HTTP
@@ -48,9 +48,8 @@ use crate::wait;
 pub struct Params {
     /// Orders timed for each polling relay.
     pub orders: u32,
-    /// They are written this many per poll interval (on average): each relay is timed over
-    /// orders / orders_per_poll of its polls, whatever its interval.
-    pub orders_per_poll: u32,
+    /// Average gap between those orders.
+    pub interval_ms: u64,
     /// Chooses the (reproducible) shifts of the write times around the average gap.
     pub seed: u64,
     pub poll_intervals_ms: Vec<u64>,
@@ -123,15 +122,8 @@ impl Experiment for Params {
     }
 
     fn validate(&self) -> Result<()> {
-        if [
-            self.orders,
-            self.orders_per_poll,
-            self.notify_events,
-            self.tps_rounds,
-        ]
-        .contains(&0)
-        {
-            bail!("orders, orders_per_poll, notify_events and tps_rounds must be at least 1");
+        if self.orders == 0 || self.notify_events == 0 || self.tps_rounds == 0 {
+            bail!("orders, notify_events and tps_rounds must be at least 1");
         }
         Ok(())
     }
@@ -202,7 +194,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             wakeup: Wakeup::Poll(Duration::from_millis(ms)),
             sink: SinkKind::Http,
             orders: params.orders,
-            interval_ms: ms / u64::from(params.orders_per_poll),
+            interval_ms: params.interval_ms,
             phases: false,
             idle: true,
         })
