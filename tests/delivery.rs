@@ -297,7 +297,9 @@ fn batch_throughput_batching_pays_at_one_concurrency() {
 /// notify-latency (shortened): NOTIFY answers in milliseconds where 1 s polling takes hundreds,
 /// to HTTP and to Redis, every timed event with its commit -> receipt; it idles with far fewer
 /// transactions than 100 ms polling; and its trigger makes writers' commits queue up, which
-/// they never do without it.
+/// they never do without it. Asserted as the mechanism (a queued commit seen at all), not as
+/// how often: that share follows the machine's disk against its CPU (0.4 to 0.8 beside one
+/// CPU-bound job, under 0.1 at times in a full test run).
 #[test]
 fn notify_beats_polling_on_latency_and_idle_cost() {
     let run = scenario("notify-latency", &["--quick"]);
@@ -319,8 +321,8 @@ fn notify_beats_polling_on_latency_and_idle_cost() {
         );
     }
     assert!(run.metric("notify.idle_xacts_10s") < run.metric("poll100.idle_xacts_10s") / 2);
-    assert!(run.metric_f64("commit_queue.with_trigger") >= 0.1);
-    assert_eq!(run.metric_f64("commit_queue.without_trigger"), 0.0);
+    assert!(run.metric("queued_looks.with_trigger") >= 1);
+    assert_eq!(run.metric("queued_looks.without_trigger"), 0);
 }
 
 /// A relay with 2 workers (partitioned loops of one process): every event is delivered once and

@@ -279,3 +279,34 @@ at_least = "2"
         assert!(stdout.contains(needle), "no {needle} in:\n{stdout}");
     }
 }
+
+/// `--repeat 2`: the scenario runs twice, each run on its own, and the JSON gives each metric's
+/// min / median / max over the runs and how many runs passed each check.
+#[test]
+fn repeat_reports_the_spread_and_the_passes_per_check() {
+    let run = scenario("outbox-atomicity", &["--repeat", "2"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let json = run.json();
+    assert_eq!(json["repeat"], 2);
+    assert_eq!(json["run_ids"].as_array().unwrap().len(), 2);
+    let spread = &json["scenarios"][0];
+    assert_eq!(spread["scenario"], "outbox-atomicity");
+    assert_eq!(spread["runs"], 2);
+    let metrics = spread["metrics"].as_array().unwrap();
+    let orders = metrics
+        .iter()
+        .find(|m| m["metric"] == "commit.orders")
+        .expect("commit.orders in the spread");
+    for statistic in ["min", "median", "max"] {
+        assert_eq!(orders[statistic], 1.0, "{statistic}: {orders}");
+    }
+    let checks = spread["checks"].as_array().unwrap();
+    assert!(!checks.is_empty());
+    for check in checks {
+        assert_eq!(
+            (check["passed"].as_u64(), check["runs"].as_u64()),
+            (Some(2), Some(2)),
+            "{check}"
+        );
+    }
+}

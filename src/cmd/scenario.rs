@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use serde::Serialize;
 
 use super::{outln, summary, Format, RunArgs};
 use crate::connect;
@@ -15,10 +16,11 @@ use crate::harness::rabbitmq_server::Amqp;
 use crate::harness::redis_server::Redis;
 use crate::harness::run::{new_run_id, on_server};
 use crate::harness::throwaway;
+use crate::judge::median;
 use crate::report::html;
 use crate::report::progress::Progress;
-use crate::report::Report;
-use crate::scenarios::{self, Overrides, Scenario};
+use crate::report::{decimals, CheckResult, Report, Table};
+use crate::scenarios::{self, Overrides, Prepared, Scenario};
 
 #[derive(Debug, Args)]
 pub struct ScenarioArgs {
@@ -56,6 +58,10 @@ pub struct ScenarioArgs {
     /// targets are reported MET / MISSED and only the article's checks decide the exit status).
     #[arg(long)]
     strict_targets: bool,
+    /// Run it this many times (each run on servers of its own) and print, per metric, min /
+    /// median / max over the runs, and per check how many runs passed; exit 1 if any run failed.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
     /// relay-crash, broker-dedup: number of events.
     #[arg(long)]
     events: Option<u32>,
@@ -98,6 +104,86 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
         connect::amqp(url).await.context("--amqp-url")?;
     }
 
+    let mut runs = Vec::new();
+    for repetition in 1..=args.repeat {
+        let run = run_once(&args, &prepared).await?;
+        if args.repeat > 1 && args.run.format == Format::Text {
+            for report in &run.reports {
+                outln!(
+                    "run {repetition} of {}: {}: {} ({} ms)",
+                    args.repeat,
+                    report.scenario,
+                    report.verdict_line(),
+                    report.environment.elapsed_ms
+                )?;
+            }
+        }
+        runs.push(run);
+    }
+    let reports = || runs.iter().flat_map(|run| &run.reports);
+    let passed = reports().all(Report::passed);
+    let targets_met = reports().all(Report::targets_met);
+    if args.repeat > 1 {
+        let spreads: Vec<Spread> = prepared
+            .iter()
+            .enumerate()
+            .map(|(i, _)| Spread::over(runs.iter().map(|run| &run.reports[i])))
+            .collect();
+        match args.run.format {
+            Format::Json => outln!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "run_ids": runs.iter().map(|run| &run.id).collect::<Vec<_>>(),
+                    "repeat": args.repeat,
+                    "passed": passed,
+                    "targets_met": targets_met,
+                    "scenarios": spreads,
+                }))?
+            )?,
+            Format::Text => {
+                for spread in &spreads {
+                    outln!("{}", spread.render_text())?;
+                }
+            }
+        }
+    } else {
+        let run = &runs[0];
+        match args.run.format {
+            Format::Json if run.reports.len() == 1 => {
+                outln!("{}", serde_json::to_string_pretty(&run.reports[0])?)?
+            }
+            Format::Json => outln!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "run_id": run.id,
+                    "passed": passed,
+                    "targets_met": targets_met,
+                    "scenarios": run.reports,
+                }))?
+            )?,
+            Format::Text if run.reports.len() > 1 => outln!("{}", summary(&run.reports))?,
+            Format::Text => {}
+        }
+    }
+    Ok(ExitCode::from(
+        if passed && (targets_met || !args.strict_targets) {
+            exit::OK
+        } else {
+            exit::CHECK_FAILED
+        },
+    ))
+}
+
+/// One run of the selected scenarios: its id and its reports, in the order they ran.
+struct Run {
+    id: String,
+    reports: Vec<Report>,
+}
+
+/// Runs the scenarios once, on servers of this run's own (a repetition is a run of its own:
+/// its own id, cluster, databases and results directory). With one repetition each report is
+/// printed in full as it ends; with more, [`run`] prints a line per report and the spread.
+async fn run_once(args: &ScenarioArgs, prepared: &[Prepared]) -> Result<Run> {
     let run_id = new_run_id();
     // Redis starts only if a scenario asks for it; it is closed however the runs end.
     let redis = Redis::new(args.redis_url.as_deref(), &run_id, args.run.keep);
@@ -107,19 +193,20 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
     let amqp = Amqp::new(args.amqp_url.as_deref(), &run_id, args.run.keep);
     let results = args.run.results_dir.join(&run_id);
     let progress = Progress::on_stderr(args.run.format == Format::Text && !args.quiet);
+    let print_each = args.run.format == Format::Text && args.repeat == 1;
     let outcome = on_server(
         &args.run.server_choice(),
         &run_id,
         async |server: &PgServer| {
             let mut reports = Vec::new();
             let bar = progress.bar(prepared.len() as u64, "scenarios");
-            for p in &prepared {
+            for p in prepared {
                 bar.set_message(p.scenario().name());
                 let report = scenarios::run(server, &redis, &nats, &amqp, p, &progress)
                     .await
                     .map_err(error::harness)?;
                 report.write_files(&results)?;
-                if args.run.format == Format::Text {
+                if print_each {
                     progress.suspend(|| outln!("{}", report.render_text()))?;
                 }
                 reports.push(report);
@@ -139,42 +226,123 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
     closed.map_err(error::harness)?;
     nats_closed.map_err(error::harness)?;
     amqp_closed.map_err(error::harness)?;
+    if args.run.format == Format::Text && !args.quiet {
+        eprintln!(
+            "results written to {}; the page: {}",
+            results.display(),
+            results.join(html::PAGE_FILE).display()
+        );
+    }
+    Ok(Run {
+        id: run_id,
+        reports,
+    })
+}
 
-    let passed = reports.iter().all(Report::passed);
-    let targets_met = reports.iter().all(Report::targets_met);
-    match args.run.format {
-        Format::Json if reports.len() == 1 => {
-            outln!("{}", serde_json::to_string_pretty(&reports[0])?)?
-        }
-        Format::Json => outln!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "run_id": run_id,
-                "passed": passed,
-                "targets_met": targets_met,
-                "scenarios": reports,
-            }))?
-        )?,
-        Format::Text => {
-            if reports.len() > 1 {
-                outln!("{}", summary(&reports))?;
-            }
-            if !args.quiet {
-                eprintln!(
-                    "results written to {}; the page: {}",
-                    results.display(),
-                    results.join(html::PAGE_FILE).display()
-                );
-            }
+/// One scenario over repeated runs (`--repeat`): each numeric metric's min / median / max, and
+/// how many runs passed each check and met each target.
+#[derive(Debug, Serialize)]
+struct Spread {
+    scenario: String,
+    runs: usize,
+    metrics: Vec<MetricSpread>,
+    checks: Vec<Held>,
+    targets: Vec<Held>,
+}
+
+#[derive(Debug, Serialize)]
+struct MetricSpread {
+    metric: String,
+    min: f64,
+    median: f64,
+    max: f64,
+}
+
+/// How often a check (or target) held: `passed` of `runs`.
+#[derive(Debug, Serialize)]
+struct Held {
+    name: String,
+    metric: String,
+    passed: usize,
+    runs: usize,
+}
+
+impl Spread {
+    /// The same scenario's reports, one per run.
+    fn over<'a>(reports: impl Iterator<Item = &'a Report>) -> Spread {
+        let reports: Vec<&Report> = reports.collect();
+        let first = reports[0];
+        let metrics = first
+            .metrics
+            .iter()
+            .filter_map(|(name, _)| {
+                let values: Vec<f64> = reports
+                    .iter()
+                    .filter_map(|r| r.metrics.get(name).and_then(serde_json::Value::as_f64))
+                    .collect();
+                let (min, max) = values
+                    .iter()
+                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                        (lo.min(*v), hi.max(*v))
+                    });
+                (!values.is_empty()).then(|| MetricSpread {
+                    metric: name.clone(),
+                    min,
+                    median: median(&values),
+                    max,
+                })
+            })
+            .collect();
+        let held = |judged: fn(&Report) -> &[CheckResult]| {
+            judged(first)
+                .iter()
+                .enumerate()
+                .map(|(i, check)| Held {
+                    name: check.name.clone(),
+                    metric: check.metric.clone(),
+                    passed: reports.iter().filter(|r| judged(r)[i].pass).count(),
+                    runs: reports.len(),
+                })
+                .collect()
+        };
+        Spread {
+            scenario: first.scenario.clone(),
+            runs: reports.len(),
+            metrics,
+            checks: held(|r| r.checks.as_slice()),
+            targets: held(|r| r.targets.as_slice()),
         }
     }
-    Ok(ExitCode::from(
-        if passed && (targets_met || !args.strict_targets) {
-            exit::OK
-        } else {
-            exit::CHECK_FAILED
-        },
-    ))
+
+    fn render_text(&self) -> String {
+        let mut figures = Table::new(
+            format!("{} over {} runs", self.scenario, self.runs),
+            &["metric", "min", "median", "max"],
+        );
+        for m in &self.metrics {
+            figures.push(vec![
+                m.metric.clone(),
+                decimals(m.min, 3),
+                decimals(m.median, 3),
+                decimals(m.max, 3),
+            ]);
+        }
+        let mut held = Table::new("", &["runs passed", "metric", "check"]);
+        let rows = self.checks.iter().map(|c| (c, "check"));
+        for (c, kind) in rows.chain(self.targets.iter().map(|t| (t, "target"))) {
+            held.push(vec![
+                format!("{} of {}", c.passed, c.runs),
+                c.metric.clone(),
+                format!("{kind}: {}", c.name),
+            ]);
+        }
+        format!(
+            "== {} ==\n\n{}\n\n{}",
+            figures.title,
+            figures.render(),
+            held.render()
+        )
+    }
 }
 
 /// Fails unless files can be created in `dir`, or in the nearest existing folder above it (where

@@ -14,6 +14,7 @@ const HISTOGRAM_MAX_US: u64 = 60_000_000;
 #[derive(Debug, Clone)]
 pub struct LatencySummary {
     pub p50_ms: f64,
+    pub p95_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
     pub samples: u64,
@@ -41,6 +42,7 @@ pub fn summarise(each_ms: Vec<(i64, f64)>) -> Result<LatencySummary> {
     let ms = |us: u64| (us as f64 / 10.0).round() / 100.0;
     Ok(LatencySummary {
         p50_ms: ms(histogram.value_at_quantile(0.5)),
+        p95_ms: ms(histogram.value_at_quantile(0.95)),
         p99_ms: ms(histogram.value_at_quantile(0.99)),
         max_ms: ms(histogram.max()),
         samples: histogram.len(),

@@ -94,7 +94,14 @@ impl SinkChoice {
 impl Experiment for Params {
     fn metrics(&self) -> Vec<String> {
         let polls = self.poll_intervals_ms.iter().map(|ms| format!("poll{ms}"));
-        let every_mode = ["p50_ms", "p99_ms", "max_ms", "samples", "idle_xacts_10s"];
+        let every_mode = [
+            "p50_ms",
+            "p95_ms",
+            "p99_ms",
+            "max_ms",
+            "samples",
+            "idle_xacts_10s",
+        ];
         let mut metrics = metric_names(polls, &every_mode);
         let notify = self.sink.sinks().iter().map(|sink| sink.notify_mode());
         let split = [
@@ -108,7 +115,8 @@ impl Experiment for Params {
         ];
         metrics.extend(metric_names(notify, &[&every_mode[..], &split].concat()));
         let trigger = ["with_trigger", "without_trigger"];
-        metrics.extend(metric_names(["writer_tps", "commit_queue"], &trigger));
+        let queue = ["writer_tps", "commit_queue", "queued_looks"];
+        metrics.extend(metric_names(queue, &trigger));
         metrics.push("writer_tps.with_to_without".into());
         metrics
     }
@@ -211,6 +219,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             "orders",
             "~ms apart",
             "p50_ms",
+            "p95_ms",
             "p99_ms",
             "max_ms",
             "idle transactions per 10 s",
@@ -292,6 +301,7 @@ fn record(
     let m = &mut outcome.metrics;
     let latency = &measured.insert_to_receipt;
     m.set(format!("{name}.p50_ms"), latency.p50_ms);
+    m.set(format!("{name}.p95_ms"), latency.p95_ms);
     m.set(format!("{name}.p99_ms"), latency.p99_ms);
     m.set(format!("{name}.max_ms"), latency.max_ms);
     if let Some(idle) = measured.idle_xacts_10s {
@@ -306,6 +316,7 @@ fn record(
         mode.orders.to_string(),
         mode.interval_ms.to_string(),
         format!("{:.2}", latency.p50_ms),
+        format!("{:.2}", latency.p95_ms),
         format!("{:.2}", latency.p99_ms),
         format!("{:.2}", latency.max_ms),
         measured
@@ -649,6 +660,7 @@ async fn writer_throughput(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome
             format!("commit_queue.{name}"),
             (queued_share * 1000.0).round() / 1000.0,
         );
+        m.set(format!("queued_looks.{name}"), queued[design]);
         let each: Vec<String> = rounds[design].iter().map(|r| format!("{r:.0}")).collect();
         table.push(vec![
             name.replace('_', " "),
