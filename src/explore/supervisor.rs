@@ -131,8 +131,8 @@ const RELAY_REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 /// The reset between runs waits this long at most for a killed child's session (which the
 /// server ends a moment after the process) to release its locks.
 const RESET_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
-/// The writer of a verify run spreads its workload until this long after the last nemesis on
-/// the clock is over: every nemesis strikes while events are being written.
+/// The writer spreads its workload until this long after the last nemesis on the clock is
+/// over: every nemesis strikes while events are being written.
 const WRITING_AFTER_NEMESES: Duration = Duration::from_millis(250);
 /// A relay of the user's whose first processes all end this soon, before any fault and before
 /// any relay was seen connected to the database, does not run at all (`--relay-cmd true`).
@@ -1145,12 +1145,11 @@ impl<'s> Lab<'s> {
 
     /// The writer; a dual write sends to `sink` itself.
     fn writer_command(&self, sink: &str, schedule: &Schedule) -> ChildCommand<ExploreWriterRole> {
-        // The user's relays may drain faster than the nemeses come: the workload is spread
-        // until they are over, so that each strikes a relay at work.
-        let window = match (&self.relays, schedule.clock_over_at()) {
-            (Relays::Foreign(_), Some(over)) => over + WRITING_AFTER_NEMESES,
-            _ => Duration::ZERO,
-        };
+        // The relays may drain faster than the nemeses come: the workload is spread until they
+        // are over, so that each strikes while events are written and relayed.
+        let window = schedule
+            .clock_over_at()
+            .map_or(Duration::ZERO, |over| over + WRITING_AFTER_NEMESES);
         let role = ExploreWriterRole {
             orders: self.workload.orders,
             events_per_order: self.workload.events_per_order,
