@@ -93,6 +93,23 @@ pub fn clap_one_line(error: &clap::Error) -> String {
     crate::secrets::redact(&lines.collect::<Vec<_>>().join(" "))
 }
 
+/// A line to standard error, secrets masked ([`errln!`](crate::errln)): the progress, notes and
+/// errors outbox-lab tells the person running it. A standard error that is gone (closed, a pipe
+/// whose reader left) is no reason to fail the run, so a failed write is dropped.
+pub fn write_stderr(text: std::fmt::Arguments) {
+    use std::io::Write as _;
+    let line = crate::secrets::redact(&format!("{text}\n"));
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}
+
+/// `eprintln!` that neither panics when standard error is gone nor shows a secret.
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::error::write_stderr(format_args!($($arg)*))
+    };
+}
+
 /// A write to standard output: a reader that went away is [`Error::StdoutClosed`].
 pub fn stdout_write(result: std::io::Result<()>) -> anyhow::Result<()> {
     result.map_err(|e| match e.kind() {

@@ -13,7 +13,7 @@ fn main() -> ExitCode {
             e.exit()
         }
         Err(e) => {
-            eprintln!("outbox-lab: error: {}", error::clap_one_line(&e));
+            outbox_lab::errln!("outbox-lab: error: {}", error::clap_one_line(&e));
             return ExitCode::from(exit::USAGE);
         }
     };
@@ -25,7 +25,7 @@ fn main() -> ExitCode {
     let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("outbox-lab: error: cannot start the async runtime: {e}");
+            outbox_lab::errln!("outbox-lab: error: cannot start the async runtime: {e}");
             return ExitCode::from(exit::USAGE);
         }
     };
@@ -35,7 +35,7 @@ fn main() -> ExitCode {
             let status = error::exit_status(&error);
             // A reader that stopped early (`| head`) is no failure: nothing to say.
             if status != exit::OK {
-                eprintln!("outbox-lab: error: {}", error::one_line(&error));
+                outbox_lab::errln!("outbox-lab: error: {}", error::one_line(&error));
             }
             ExitCode::from(status)
         }

@@ -1,5 +1,6 @@
 //! A reader that stops early (`outbox-lab list | head -1`) is no failure: the command stops
-//! quietly with status 0, never a panic. None of these needs a database.
+//! quietly with status 0, never a panic; nor is a standard error that is gone (closed, or a pipe
+//! whose reader left): a run goes on to its own status.
 
 mod common;
 
@@ -124,4 +125,22 @@ fn report_and_compare_into_a_closed_pipe_exit_0() {
     let printed = Run::from(outbox_lab_with(&["report", dir]).output().unwrap());
     assert_eq!(printed.code, 0, "{}", printed.stderr);
     assert!(printed.stdout.contains("deliveries"), "{}", printed.stdout);
+}
+
+/// A standard error whose reader is gone (EPIPE on every write) or that is closed: a scenario
+/// still runs to its own status (0: every check passed), never a panic (101).
+#[test]
+fn a_run_with_stderr_gone_ends_with_its_own_status() {
+    let results = scratch_dir("stderr-gone");
+    let scenario = || {
+        let mut command = outbox_lab_with(&["scenario", "relay-crash", "--results-dir"]);
+        command.arg(&results).stdout(Stdio::null());
+        command
+    };
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let status = scenario().stderr(writer).status().unwrap();
+    assert_eq!(status.code(), Some(0), "stderr a broken pipe");
+    let status = scenario().stderr(Stdio::null()).status().unwrap();
+    assert_eq!(status.code(), Some(0), "stderr to /dev/null");
 }

@@ -289,7 +289,7 @@ fn finish_run(
         Format::Json => outln!("{}", serde_json::to_string_pretty(report)?)?,
         Format::Text => {
             outln!("{}", render(report))?;
-            eprintln!(
+            crate::errln!(
                 "results, histories and report.html written to {}",
                 results_dir.display()
             );

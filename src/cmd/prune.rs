@@ -42,7 +42,7 @@ pub async fn run(args: PruneArgs) -> Result<ExitCode> {
     }
     for p in &pruned {
         match p.action {
-            Action::Kept => eprintln!("outbox-lab: warning: {p}"),
+            Action::Kept => crate::errln!("outbox-lab: warning: {p}"),
             _ => outln!("{p}")?,
         }
     }

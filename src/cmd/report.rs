@@ -17,6 +17,6 @@ pub fn run(dir: &Path) -> Result<ExitCode> {
     }
     outln!("{}", summary(&reports))?;
     let page = html::write(dir, &reports)?;
-    eprintln!("page written to {}", page.display());
+    crate::errln!("page written to {}", page.display());
     Ok(ExitCode::from(exit::OK))
 }

@@ -227,7 +227,7 @@ async fn run_once(args: &ScenarioArgs, prepared: &[Prepared]) -> Result<Run> {
     nats_closed.map_err(error::harness)?;
     amqp_closed.map_err(error::harness)?;
     if args.run.format == Format::Text && !args.quiet {
-        eprintln!(
+        crate::errln!(
             "results written to {}; the page: {}",
             results.display(),
             results.join(html::PAGE_FILE).display()

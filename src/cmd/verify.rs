@@ -181,7 +181,7 @@ pub async fn run(args: VerifyArgs) -> Result<ExitCode> {
     })
     .await?;
     if let Some(why) = verification.inconclusive() {
-        eprintln!("verify: inconclusive: the run was {why}: see the notes");
+        crate::errln!("verify: inconclusive: the run was {why}: see the notes");
     }
     let report = verify::report(
         &plan,

@@ -302,7 +302,7 @@ pub async fn explore_design(
     }
     result.runs.extend(reruns);
     if progress {
-        eprintln!(
+        crate::errln!(
             "explore: {} ran {} schedules in {:.1} s",
             design.name,
             schedules.len(),

@@ -203,7 +203,7 @@ impl PgServer {
         if self.keep {
             if let Some(mut cluster) = self.cluster.take().map(tokio::sync::Mutex::into_inner) {
                 if cluster.is_running() {
-                    eprintln!(
+                    crate::errln!(
                         "kept the throwaway cluster running in {}: psql {}; remove it with \
                          `outbox-lab clean`",
                         cluster.dir().display(),
@@ -212,12 +212,12 @@ impl PgServer {
                 } else {
                     // Dropped unkept: its directory goes.
                     cluster.set_kept(false)?;
-                    eprintln!("the throwaway cluster stopped during the run: nothing was kept");
+                    crate::errln!("the throwaway cluster stopped during the run: nothing was kept");
                     return Ok(());
                 }
             }
             for name in self.created.lock().expect("not poisoned").iter() {
-                eprintln!("kept database {name}");
+                crate::errln!("kept database {name}");
             }
             return Ok(());
         }

@@ -261,7 +261,7 @@ impl Drop for NatsCluster {
             return;
         };
         if node.server.is_kept() {
-            eprintln!(
+            crate::errln!(
                 "kept the private NATS cluster running in {}: {}, the token in each node's {CONFIG}; \
                  remove it with `outbox-lab clean`",
                 self.nodes
@@ -418,7 +418,7 @@ impl Nats {
             if let Some(server) = self.private.get() {
                 if server.server.is_kept() {
                     let dir = server.server.run_dir().path();
-                    eprintln!(
+                    crate::errln!(
                         "kept the private NATS server running in {}: {}, its token in {}; remove \
                          it with `outbox-lab clean`",
                         dir.display(),
@@ -433,7 +433,7 @@ impl Nats {
             return Ok(());
         }
         if self.keep {
-            eprintln!("kept NATS streams {}*", self.name_prefix);
+            crate::errln!("kept NATS streams {}*", self.name_prefix);
             return Ok(());
         }
         let jetstream = async_nats::jetstream::new(connect::nats(url).await?);

@@ -341,7 +341,7 @@ impl Amqp {
                 let broker = server.broker.lock().await;
                 if broker.is_kept() {
                     let dir = broker.run_dir().path();
-                    eprintln!(
+                    crate::errln!(
                         "kept the private RabbitMQ running in {} (its epmd in {}): {}, its \
                          password in {}; remove it with `outbox-lab clean`",
                         dir.display(),
@@ -361,7 +361,7 @@ impl Amqp {
             return Ok(());
         }
         if self.keep {
-            eprintln!("kept RabbitMQ queues {}*", self.name_prefix);
+            crate::errln!("kept RabbitMQ queues {}*", self.name_prefix);
             return Ok(());
         }
         let connection = connect::amqp(url).await?;

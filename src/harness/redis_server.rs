@@ -153,7 +153,7 @@ impl Redis {
         let Some(url) = &self.external else {
             if let Some(server) = self.private.get() {
                 if server.server.is_kept() {
-                    eprintln!(
+                    crate::errln!(
                         "kept the private Redis server running in {}: redis-cli -s {}; remove it \
                          with `outbox-lab clean`",
                         server.server.run_dir().path().display(),
@@ -167,7 +167,7 @@ impl Redis {
             return Ok(());
         }
         if self.keep {
-            eprintln!("kept Redis keys {}*", self.key_prefix);
+            crate::errln!("kept Redis keys {}*", self.key_prefix);
             return Ok(());
         }
         let mut con = connect::redis(url).await?;

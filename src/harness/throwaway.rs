@@ -354,7 +354,7 @@ pub fn remove_orphans() {
         }
         // One left alone is not this run's business: `outbox-lab clean` says why.
         if remove_found(&dir, &marker).is_ok() {
-            eprintln!(
+            crate::errln!(
                 "removed a throwaway server left by an earlier run: {}",
                 dir.display()
             );

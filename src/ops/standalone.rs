@@ -47,7 +47,7 @@ pub async fn run_relay(
     }
     let listens = matches!(relay.follow, Some(Wakeup::Notify { .. }));
     if listens && !schema::has_notify_trigger(&client).await? {
-        eprintln!(
+        crate::errln!(
             "warning: no outbox_notify_trg trigger: only the fallback poll will find new rows; create it with:{}",
             schema::NOTIFY_TRIGGER
         );

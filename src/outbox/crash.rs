@@ -216,7 +216,7 @@ pub fn arm_pause(plan: CrashPlan) {
 pub fn point(here: CrashPoint) {
     if let Some(pause) = PAUSE.get().filter(|p| p.point == here) {
         if PAUSE_PASSES.fetch_add(1, Ordering::SeqCst) + 1 == pause.on_pass {
-            eprintln!("pause point {here} reached: SIGSTOP");
+            crate::errln!("pause point {here} reached: SIGSTOP");
             // SAFETY: raise only sends a signal to this process; it has no memory effects.
             unsafe { libc::raise(libc::SIGSTOP) };
         }
@@ -228,7 +228,7 @@ pub fn point(here: CrashPoint) {
     let pass = PASSES.fetch_add(1, Ordering::SeqCst) + 1;
     if pass == plan.on_pass {
         // For a person reading the child's output; the parent knows by the exit status.
-        eprintln!("crash point {here} reached (pass {pass}): _exit({CRASHED})");
+        crate::errln!("crash point {here} reached (pass {pass}): _exit({CRASHED})");
         // SAFETY: _exit ends the process at once; nothing after it runs, which is the point.
         unsafe { libc::_exit(i32::from(CRASHED)) };
     }

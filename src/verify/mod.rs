@@ -389,7 +389,7 @@ pub async fn verify(
     let lab = Lab::prepare_foreign(server, plan.design, plan.workload, foreign, bounds).await?;
     let say = |text: String| {
         if progress {
-            eprintln!("verify: {text}");
+            crate::errln!("verify: {text}");
         }
     };
     let main = run_once(&lab, &plan.schedule).await?;
