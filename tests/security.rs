@@ -621,6 +621,42 @@ fn a_verify_run_shows_no_password() {
     }
 }
 
+/// A credential the user wrote into `--relay-cmd` itself (their command line, their choice) is
+/// still masked in everything verify prints and writes: the notes, the params, the replay line,
+/// the history and the page.
+#[test]
+fn a_credential_inside_the_relay_command_is_masked_in_the_results() {
+    let secret = "Pw0fTheRelayCommand";
+    let relay = format!(
+        "env MY_BROKER=amqp://me:{secret}@127.0.0.1:1/x '{}' relay --database-url \
+         {{database_url}} --sink {{sink_url}} --mode notify --interval-ms 50 --name {{name}}",
+        env!("CARGO_BIN_EXE_outbox-lab")
+    );
+    let results = scratch_dir("security-relay-cmd");
+    let output = outbox_lab()
+        .args(["verify", "--relay-cmd", &relay, "--events", "20"])
+        .args(["--schedule", "net:reset@5", "--format", "json"])
+        .args(["--database-url", server_url(), "--results-dir"])
+        .arg(&results)
+        .output()
+        .unwrap();
+    let run = common::Run::from(output);
+    assert!(run.code == 0 || run.code == 1, "{}", run.stderr);
+    for (what, text) in [("stdout", &run.stdout), ("stderr", &run.stderr)] {
+        assert!(!text.contains(secret), "the password on {what}: {text}");
+    }
+    assert!(run.stdout.contains("amqp://me:***@"), "{}", run.stdout);
+    let files = walk(&results);
+    assert!(
+        files.iter().any(|f| f.ends_with("verify.json")),
+        "{files:?}"
+    );
+    for path in files.iter().filter(|p| p.is_file()) {
+        let text = std::fs::read_to_string(path).unwrap();
+        assert!(!text.contains(secret), "the password in {}", path.display());
+    }
+}
+
 /// Reads `output` to its end on a thread of its own.
 fn read_to_end_in_thread(
     mut output: impl std::io::Read + Send + 'static,
