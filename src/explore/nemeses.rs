@@ -124,6 +124,9 @@ impl LiveProcesses {
     }
 }
 
+/// How often a db-kill-backend nemesis looks again for a session of its target.
+const SESSION_POLL: Duration = Duration::from_millis(5);
+
 /// What the nemeses of one run work on.
 pub struct Arena<'a> {
     pub started: Instant,
@@ -231,10 +234,19 @@ pub async fn strike(
                             arena.db.connect().await
                         })
                         .await?;
-                        if terminate_backends(&client, &sessions).await? > 0 {
-                            let label = arena.live.now(role).map(|(l, _)| l);
-                            let label = label.unwrap_or_else(|| role.name().to_string());
-                            fire(i, format!("{label} (its sessions)"));
+                        // A target between two sessions (reconnecting) is struck as soon as
+                        // it has one again, as a process between two is.
+                        loop {
+                            if terminate_backends(&client, &sessions).await? > 0 {
+                                let label = arena.live.now(role).map(|(l, _)| l);
+                                let label = label.unwrap_or_else(|| role.name().to_string());
+                                fire(i, format!("{label} (its sessions)"));
+                                break;
+                            }
+                            if *arena.over.borrow() {
+                                break;
+                            }
+                            tokio::time::sleep(SESSION_POLL).await;
                         }
                     }
                 }

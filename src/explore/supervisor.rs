@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
-use futures_util::future::join_all;
+use futures_util::future::try_join_all;
 use tokio::sync::watch;
 use tokio_postgres::config::Host;
 use tokio_postgres::error::SqlState;
@@ -667,9 +667,11 @@ impl<'s> Lab<'s> {
         let run = async { tokio::join!(supervised, striking) };
         let mut cut_short = None;
         let stuck = match tokio::time::timeout(self.bounds.run, run).await {
+            // The supervision's failure first: a nemesis may fail only because the run did.
             Ok((stuck, struck)) => {
+                let stuck = stuck?;
                 struck?;
-                stuck?
+                stuck
             }
             // Dropping the supervision kills every child it still had (kill_on_drop).
             Err(_) => {
@@ -722,23 +724,27 @@ impl<'s> Lab<'s> {
     ) -> Result<Option<String>> {
         let writer_done = &stage.writer_done;
         let (all_done, _) = watch::channel(false);
+        // The first error ends the run at once (a relay of the user's that is bad input does
+        // not wait for the writer): dropping the rest kills their children.
         let producers = async {
             let relays =
                 (0..self.design.relays).map(|i| self.keep_relay(i, faults, struck, history, stage));
-            let (writer, relays) =
-                tokio::join!(self.keep_writer(faults, history, stage), join_all(relays),);
+            let done = tokio::try_join!(
+                self.keep_writer(faults, history, stage),
+                try_join_all(relays)
+            );
             all_done.send_replace(true);
-            (writer, relays)
+            done
         };
         let everything = async {
-            tokio::join!(
+            tokio::try_join!(
                 self.keep_consumer(first_consumer, faults, history, &all_done, stage),
                 producers
             )
         };
         // Returning drops the supervision, which kills every child it still has (kill_on_drop).
         let (consumer, (writer, relays)) = tokio::select! {
-            ended = everything => ended,
+            ended = everything => ended?,
             why = liveness_watchdog(faults, struck, writer_done, self.bounds.liveness) => {
                 // The user's relay may say why: its last line goes with the verdict.
                 let last = stage.relay_tail.lock().expect("not poisoned").lines().pop();
@@ -749,11 +755,8 @@ impl<'s> Lab<'s> {
             }
             failed = self.watch_foreign(stage) => return Err(failed),
         };
-        let mut stuck = vec![consumer?, writer?];
-        for relay in relays {
-            stuck.push(relay?);
-        }
-        Ok(stuck.into_iter().flatten().next())
+        let stuck = [consumer, writer].into_iter().chain(relays);
+        Ok(stuck.flatten().next())
     }
 
     /// Runs the writer, and a new one after each crash, until one finishes its orders.
