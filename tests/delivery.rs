@@ -222,8 +222,10 @@ fn redis_sink_marks_each_acknowledged_xadd() {
 /// compared at one concurrency. In-flight is its own axis (HTTP one request at a time at every
 /// size, 16 at a time where a batch holds 16), the relay timed every event it delivered, and a
 /// batch per request beats one event per request by far (the check of HTTP's batching). Redis,
-/// NATS and RabbitMQ cells also run with 2 workers. Speed targets are judged apart (they may miss on a busy
-/// machine) and do not decide the exit status.
+/// NATS and RabbitMQ cells also run with 2 workers. Beside them the ceiling (db_only, the same
+/// relay delivering nowhere) at every batch size and worker count, and each sink's fraction of
+/// it. Speed targets are judged apart (they may miss on a busy machine) and do not decide the
+/// exit status.
 #[test]
 fn batch_throughput_batching_pays_at_one_concurrency() {
     let run = scenario(
@@ -279,6 +281,16 @@ fn batch_throughput_batching_pays_at_one_concurrency() {
             assert!(run.metric_f64(&metric) > 0.0, "{metric}");
         }
     }
+    // The ceiling at every batch size and worker count, and each sink's cell a fraction of it.
+    for size in [1, 100, 1000] {
+        for workers in ["", ".workers2"] {
+            let ceiling = format!("db_only.batch{size}{workers}.events_per_s");
+            assert!(run.metric_f64(&ceiling) > 0.0, "{ceiling}");
+            let fraction = format!("redis.batch{size}{workers}.of_ceiling");
+            assert!(run.metric_f64(&fraction) > 0.0, "{fraction}");
+        }
+    }
+    assert!(run.metric_f64("http.batch100.in_flight16.of_ceiling") > 0.0);
     // One commit of the consumer per batch instead of per event: a margin beyond any noise.
     let array = run.metric_f64("http_array.batch100.events_per_s");
     let per_event = run.metric_f64("http.batch100.in_flight16.events_per_s");

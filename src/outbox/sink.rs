@@ -4,7 +4,8 @@
 //! own), NATS JetStream (a publish to `outbox.event.<aggregate_type>` with the event id as
 //! `Nats-Msg-Id`, the whole batch in flight, each publish acknowledged on its own) or RabbitMQ
 //! (a persistent message to the durable queue `outbox.event.<aggregate_type>` with the event id
-//! as `message_id`, the whole batch in flight, each confirmed on its own).
+//! as `message_id`, the whole batch in flight, each confirmed on its own). Beside them, nowhere
+//! ([`DISCARD_URL`]): batch-throughput's ceiling, the relay's database work alone.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,6 +34,9 @@ pub enum Sink {
     Redis(RedisSink),
     Nats(NatsSink),
     Amqp(AmqpSink),
+    /// Takes the whole batch at once and delivers it nowhere: what is left of a relay's time is
+    /// its database's (batch-throughput's ceiling).
+    Discard,
 }
 
 impl Sink {
@@ -48,6 +52,13 @@ impl Sink {
             Sink::Redis(redis) => redis.deliver(events, on_delivered).await,
             Sink::Nats(nats) => nats.deliver(events, on_delivered).await,
             Sink::Amqp(amqp) => amqp.deliver(events, on_delivered).await,
+            Sink::Discard => events
+                .iter()
+                .map(|event| {
+                    on_delivered(event);
+                    Ok(())
+                })
+                .collect(),
         }
     }
 }
@@ -106,11 +117,14 @@ impl SinkOptions {
     }
 
     /// The sink these options describe: `http://…` for the HTTP consumer, a Redis URL
-    /// ([`is_redis`]) for a Redis Stream, `nats://…` for JetStream, `amqp://…` for RabbitMQ. An
+    /// ([`is_redis`]) for a Redis Stream, `nats://…` for JetStream, `amqp://…` for RabbitMQ,
+    /// [`DISCARD_URL`] for nowhere. An
     /// HTTP delivery, a JetStream publish or a RabbitMQ publish unanswered after
     /// `request_timeout` failed.
     pub async fn connect(&self, request_timeout: Duration) -> Result<Sink> {
-        if is_amqp(&self.url) {
+        if self.url == DISCARD_URL {
+            Ok(Sink::Discard)
+        } else if is_amqp(&self.url) {
             let sink = AmqpSink {
                 url: self.url.clone(),
                 open: Arc::new(tokio::sync::Mutex::new(None)),
@@ -146,6 +160,11 @@ impl SinkOptions {
         }
     }
 }
+
+/// The sink that delivers nowhere ([`Sink::Discard`]): for the harness' own relays only (a
+/// relay told to deliver nowhere from the command line would lose every event), so
+/// [`check_url`] refuses it.
+pub const DISCARD_URL: &str = "discard:";
 
 /// A Redis URL: TCP (`redis://`, `rediss://`) or a Unix socket (`redis+unix://`, `unix://`).
 pub fn is_redis(url: &str) -> bool {
@@ -750,6 +769,7 @@ mod tests {
             "amqp://user:pass@/%2f",
             "amqp://user:pass@127.0.0.1:notaport/%2f",
             "nats://127.0.0.1:4222,nats://",
+            super::DISCARD_URL,
         ] {
             let e = check_url(bad).unwrap_err();
             assert!(e.contains("give http://HOST:PORT"), "{bad}: {e}");

@@ -1,6 +1,7 @@
-//! batch-throughput (バッチサイズと処理量): 10,000 events delivered by one relay at batch sizes
-//! 1, 10, 100 and 1000 (1,000 where each event is a round trip of its own: `serial_events`) —
-//! to a Redis Stream (a pipeline per batch), to the HTTP consumer one event per request as
+//! batch-throughput (バッチサイズと処理量): events delivered by one relay at batch sizes 1, 10,
+//! 100 and 1000, about a second of work per cell (more events at larger batches: `batches_per_cell`
+//! batches, at most `max_events`, fewer where the sink or a round trip per event bounds the
+//! cell) — nowhere (`db_only`, the ceiling: the relay's database work alone), to a Redis Stream (a pipeline per batch), to the HTTP consumer one event per request as
 //! the article's relay posts them, or a batch per request (an array body the consumer applies
 //! in one transaction), to NATS JetStream and to RabbitMQ (the batch's publishes in flight,
 //! each acked or confirmed). A batch of 1 pays a fetch, an UPDATE and a COMMIT per event; throughput
@@ -12,7 +13,17 @@
 //! across batch sizes at one concurrency (each `http_in_flight` value a series), never batch 1
 //! one at a time against batch 100 sixteen at a time. Each cell runs `runs` times, the rounds
 //! interleaved (a slow moment of a shared machine hits every cell alike), and the median is
-//! reported; the same cells serve as the relay's benchmark: run before and after a change.
+//! reported with the spread; the same cells serve as the relay's benchmark: run before and after
+//! a change.
+//!
+//! The ceiling: `db_only` cells run the same relay loop — the same fetch, the same mark, one
+//! commit per batch — with a sink that takes every event at once and delivers it nowhere
+//! ([`Sink::Discard`](crate::outbox::sink::Sink::Discard)): what this machine's PostgreSQL
+//! allows the relay. Each sink's figure is also a fraction of the ceiling of its batch size and
+//! workers (`of_ceiling`), the ceiling measured in the same rounds, just before that batch size's
+//! and workers' sink cells, so that a busy moment of a shared machine weighs on both.
+
+use std::collections::HashMap;
 
 use anyhow::{anyhow, bail, Result};
 use lapin::options::QueuePurgeOptions;
@@ -28,15 +39,18 @@ use crate::judge::{counts, median};
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::relay::{BatchTimings, RelayConfig};
 use crate::outbox::schema;
-use crate::outbox::sink::{AmqpSink, HttpBody, NatsSink, RedisSink};
+use crate::outbox::sink::{AmqpSink, HttpBody, NatsSink, RedisSink, DISCARD_URL};
 use crate::outbox::writer;
 use crate::report::plots::{self, Axes, Plot};
 use crate::report::{Report, Table};
 
 /// Where the relay delivers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SinkKind {
+    /// Nowhere, every event taken at once: the relay's fetch, mark and commit alone, the
+    /// ceiling the others are fractions of.
+    DbOnly,
     /// XADD, a pipeline per batch: the whole batch is in flight at once.
     Redis,
     /// The consumer, one event per request (the article's relay), `http_in_flight` at once.
@@ -54,6 +68,7 @@ pub enum SinkKind {
 impl SinkKind {
     fn name(self) -> &'static str {
         match self {
+            SinkKind::DbOnly => "db_only",
             SinkKind::Redis => "redis",
             SinkKind::Http => "http",
             SinkKind::HttpArray => "http_array",
@@ -62,7 +77,7 @@ impl SinkKind {
         }
     }
 
-    /// Where it delivers: Redis, or the HTTP consumer (one for both HTTP bodies).
+    /// Where it delivers: nowhere, Redis, or the HTTP consumer (one for both HTTP bodies).
     fn server(self) -> SinkKind {
         match self {
             SinkKind::HttpArray => SinkKind::Http,
@@ -74,11 +89,19 @@ impl SinkKind {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Params {
-    pub events: i64,
-    /// Events of the cells that have one event in flight at a time (batch 1, HTTP one request
-    /// at a time): each event is a round trip (and, to HTTP, a commit of the consumer), so its
-    /// cost per event is what the cell measures, and `events` of them would take most of the
-    /// scenario's time.
+    /// A cell's events are this many batches (at most `max_events`): about a second of the
+    /// relay's work where the database bounds it, since larger batches go faster. A short cell
+    /// measures its start more than its pace.
+    pub batches_per_cell: i64,
+    pub max_events: i64,
+    /// At most this many events to these sinks, bounded by their server at a few thousand
+    /// events per second: a second or more of their work all the same.
+    #[serde(default)]
+    pub max_events_by_sink: HashMap<SinkKind, i64>,
+    /// At most this many events where one event is in flight at a time (HTTP one request at a
+    /// time): each event is a round trip (and a commit of the consumer), so its cost per event
+    /// is what the cell measures, and a whole cell of them would take most of the scenario's
+    /// time.
     pub serial_events: i64,
     pub batch_sizes: Vec<i64>,
     pub sinks: Vec<SinkKind>,
@@ -99,19 +122,34 @@ pub struct Params {
 
 impl Experiment for Params {
     fn metrics(&self) -> Vec<String> {
-        let cells = Cell::all(self).iter().map(Cell::metric).collect::<Vec<_>>();
-        metric_names(cells, &["events_per_s", "elapsed_ms"])
+        let cells = Cell::all(self);
+        let mut metrics = metric_names(
+            cells.iter().map(Cell::metric),
+            &["events_per_s", "elapsed_ms"],
+        );
+        let fractions = cells.iter().filter(|cell| cell.ceiling(&cells).is_some());
+        metrics.extend(metric_names(fractions.map(Cell::metric), &["of_ceiling"]));
+        metrics
     }
 
     fn validate(&self) -> Result<()> {
-        if self.events < 1 || self.serial_events < 1 || self.runs < 1 {
-            bail!("events, serial_events and runs must be at least 1");
+        let limits = [self.batches_per_cell, self.max_events, self.serial_events];
+        if limits
+            .iter()
+            .chain(self.max_events_by_sink.values())
+            .any(|&n| n < 1)
+            || self.runs < 1
+        {
+            bail!(
+                "batches_per_cell, max_events, max_events_by_sink, serial_events and runs must \
+                 be at least 1"
+            );
         }
         if self.batch_sizes.is_empty() || self.batch_sizes.iter().any(|&b| b < 1) {
             bail!("batch_sizes must be at least one size, each at least 1");
         }
         if self.sinks.is_empty() {
-            bail!("sinks must name at least one of redis, http, http_array, nats, amqp");
+            bail!("sinks must name at least one of db_only, redis, http, http_array, nats, amqp");
         }
         if self.http_in_flight.is_empty() || self.http_in_flight.contains(&0) {
             bail!("http_in_flight must be at least one value, each at least 1");
@@ -131,8 +169,8 @@ impl Experiment for Params {
     }
 }
 
-/// One configuration measured: a sink, a batch size, (HTTP) the events in flight and (Redis)
-/// the relay's workers.
+/// One configuration measured: a sink, a batch size, (HTTP) the events in flight and (the
+/// ceiling, Redis and the brokers) the relay's workers.
 #[derive(Debug, Clone, Copy)]
 struct Cell {
     sink: SinkKind,
@@ -153,14 +191,13 @@ impl Cell {
                 match sink {
                     // An array of one is one event per request: the http cell measures it.
                     SinkKind::HttpArray if batch == 1 => {}
-                    SinkKind::Redis | SinkKind::Nats | SinkKind::Amqp => {
-                        cells.extend(params.pipeline_workers.iter().map(|&workers| Cell {
+                    SinkKind::DbOnly | SinkKind::Redis | SinkKind::Nats | SinkKind::Amqp => cells
+                        .extend(params.pipeline_workers.iter().map(|&workers| Cell {
                             sink,
                             batch,
                             in_flight: batch,
                             workers,
-                        }))
-                    }
+                        })),
                     SinkKind::HttpArray => cells.push(Cell {
                         sink,
                         batch,
@@ -188,13 +225,29 @@ impl Cell {
 
     /// How many events it delivers.
     fn events(&self, params: &Params) -> i64 {
-        match self.in_flight {
-            1 => params.serial_events.min(params.events),
-            _ => params.events,
+        let sink_bound = params.max_events_by_sink.get(&self.sink).copied();
+        let serial = (self.in_flight == 1).then_some(params.serial_events);
+        [sink_bound, serial].into_iter().flatten().fold(
+            (self.batch * params.batches_per_cell).min(params.max_events),
+            i64::min,
+        )
+    }
+
+    /// The ceiling cell of its batch size and workers, where `cells` has one (and it is not
+    /// one itself).
+    fn ceiling(&self, cells: &[Cell]) -> Option<usize> {
+        if self.sink == SinkKind::DbOnly {
+            return None;
         }
+        cells.iter().position(|other| {
+            other.sink == SinkKind::DbOnly
+                && other.batch == self.batch
+                && other.workers == self.workers
+        })
     }
 
     /// The prefix of its metrics: `redis.batch100` (one worker, as the article's relay),
+    /// `db_only.batch100` (its ceiling),
     /// `redis.batch100.workers2`, `http.batch100` (one request at a time, as the article's relay
     /// sends them), `http.batch100.in_flight16`.
     fn metric(&self) -> String {
@@ -218,6 +271,8 @@ struct Target {
 
 /// What receives a sink's events, and counts them after a run.
 enum Receiver {
+    /// Nothing (the ceiling): every event the relay marked published is one the sink took.
+    Nowhere,
     /// The HTTP consumer, up for every run; it counts in the target's database.
     Consumer(ConsumerProcess),
     /// A Redis Stream, cleared before every run.
@@ -244,6 +299,7 @@ impl Target {
         let db = ctx.database(sink.server().name()).await?;
         let client = db.connect().await?;
         let (url, receiver) = match sink.server() {
+            SinkKind::DbOnly => (DISCARD_URL.to_string(), Receiver::Nowhere),
             SinkKind::Redis => {
                 let url = ctx.redis_url().await?;
                 let connection = connect::redis(&url).await?;
@@ -285,7 +341,7 @@ impl Target {
     /// Nothing received yet: the stream emptied (the consumer's tables go with the schema).
     async fn clear(&mut self) -> Result<()> {
         match &mut self.receiver {
-            Receiver::Consumer(_) => {}
+            Receiver::Nowhere | Receiver::Consumer(_) => {}
             Receiver::Redis { connection, stream } => {
                 let _: i64 = connection.del(&*stream).await?;
             }
@@ -311,6 +367,7 @@ impl Target {
     /// What the sink received since [`Target::clear`].
     async fn delivered(&mut self) -> Result<i64> {
         Ok(match &mut self.receiver {
+            Receiver::Nowhere => counts::count(&self.client, counts::PUBLISHED).await?,
             Receiver::Consumer(_) => counts::count(&self.client, counts::RECEIVED).await?,
             Receiver::Redis { connection, stream } => connection.xlen(&*stream).await?,
             Receiver::Nats { jetstream, stream } => {
@@ -332,7 +389,7 @@ impl Target {
         match self.receiver {
             Receiver::Consumer(consumer) => consumer.stop().await,
             // The queue is the run's (deleted with an external broker's at the end).
-            Receiver::Redis { .. } | Receiver::Amqp { .. } => Ok(()),
+            Receiver::Nowhere | Receiver::Redis { .. } | Receiver::Amqp { .. } => Ok(()),
             Receiver::Nats { jetstream, stream } => {
                 jetstream
                     .delete_stream(&stream)
@@ -344,7 +401,8 @@ impl Target {
     }
 }
 
-/// A cell's runs, slowest first.
+/// A cell's runs, round after round.
+#[derive(Clone, Default)]
 struct Runs(Vec<BatchTimings>);
 
 impl Runs {
@@ -352,14 +410,24 @@ impl Runs {
         timings.events as f64 / timings.busy.as_secs_f64()
     }
 
+    /// Events per second, round after round.
     fn rates(&self) -> Vec<f64> {
         self.0.iter().map(Runs::rate).collect()
     }
 
-    /// The run in the middle, whose phases the table shows.
+    /// The run of the median rate, whose phases the table shows.
     fn middle(&self) -> &BatchTimings {
-        &self.0[self.0.len() / 2]
+        let mut by_rate: Vec<&BatchTimings> = self.0.iter().collect();
+        by_rate.sort_by(|a, b| Runs::rate(a).total_cmp(&Runs::rate(b)));
+        by_rate[by_rate.len() / 2]
     }
+}
+
+/// The smallest and the largest of `values`, as `min-max` with `decimals`.
+fn spread(values: &[f64], decimals: usize) -> String {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{min:.decimals$}-{max:.decimals$}")
 }
 
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
@@ -370,19 +438,27 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             targets.push((server, Target::start(ctx, server).await?));
         }
     }
-    let mut runs: Vec<Vec<BatchTimings>> = vec![Vec::new(); cells.len()];
+    let mut runs: Vec<Runs> = vec![Runs::default(); cells.len()];
     let bar = ctx.progress().bar(
         (cells.len() * params.runs as usize) as u64,
         "batch-throughput cells",
     );
+    // In every round each batch size's and worker count's ceiling runs just before its sinks'
+    // cells: ceiling, sinks, ceiling, sinks, round after round.
+    let mut order: Vec<usize> = (0..cells.len()).collect();
+    order.sort_by_key(|&i| {
+        let cell = &cells[i];
+        (cell.batch, cell.workers, cell.sink != SinkKind::DbOnly)
+    });
     for round in 1..=params.runs {
-        for (cell, runs) in cells.iter().zip(&mut runs) {
+        for &i in &order {
+            let cell = &cells[i];
             bar.set_message(format!("{}, round {round}", cell.metric()));
             let (_, target) = targets
                 .iter_mut()
                 .find(|(server, _)| *server == cell.sink.server())
                 .expect("a target per sink");
-            runs.push(measure(ctx, params, cell, target).await?);
+            runs[i].0.push(measure(ctx, params, cell, target).await?);
             bar.inc(1);
         }
     }
@@ -394,7 +470,8 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let mut outcome = Outcome::default();
     let mut figures = Table::new(
         format!(
-            "one relay, median of {} runs (timed by the relay: first fetch to last commit)",
+            "one relay, median of {} runs and their min-max (timed by the relay: first fetch to \
+             last commit); of_ceiling: of db_only's at the same batch size and workers",
             params.runs
         ),
         &[
@@ -404,8 +481,10 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             "workers",
             "events",
             "events_per_s",
+            "min-max",
+            "of_ceiling",
+            "of_ceiling min-max",
             "elapsed_ms",
-            "runs (events/s)",
         ],
     );
     let mut phases = Table::new(
@@ -425,16 +504,13 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
             "between_pct",
         ],
     );
-    let mut redis_phases: Vec<String> = Vec::new();
-    for (cell, runs) in cells.iter().zip(runs) {
-        let mut runs = runs;
-        runs.sort_by(|a, b| Runs::rate(a).total_cmp(&Runs::rate(b)));
-        let runs = Runs(runs);
-        if cell.sink == SinkKind::Redis && cell.batch >= 100 {
-            redis_phases.push(where_the_time_goes(cell, runs.middle()));
+    let mut ceiling_and_redis_phases: Vec<String> = Vec::new();
+    let rates_by_cell: Vec<Vec<f64>> = runs.iter().map(Runs::rates).collect();
+    for ((cell, runs), rates) in cells.iter().zip(&runs).zip(&rates_by_cell) {
+        if matches!(cell.sink, SinkKind::DbOnly | SinkKind::Redis) && cell.batch >= 100 {
+            ceiling_and_redis_phases.push(where_the_time_goes(cell, runs.middle()));
         }
-        let rates = runs.rates();
-        let rate = median(&rates);
+        let rate = median(rates);
         let elapsed: Vec<f64> = runs.0.iter().map(|t| t.busy.as_secs_f64() * 1e3).collect();
         let elapsed_ms = median(&elapsed);
         let name = cell.metric();
@@ -444,7 +520,23 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         outcome
             .metrics
             .set(format!("{name}.elapsed_ms"), elapsed_ms.round());
-        let each: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
+        // The median of the sink's runs over the median of the ceiling's; the spread, round by
+        // round (each round's sink run over that round's ceiling run).
+        let (of_ceiling, of_ceiling_spread) = match cell.ceiling(&cells) {
+            Some(ceiling) => {
+                let ceiling_rates = &rates_by_cell[ceiling];
+                let fraction = rate / median(ceiling_rates);
+                let fraction = (fraction * 100.0).round() / 100.0;
+                outcome.metrics.set(format!("{name}.of_ceiling"), fraction);
+                let by_round: Vec<f64> = rates
+                    .iter()
+                    .zip(ceiling_rates)
+                    .map(|(sink, ceiling)| sink / ceiling)
+                    .collect();
+                (format!("{fraction:.2}"), spread(&by_round, 2))
+            }
+            None => ("-".to_string(), "-".to_string()),
+        };
         let columns = [
             cell.sink.name().to_string(),
             cell.batch.to_string(),
@@ -461,8 +553,10 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
                 .chain([
                     cell.events(params).to_string(),
                     format!("{rate:.0}"),
+                    spread(rates, 0),
+                    of_ceiling,
+                    of_ceiling_spread,
                     format!("{elapsed_ms:.0}"),
-                    each.join(" "),
                 ])
                 .collect(),
         );
@@ -479,28 +573,34 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         "Each figure is events / the relay's own time from its first fetch to its last commit: \
          the child's start, its connections and the final empty fetch are outside it. \
          in_flight: events sent and not yet acknowledged at once (Redis: the batch's pipeline; \
-         http_array: the batch in one request, applied by the consumer in one transaction)."
+         http_array: the batch in one request, applied by the consumer in one transaction). \
+         db_only is the ceiling: the same relay, fetch, mark and one commit per batch, its sink \
+         taking every event at once and delivering it nowhere — what this machine's PostgreSQL \
+         allows. of_ceiling: a cell's median over the ceiling's median at its batch size and \
+         workers, each ceiling run just before those cells in the same round; its min-max, round \
+         by round."
             .into(),
     );
-    if !redis_phases.is_empty() {
+    if !ceiling_and_redis_phases.is_empty() {
         outcome.notes.push(format!(
-            "Where the Redis relay's time goes (the middle run; with workers, shares of all \
-             their time): {}. fetch: BEGIN and the SELECT ... FOR UPDATE SKIP LOCKED, which \
-             locks each row (a partitioned worker also reads and skips the other partitions' \
-             rows); send: the events built and the pipeline of XADDs answered; mark: the UPDATE \
+            "Where the ceiling's and the Redis relay's time goes (the middle run; with workers, \
+             shares of all their time): {}. fetch: BEGIN and the SELECT ... FOR UPDATE SKIP \
+             LOCKED, which locks each row (a partitioned worker also reads and skips the other \
+             partitions' rows); send: the events built and (Redis) the pipeline of XADDs \
+             answered; mark: the UPDATE \
              of published_at, a new row version and a primary-key entry per row (never a HOT \
              update: published_at is in the partial index's predicate); commit: the WAL flush. \
              With one worker the phases follow one another and the relay waits on PostgreSQL \
              or Redis in each; with workers one worker's flush and round trips overlap \
              another's work, and the figure is then bounded by the CPU that PostgreSQL (fetch \
              and mark), Redis and the relay share on this machine.",
-            redis_phases.join("; ")
+            ceiling_and_redis_phases.join("; ")
         ));
     }
     Ok(outcome)
 }
 
-/// A Redis cell's phases in a few words: `batch 100, 1 worker: 3.7 ms per batch, fetch 19%,
+/// A cell's phases in a few words: `redis batch 100, 1 worker: 3.7 ms per batch, fetch 19%,
 /// send 24%, mark 31%, commit 25%`.
 fn where_the_time_goes(cell: &Cell, timings: &BatchTimings) -> String {
     let [_, ms_per_batch, fetch, send, mark, commit, _] = phase_split(timings);
@@ -509,8 +609,9 @@ fn where_the_time_goes(cell: &Cell, timings: &BatchTimings) -> String {
         n => format!("{n} workers"),
     };
     format!(
-        "batch {}, {workers}: {ms_per_batch} ms per batch, fetch {fetch}%, send {send}%, \
+        "{} batch {}, {workers}: {ms_per_batch} ms per batch, fetch {fetch}%, send {send}%, \
          mark {mark}%, commit {commit}%",
+        cell.sink.name(),
         cell.batch
     )
 }
@@ -544,7 +645,7 @@ async fn measure(
         .with(|relay| match cell.sink {
             SinkKind::Http => relay.sink.in_flight = cell.in_flight as usize,
             SinkKind::HttpArray => relay.sink.http_body = HttpBody::Array,
-            SinkKind::Redis | SinkKind::Nats | SinkKind::Amqp => {}
+            SinkKind::DbOnly | SinkKind::Redis | SinkKind::Nats | SinkKind::Amqp => {}
         })
         .run(CHILD_TIMEOUT)
         .await?
