@@ -10,7 +10,7 @@ use crate::judge::{counts, median};
 /// Latencies are recorded in microseconds, up to a minute, to 3 significant digits.
 const HISTOGRAM_MAX_US: u64 = 60_000_000;
 
-/// The windows a run's latencies are cut into for the windowed figures: consecutive runs of
+/// The windows a run's latencies are cut into for the windowed p95: consecutive runs of
 /// deliveries, in receipt order. A whole-machine stall (a second or so on a busy 2-core machine)
 /// delays the deliveries of one window, two if it straddles them; the median of five is the
 /// third best, which that stall does not reach.
@@ -23,9 +23,10 @@ pub struct LatencySummary {
     pub p95_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
-    /// The median over the [`WINDOWS`] windows of each window's p50 and p95: what the relay
-    /// does, rather than what one stall of the machine did to a few deliveries.
-    pub windowed_p50_ms: f64,
+    /// The median over the [`WINDOWS`] windows of each window's p95: the worst case of the
+    /// relay's way of waking up, rather than what one stall of the machine did to a few
+    /// deliveries. (The median needs no windows: a stall delays too few deliveries to move it
+    /// far, and a window's median varies more than the median of all.)
     pub windowed_p95_ms: f64,
     pub samples: u64,
     /// Every delivery's latency, by receipt `seq`, for tables and plots.
@@ -53,20 +54,16 @@ pub fn summarise(mut each_ms: Vec<(i64, f64)>) -> Result<LatencySummary> {
         .chunks(window_len)
         .map(histogram)
         .collect::<Result<Vec<_>>>()?;
-    let windowed = |quantile: f64| {
-        let each: Vec<f64> = windows
-            .iter()
-            .map(|window| ms(window.value_at_quantile(quantile)))
-            .collect();
-        median(&each)
-    };
+    let window_p95s: Vec<f64> = windows
+        .iter()
+        .map(|window| ms(window.value_at_quantile(0.95)))
+        .collect();
     Ok(LatencySummary {
         p50_ms: ms(all.value_at_quantile(0.5)),
         p95_ms: ms(all.value_at_quantile(0.95)),
         p99_ms: ms(all.value_at_quantile(0.99)),
         max_ms: ms(all.max()),
-        windowed_p50_ms: windowed(0.5),
-        windowed_p95_ms: windowed(0.95),
+        windowed_p95_ms: median(&window_p95s),
         samples: all.len(),
         each_ms,
     })
@@ -90,7 +87,7 @@ mod tests {
     use super::*;
 
     /// One stall that delays a window's deliveries shows in the p95 of all samples, not in the
-    /// windowed p95; a relay slow throughout shows in both.
+    /// windowed p95 (nor much in the median); a relay slow throughout shows in both.
     #[test]
     fn a_stall_in_one_window_does_not_move_the_windowed_figures() {
         let steady: Vec<(i64, f64)> = (0..50).map(|seq| (seq, (seq % 10) as f64 * 10.0)).collect();
@@ -101,7 +98,7 @@ mod tests {
         let (steady, stalled) = (summarise(steady).unwrap(), summarise(stalled).unwrap());
         assert!(stalled.p95_ms > 1000.0);
         assert_eq!(stalled.windowed_p95_ms, steady.windowed_p95_ms);
-        assert_eq!(stalled.windowed_p50_ms, steady.windowed_p50_ms);
+        assert!(stalled.p50_ms - steady.p50_ms <= 10.0);
 
         let slow: Vec<(i64, f64)> = (0..50).map(|seq| (seq, 1000.0 + seq as f64)).collect();
         assert!(summarise(slow).unwrap().windowed_p95_ms > 1000.0);
