@@ -170,6 +170,21 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
             .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        let parent = std::process::id();
+        // Armed before exec, not by the child once it runs: a parent that dies in between
+        // would leave it running for good. (If the parent is already gone, it ends here.)
+        // SAFETY: prctl and getppid are async-signal-safe; nothing else runs before exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+                if nix::unistd::getppid().as_raw() as u32 != parent {
+                    return Err(std::io::Error::other(
+                        "outbox-lab ended before its child started",
+                    ));
+                }
+                Ok(())
+            });
+        }
         Ok(cmd)
     }
 

@@ -31,8 +31,8 @@ use crate::outbox::writer::{self, Ending};
 
 /// The child's side: reads its spec, arms its crash plan, and runs its role.
 pub async fn run_role(args: ChildArgs) -> Result<()> {
-    // A child must not outlive the run that started it.
-    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+    // A child must not outlive the run that started it: its parent armed SIGKILL on its death
+    // before exec (harness/child/mod.rs).
     logging::init(LogFormat::Text);
     let spec = std::env::var(SPEC_ENV).with_context(|| {
         format!(
