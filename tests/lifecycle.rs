@@ -36,15 +36,7 @@ fn run_tag(dir: &Path) -> String {
 /// address, its socket directory, in theirs: percent-encoded in a URL, so look for the
 /// directory's name, see [`run_tag`]).
 fn processes_mentioning(needle: &str) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-            String::from_utf8_lossy(&environ).contains(needle)
-        })
-        .collect()
+    common::processes_whose("environ", |_, environ| environ.contains(needle))
 }
 
 /// Starts a long scenario on its own cluster, waits until it is under way, and returns the child, its cluster directory and the postmaster's pid.

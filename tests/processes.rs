@@ -7,23 +7,18 @@ mod common;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{assert_passed, outbox_lab, run_json, scratch_dir, throwaway_dirs_of};
+use common::{
+    assert_passed, outbox_lab, processes_whose, run_json, scratch_dir, throwaway_dirs_of,
+};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use outbox_lab::wait;
 
 /// The processes whose command line (arguments joined by spaces) contains `needle`.
 fn processes_running(needle: &str) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            cmdline.contains(needle) && !is_zombie(*pid)
-        })
-        .collect()
+    processes_whose("cmdline", |pid, cmdline| {
+        cmdline.contains(needle) && !is_zombie(pid)
+    })
 }
 
 /// `/proc/PID/stat` after the command name: state, ppid, pgrp, ...

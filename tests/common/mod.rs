@@ -263,3 +263,17 @@ pub fn explore_histories(results: &Path, design: &str) -> Vec<Value> {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
+
+/// The pids whose `/proc/PID/FILE` (`cmdline`, `environ`: NUL-separated, read as text with the
+/// NULs as spaces) satisfies `matches`.
+pub fn processes_whose(file: &str, matches: impl Fn(i32, &str) -> bool) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| {
+            let bytes = std::fs::read(format!("/proc/{pid}/{file}")).unwrap_or_default();
+            matches(pid, &String::from_utf8_lossy(&bytes).replace('\0', " "))
+        })
+        .collect()
+}
