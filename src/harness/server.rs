@@ -148,10 +148,19 @@ impl Server {
         let child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", self.name))?;
+        let recorded = ServerProcess::spawned(&child);
         self.process = Some(child);
-        self.recorded = Some(ServerProcess::spawned(
-            self.process.as_ref().expect("just spawned"),
-        )?);
+        match recorded {
+            Ok(recorded) => self.recorded = Some(recorded),
+            // Said with how it ended and the log's last line; its group is killed before the
+            // leader is reaped (its pid names the group until then).
+            Err(e) => {
+                let mut child = self.process.take().expect("just spawned");
+                process_group::kill_group_and_wait(child.id());
+                let ended = child.wait().map_or(String::new(), |s| format!(" ({s})"));
+                return Err(self.failed(e.context(format!("{}{ended}", self.name))));
+            }
+        }
         self.write_marker()
     }
 
