@@ -51,6 +51,9 @@ pub struct Relay {
     /// With [`RelayConfig::workers`] > 1, the other delivery loops (this one is worker 0): each
     /// its own connection and partition, running beside this one in [`Relay::pass`].
     workers: Vec<Relay>,
+    /// Polling: when the next pass is due. Passes start one interval apart, not an interval
+    /// after the last one ended, so the worst latency is the interval, as the article says.
+    next_poll: Option<Instant>,
 }
 
 /// With workers, a pass lets each worker go on fetching while its batches come back full, for
@@ -132,6 +135,7 @@ impl Relay {
             claimant,
             timer: BatchTimer::default(),
             workers: Vec::new(),
+            next_poll: None,
         })
     }
 
@@ -213,7 +217,11 @@ impl OutboxRelay for Relay {
     async fn wait_for_work(&mut self, wakeup: Wakeup) -> Result<()> {
         match wakeup {
             Wakeup::Poll(every) => {
-                tokio::time::sleep(every).await;
+                // A pass that overran its interval is followed by the next one at once.
+                let now = Instant::now();
+                let due = self.next_poll.unwrap_or(now + every).max(now);
+                tokio::time::sleep_until(due.into()).await;
+                self.next_poll = Some(due + every);
                 Ok(())
             }
             Wakeup::Notify { fallback } => self.wait_for_notify(fallback).await,
