@@ -223,7 +223,7 @@ pub struct Environment {
     pub server: String,
 }
 
-/// One scenario's result: the JSON contract of SCENARIOS.md.
+/// One scenario's result: the JSON contract of docs/report.md.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     pub scenario: String,
