@@ -104,7 +104,13 @@ impl ChildRun {
     /// report figures as if it had worked.
     pub fn expect(self, expected: impl Fn(&ChildEnd) -> bool, what: &str) -> Result<ChildRun> {
         if !expected(&self.end) {
-            bail!("{what} {}", self.end);
+            // Its last words say where it was (a child that timed out, above all).
+            let lines: Vec<&str> = self.log_lines().collect();
+            let last = lines[lines.len().saturating_sub(3)..].join(" | ");
+            match last.is_empty() {
+                true => bail!("{what} {}", self.end),
+                false => bail!("{what} {} (its last lines: {last})", self.end),
+            }
         }
         Ok(self)
     }
