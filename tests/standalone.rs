@@ -8,14 +8,13 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{block_on, create_database, outbox_lab, query_i64};
+use common::{block_on, create_database, outbox_lab, query_i64, write_orders};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use outbox_lab::harness::db::Database;
 use outbox_lab::harness::nats_server::Nats;
 use outbox_lab::harness::rabbitmq_server::Amqp;
 use outbox_lab::outbox::schema;
-use outbox_lab::outbox::writer::{self, Ending};
 
 /// A fresh database of this test with the article's schema and the NOTIFY trigger.
 fn fresh_database(name: &str) -> Database {
@@ -25,18 +24,6 @@ fn fresh_database(name: &str) -> Database {
         schema::NOTIFY_TRIGGER,
     ];
     create_database(name, &sql.join(";\n"))
-}
-
-/// Writes `orders` orders with their events, as the application would.
-fn write_orders(db: &Database, orders: i64) {
-    block_on(async {
-        let mut client = db.connect().await.unwrap();
-        for customer in 1..=orders {
-            writer::create_order_with_events(&mut client, customer, 2, Ending::Commit, false)
-                .await
-                .unwrap();
-        }
-    });
 }
 
 /// Reads the child's stdout until a line contains `needle`; returns that line.
@@ -333,111 +320,4 @@ fn standalone_relay_without_an_outbox_says_so() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no outbox table"));
-}
-
-/// `check` names what a naive consumer did to a redelivered event: a duplicate shipment.
-#[test]
-fn check_reports_a_duplicate_shipment() {
-    let name = format!("standalone_dup_{}", std::process::id());
-    let db = fresh_database(&name);
-    write_orders(&db, 1);
-    block_on(async {
-        let client = db.connect().await.unwrap();
-        client
-            .batch_execute(
-                "UPDATE outbox SET published_at = clock_timestamp();
-                 INSERT INTO consumer.shipments(order_id, event_id)
-                 SELECT aggregate_id, event_id FROM outbox, generate_series(1, 2)",
-            )
-            .await
-            .unwrap();
-    });
-    let out = outbox_lab()
-        .args(["check", "--database-url", &db.url()])
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{report}");
-    assert!(
-        report.contains("duplicate") && report.contains("outbox 1"),
-        "{report}"
-    );
-}
-
-/// The several-hosts setup: orders and outbox in the application's database, the consumer's
-/// tables in its own. `check --consumer-database-url` judges them together: clean when every
-/// event was shipped once, a ghost when the consumer shipped an order the application never
-/// committed; judged on the application's database alone, the same shipments look lost.
-#[test]
-fn check_judges_a_consumer_in_another_database() {
-    let tag = std::process::id();
-    let shop = create_database(&format!("standalone_shop_{tag}"), schema::CREATE_OUTBOX);
-    let shipping = create_database(
-        &format!("standalone_shipping_{tag}"),
-        schema::CREATE_CONSUMER,
-    );
-    write_orders(&shop, 2);
-    let events: Vec<(String, uuid::Uuid)> = block_on(async {
-        let client = shop.connect().await.unwrap();
-        client
-            .batch_execute("UPDATE outbox SET published_at = clock_timestamp()")
-            .await
-            .unwrap();
-        let rows = client
-            .query("SELECT aggregate_id, event_id FROM outbox", &[])
-            .await
-            .unwrap();
-        rows.iter().map(|r| (r.get(0), r.get(1))).collect()
-    });
-    let ship = |sql: &str| {
-        block_on(async {
-            shipping
-                .connect()
-                .await
-                .unwrap()
-                .batch_execute(sql)
-                .await
-                .unwrap()
-        })
-    };
-    for (order, event) in &events {
-        ship(&format!(
-            "INSERT INTO consumer.shipments(order_id, event_id) VALUES ('{order}', '{event}')"
-        ));
-    }
-    let check = |extra: &[&str]| {
-        let out = outbox_lab()
-            .args(["check", "--database-url", &shop.url()])
-            .args(extra)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        (out.status.code(), text)
-    };
-    let (code, report) = check(&["--consumer-database-url", &shipping.url()]);
-    assert_eq!(code, Some(0), "{report}");
-
-    // Alone, the application's database has no consumer tables: said in one line, exit 2.
-    let (code, report) = check(&[]);
-    assert_eq!(code, Some(2), "{report}");
-    assert!(report.contains("consumer.shipments"), "{report}");
-
-    ship("INSERT INTO consumer.shipments(order_id, event_id) VALUES ('999999', gen_random_uuid())");
-    let (code, report) = check(&["--consumer-database-url", &shipping.url()]);
-    assert_eq!(code, Some(1), "{report}");
-    assert!(report.contains("order 999999"), "{report}");
-    // Nothing was written to either database: the copies were temporary, dropped as `check`'s
-    // session ends (the server finishes that a moment after the process has exited).
-    let copies = "SELECT count(*) FROM pg_tables WHERE tablename IN ('orders', 'outbox')";
-    let gone = outbox_lab::wait::blocking_up_to(
-        Duration::from_secs(10),
-        Duration::from_millis(20),
-        || query_i64(&shipping.name, copies) == 0,
-    );
-    assert!(
-        gone.is_some(),
-        "{} copies left",
-        query_i64(&shipping.name, copies)
-    );
 }
