@@ -16,8 +16,18 @@ use tokio::sync::Semaphore;
 use super::{all_delivered, all_failed, SinkOptions, DEFAULT_REQUEST_TIMEOUT};
 use crate::outbox::event::Event;
 
-/// What an HTTP request carries.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// What an HTTP request carries (`relay --http-body`).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub enum HttpBody {
     /// One event, as the article's relay posts them: the consumer commits once per event.
     #[default]
