@@ -1,10 +1,13 @@
 //! The one definition of each invariant, on real PostgreSQL: each bites on the damage it
-//! names and on nothing else, the scenarios' figures count the same rows, and a live database
-//! (`outbox-lab check`) takes a row a relay still owes for pending, not lost.
+//! names and on nothing else, the scenarios' figures count the same rows, and `outbox-lab
+//! check` on a live database takes a row a relay still owes for pending, not lost, names a
+//! duplicate shipment, and judges a consumer's tables in a database of their own.
 
 mod common;
 
-use common::{block_on, create_database, outbox_lab};
+use std::time::Duration;
+
+use common::{block_on, create_database, outbox_lab, query_i64, write_orders};
 use outbox_lab::explore::checker;
 use outbox_lab::harness::db::Database;
 use outbox_lab::judge::counts;
@@ -262,4 +265,117 @@ fn a_row_a_relay_still_owes_is_pending_on_a_live_database() {
         .unwrap_or_else(|| panic!("no lost row:\n{report}"));
     assert!(lost.contains("outbox 5"), "{report}");
     assert!(!report.contains("pending"), "{report}");
+}
+
+/// `check` names what a naive consumer did to a redelivered event: a duplicate shipment.
+#[test]
+fn check_reports_a_duplicate_shipment() {
+    let name = format!("invariants_check_dup_{}", std::process::id());
+    let db = create_database(
+        &name,
+        &[schema::CREATE_OUTBOX, schema::CREATE_CONSUMER].join(";\n"),
+    );
+    write_orders(&db, 1);
+    block_on(async {
+        let client = db.connect().await.unwrap();
+        client
+            .batch_execute(
+                "UPDATE outbox SET published_at = clock_timestamp();
+                 INSERT INTO consumer.shipments(order_id, event_id)
+                 SELECT aggregate_id, event_id FROM outbox, generate_series(1, 2)",
+            )
+            .await
+            .unwrap();
+    });
+    let out = outbox_lab()
+        .args(["check", "--database-url", &db.url()])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        report.contains("duplicate") && report.contains("outbox 1"),
+        "{report}"
+    );
+}
+
+/// The several-hosts setup: orders and outbox in the application's database, the consumer's
+/// tables in its own. `check --consumer-database-url` judges them together: clean when every
+/// event was shipped once, a ghost when the consumer shipped an order the application never
+/// committed; judged on the application's database alone, the same shipments look lost.
+#[test]
+fn check_judges_a_consumer_in_another_database() {
+    let tag = std::process::id();
+    let shop = create_database(
+        &format!("invariants_check_shop_{tag}"),
+        schema::CREATE_OUTBOX,
+    );
+    let shipping = create_database(
+        &format!("invariants_check_shipping_{tag}"),
+        schema::CREATE_CONSUMER,
+    );
+    write_orders(&shop, 2);
+    let events: Vec<(String, uuid::Uuid)> = block_on(async {
+        let client = shop.connect().await.unwrap();
+        client
+            .batch_execute("UPDATE outbox SET published_at = clock_timestamp()")
+            .await
+            .unwrap();
+        let rows = client
+            .query("SELECT aggregate_id, event_id FROM outbox", &[])
+            .await
+            .unwrap();
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+    });
+    let ship = |sql: &str| {
+        block_on(async {
+            shipping
+                .connect()
+                .await
+                .unwrap()
+                .batch_execute(sql)
+                .await
+                .unwrap()
+        })
+    };
+    for (order, event) in &events {
+        ship(&format!(
+            "INSERT INTO consumer.shipments(order_id, event_id) VALUES ('{order}', '{event}')"
+        ));
+    }
+    let check = |extra: &[&str]| {
+        let out = outbox_lab()
+            .args(["check", "--database-url", &shop.url()])
+            .args(extra)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code(), text)
+    };
+    let (code, report) = check(&["--consumer-database-url", &shipping.url()]);
+    assert_eq!(code, Some(0), "{report}");
+
+    // Alone, the application's database has no consumer tables: said in one line, exit 2.
+    let (code, report) = check(&[]);
+    assert_eq!(code, Some(2), "{report}");
+    assert!(report.contains("consumer.shipments"), "{report}");
+
+    ship("INSERT INTO consumer.shipments(order_id, event_id) VALUES ('999999', gen_random_uuid())");
+    let (code, report) = check(&["--consumer-database-url", &shipping.url()]);
+    assert_eq!(code, Some(1), "{report}");
+    assert!(report.contains("order 999999"), "{report}");
+    // Nothing was written to either database: the copies were temporary, dropped as `check`'s
+    // session ends (the server finishes that a moment after the process has exited).
+    let copies = "SELECT count(*) FROM pg_tables WHERE tablename IN ('orders', 'outbox')";
+    let gone = outbox_lab::wait::blocking_up_to(
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || query_i64(&shipping.name, copies) == 0,
+    );
+    assert!(
+        gone.is_some(),
+        "{} copies left",
+        query_i64(&shipping.name, copies)
+    );
 }

@@ -8,14 +8,13 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{block_on, create_database, outbox_lab, query_i64};
+use common::{block_on, create_database, outbox_lab, query_i64, write_orders};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use outbox_lab::harness::db::Database;
 use outbox_lab::harness::nats_server::Nats;
 use outbox_lab::harness::rabbitmq_server::Amqp;
 use outbox_lab::outbox::schema;
-use outbox_lab::outbox::writer::{self, Ending};
 
 /// A fresh database of this test with the article's schema and the NOTIFY trigger.
 fn fresh_database(name: &str) -> Database {
@@ -25,18 +24,6 @@ fn fresh_database(name: &str) -> Database {
         schema::NOTIFY_TRIGGER,
     ];
     create_database(name, &sql.join(";\n"))
-}
-
-/// Writes `orders` orders with their events, as the application would.
-fn write_orders(db: &Database, orders: i64) {
-    block_on(async {
-        let mut client = db.connect().await.unwrap();
-        for customer in 1..=orders {
-            writer::create_order_with_events(&mut client, customer, 2, Ending::Commit, false)
-                .await
-                .unwrap();
-        }
-    });
 }
 
 /// Reads the child's stdout until a line contains `needle`; returns that line.
@@ -62,6 +49,26 @@ fn start(args: &[&str]) -> (Child, BufReader<ChildStdout>) {
         .unwrap();
     let out = BufReader::new(child.stdout.take().unwrap());
     (child, out)
+}
+
+/// An idempotent consumer serving `POST /events` on a free port; its URL, the relay's sink.
+fn start_http_consumer(database_url: &str) -> (Child, String) {
+    let (consumer, mut out) = start(&[
+        "consumer",
+        "--listen",
+        "127.0.0.1:0",
+        "--database-url",
+        database_url,
+        "--idempotent",
+    ]);
+    let sink = url_after(&wait_for_line(&mut out, "listening "), "listening ");
+    (consumer, sink)
+}
+
+/// `outbox-lab relay` on `database_url`, delivering to `sink`, with `flags`.
+fn start_relay(database_url: &str, sink: &str, flags: &[&str]) -> (Child, BufReader<ChildStdout>) {
+    let args = ["relay", "--database-url", database_url, "--sink", sink];
+    start(&[&args[..], flags].concat())
 }
 
 fn url_after(line: &str, marker: &str) -> String {
@@ -97,35 +104,23 @@ fn standalone_relay_and_consumer_deliver_and_stop_cleanly() {
     let db = fresh_database(&name);
     let url = db.url();
 
-    let (mut consumer, mut consumer_out) = start(&[
-        "consumer",
-        "--listen",
-        "127.0.0.1:0",
-        "--database-url",
-        &url,
-        "--idempotent",
-    ]);
-    let sink = url_after(
-        &wait_for_line(&mut consumer_out, "listening "),
-        "listening ",
-    );
+    let (mut consumer, sink) = start_http_consumer(&url);
 
     write_orders(&db, 100);
-    let (mut relay, mut relay_out) = start(&[
-        "relay",
-        "--database-url",
+    let (mut relay, mut relay_out) = start_relay(
         &url,
-        "--sink",
         &sink,
-        "--mode",
-        "notify",
-        "--interval-ms",
-        "200",
-        "--batch",
-        "10",
-        "--metrics-listen",
-        "127.0.0.1:0",
-    ]);
+        &[
+            "--mode",
+            "notify",
+            "--interval-ms",
+            "200",
+            "--batch",
+            "10",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    );
     let metrics = url_after(&wait_for_line(&mut relay_out, "metrics on "), "metrics on ");
     // More orders while it runs: NOTIFY wakes it.
     let writer = {
@@ -165,17 +160,8 @@ fn standalone_relay_and_consumer_deliver_and_stop_cleanly() {
     );
 
     // A second relay (polling) delivers the rest.
-    let (mut second, mut second_out) = start(&[
-        "relay",
-        "--database-url",
-        &url,
-        "--sink",
-        &sink,
-        "--interval-ms",
-        "50",
-        "--name",
-        "1",
-    ]);
+    let (mut second, mut second_out) =
+        start_relay(&url, &sink, &["--interval-ms", "50", "--name", "1"]);
     wait_for_line(&mut second_out, "delivering to");
     let started = Instant::now();
     while query_i64(
@@ -216,6 +202,53 @@ fn standalone_relay_and_consumer_deliver_and_stop_cleanly() {
     assert_eq!(
         query_i64(&name, "SELECT count(*) FROM consumer.shipments"),
         400
+    );
+}
+
+/// `relay --http-body array`: each batch in one request, which the consumer applies in one
+/// transaction. Every event arrives once, and the receipts were written by one transaction per
+/// batch of 10 (their xmin), not one per event as with the default body.
+#[test]
+fn standalone_relay_posts_each_batch_in_one_request_with_http_body_array() {
+    let name = format!("standalone_array_{}", std::process::id());
+    let db = fresh_database(&name);
+    let url = db.url();
+    let (mut consumer, sink) = start_http_consumer(&url);
+    write_orders(&db, 50);
+    let (mut relay, mut relay_out) = start_relay(
+        &url,
+        &sink,
+        &[
+            "--http-body",
+            "array",
+            "--batch",
+            "10",
+            "--interval-ms",
+            "50",
+        ],
+    );
+    wait_for_line(&mut relay_out, "delivering to");
+    let drained = outbox_lab::wait::blocking_up_to(
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || {
+            query_i64(
+                &name,
+                "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+            ) == 0
+        },
+    );
+    assert!(drained.is_some(), "the relay did not deliver every event");
+    assert_eq!(sigterm_and_wait(&mut relay), Some(0));
+    assert_eq!(sigterm_and_wait(&mut consumer), Some(0));
+    let receipts = |what: &str| query_i64(&name, &format!("SELECT {what} FROM consumer.receipts"));
+    assert_eq!(receipts("count(*)"), 100);
+    assert_eq!(receipts("count(DISTINCT event_id)"), 100);
+    // xid has no ordering for DISTINCT: its text has.
+    let transactions = receipts("count(DISTINCT xmin::text)");
+    assert!(
+        transactions <= 10,
+        "{transactions} transactions for 100 events"
     );
 }
 
@@ -333,111 +366,4 @@ fn standalone_relay_without_an_outbox_says_so() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no outbox table"));
-}
-
-/// `check` names what a naive consumer did to a redelivered event: a duplicate shipment.
-#[test]
-fn check_reports_a_duplicate_shipment() {
-    let name = format!("standalone_dup_{}", std::process::id());
-    let db = fresh_database(&name);
-    write_orders(&db, 1);
-    block_on(async {
-        let client = db.connect().await.unwrap();
-        client
-            .batch_execute(
-                "UPDATE outbox SET published_at = clock_timestamp();
-                 INSERT INTO consumer.shipments(order_id, event_id)
-                 SELECT aggregate_id, event_id FROM outbox, generate_series(1, 2)",
-            )
-            .await
-            .unwrap();
-    });
-    let out = outbox_lab()
-        .args(["check", "--database-url", &db.url()])
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{report}");
-    assert!(
-        report.contains("duplicate") && report.contains("outbox 1"),
-        "{report}"
-    );
-}
-
-/// The several-hosts setup: orders and outbox in the application's database, the consumer's
-/// tables in its own. `check --consumer-database-url` judges them together: clean when every
-/// event was shipped once, a ghost when the consumer shipped an order the application never
-/// committed; judged on the application's database alone, the same shipments look lost.
-#[test]
-fn check_judges_a_consumer_in_another_database() {
-    let tag = std::process::id();
-    let shop = create_database(&format!("standalone_shop_{tag}"), schema::CREATE_OUTBOX);
-    let shipping = create_database(
-        &format!("standalone_shipping_{tag}"),
-        schema::CREATE_CONSUMER,
-    );
-    write_orders(&shop, 2);
-    let events: Vec<(String, uuid::Uuid)> = block_on(async {
-        let client = shop.connect().await.unwrap();
-        client
-            .batch_execute("UPDATE outbox SET published_at = clock_timestamp()")
-            .await
-            .unwrap();
-        let rows = client
-            .query("SELECT aggregate_id, event_id FROM outbox", &[])
-            .await
-            .unwrap();
-        rows.iter().map(|r| (r.get(0), r.get(1))).collect()
-    });
-    let ship = |sql: &str| {
-        block_on(async {
-            shipping
-                .connect()
-                .await
-                .unwrap()
-                .batch_execute(sql)
-                .await
-                .unwrap()
-        })
-    };
-    for (order, event) in &events {
-        ship(&format!(
-            "INSERT INTO consumer.shipments(order_id, event_id) VALUES ('{order}', '{event}')"
-        ));
-    }
-    let check = |extra: &[&str]| {
-        let out = outbox_lab()
-            .args(["check", "--database-url", &shop.url()])
-            .args(extra)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        (out.status.code(), text)
-    };
-    let (code, report) = check(&["--consumer-database-url", &shipping.url()]);
-    assert_eq!(code, Some(0), "{report}");
-
-    // Alone, the application's database has no consumer tables: said in one line, exit 2.
-    let (code, report) = check(&[]);
-    assert_eq!(code, Some(2), "{report}");
-    assert!(report.contains("consumer.shipments"), "{report}");
-
-    ship("INSERT INTO consumer.shipments(order_id, event_id) VALUES ('999999', gen_random_uuid())");
-    let (code, report) = check(&["--consumer-database-url", &shipping.url()]);
-    assert_eq!(code, Some(1), "{report}");
-    assert!(report.contains("order 999999"), "{report}");
-    // Nothing was written to either database: the copies were temporary, dropped as `check`'s
-    // session ends (the server finishes that a moment after the process has exited).
-    let copies = "SELECT count(*) FROM pg_tables WHERE tablename IN ('orders', 'outbox')";
-    let gone = outbox_lab::wait::blocking_up_to(
-        Duration::from_secs(10),
-        Duration::from_millis(20),
-        || query_i64(&shipping.name, copies) == 0,
-    );
-    assert!(
-        gone.is_some(),
-        "{} copies left",
-        query_i64(&shipping.name, copies)
-    );
 }

@@ -11,7 +11,7 @@ use crate::harness::run::interrupted;
 use crate::ops::logging::{self, LogFormat};
 use crate::ops::standalone;
 use crate::outbox::relay::{Partition, RelayConfig, RelayOptions, Wakeup};
-use crate::outbox::sink::{self, SinkOptions};
+use crate::outbox::sink::{self, HttpBody, SinkOptions};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum RelayMode {
@@ -53,6 +53,10 @@ pub struct RelayArgs {
     /// Aggregates delivered to at once over HTTP (per-aggregate order holds).
     #[arg(long, default_value_t = 1)]
     in_flight: usize,
+    /// http:// sinks only: what a POST carries; with array, one request per batch, so
+    /// --in-flight does not apply.
+    #[arg(long, value_enum, default_value = "event")]
+    http_body: HttpBody,
     /// Delivery loops in this relay, each over its share of the aggregates (per-aggregate order
     /// holds): one delivers while another waits for its COMMIT. Not with --partition.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16),
@@ -80,6 +84,7 @@ pub async fn run(args: RelayArgs) -> Result<ExitCode> {
         name: args.name,
         sink: SinkOptions {
             in_flight: args.in_flight,
+            http_body: args.http_body,
             publish_acks: !args.no_publish_acks,
             ..SinkOptions::new(&args.sink)
         },

@@ -9,6 +9,7 @@ use std::sync::{Mutex, OnceLock};
 
 use outbox_lab::harness::cluster::{Cluster, PgBinaries};
 use outbox_lab::harness::db::Database;
+use outbox_lab::outbox::writer::{self, Ending};
 use serde_json::Value;
 
 static CLUSTER: OnceLock<Mutex<Option<Cluster>>> = OnceLock::new();
@@ -205,6 +206,18 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
         .build()
         .unwrap()
         .block_on(future)
+}
+
+/// Writes `orders` orders with their events, as the application would.
+pub fn write_orders(db: &Database, orders: i64) {
+    block_on(async {
+        let mut client = db.connect().await.unwrap();
+        for customer in 1..=orders {
+            writer::create_order_with_events(&mut client, customer, 2, Ending::Commit, false)
+                .await
+                .unwrap();
+        }
+    });
 }
 
 /// A database of the test's own on the shared cluster, with `sql` applied (may be empty).
