@@ -957,6 +957,12 @@ fn servers_of(run: u32, needle: &str) -> Vec<(String, bool)> {
                 cwd.contains("/outbox-lab-") && cwd.contains(&infix)
             })
         })
+        // A child forked but not yet exec'd is still outbox-lab, with its environment: not a
+        // server yet.
+        .filter(|e| {
+            let ours = std::fs::canonicalize(env!("CARGO_BIN_EXE_outbox-lab")).ok();
+            std::fs::read_link(e.path().join("exe")).ok() != ours
+        })
         .filter_map(|e| {
             let environ = std::fs::read(e.path().join("environ")).ok()?;
             let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;

@@ -114,6 +114,18 @@ pub fn kill_group_and_wait(leader: u32) {
     });
 }
 
+/// Whether our child `pid` has ended, without reaping it: its pid (and so its group's id) stays
+/// its own until it is waited for.
+pub fn has_ended(pid: u32) -> io::Result<bool> {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    match waitid(Id::Pid(Pid::from_raw(pid as i32)), flags) {
+        Ok(WaitStatus::StillAlive) => Ok(false),
+        Ok(_) => Ok(true),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Whether a process of group `group` runs (zombies do not count: they write nothing).
 fn group_runs(group: i32) -> bool {
     let Ok(entries) = std::fs::read_dir("/proc") else {

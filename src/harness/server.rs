@@ -6,7 +6,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -80,9 +80,7 @@ impl Server {
         let name = self.name;
         let process = &mut self.process;
         let answered = wait::up_to(limit, every, async || {
-            let child = process.as_mut().expect("just spawned");
-            if let Some(status) = child.try_wait()? {
-                *process = None;
+            if let Some(status) = reap_if_ended(process)? {
                 bail!("{name} exited during start ({status})");
             }
             ready().await
@@ -119,8 +117,7 @@ impl Server {
         let limit = start_timeout(default_limit);
         let process = &mut self.process;
         let ended = wait::up_to(limit, Duration::from_millis(20), async || {
-            let child = process.as_mut().expect("just spawned");
-            Ok(child.try_wait()?.inspect(|_| *process = None))
+            reap_if_ended(process)
         })
         .await;
         let failure = match ended {
@@ -148,19 +145,10 @@ impl Server {
         let child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", self.name))?;
-        let recorded = ServerProcess::spawned(&child);
+        // A process that has already ended (an initdb with nothing to do) leaves nothing to
+        // record: the wait that follows reads how it ended.
+        self.recorded = ServerProcess::spawned(&child).ok();
         self.process = Some(child);
-        match recorded {
-            Ok(recorded) => self.recorded = Some(recorded),
-            // Said with how it ended and the log's last line; its group is killed before the
-            // leader is reaped (its pid names the group until then).
-            Err(e) => {
-                let mut child = self.process.take().expect("just spawned");
-                process_group::kill_group_and_wait(child.id());
-                let ended = child.wait().map_or(String::new(), |s| format!(" ({s})"));
-                return Err(self.failed(e.context(format!("{}{ended}", self.name))));
-            }
-        }
         self.write_marker()
     }
 
@@ -236,8 +224,10 @@ impl Drop for Server {
         if self.keep {
             return;
         }
-        if let (Some(mut child), Some(recorded)) = (self.process.take(), &self.recorded) {
-            recorded.process.stop(self.stop_signal);
+        if let Some(mut child) = self.process.take() {
+            if let Some(recorded) = &self.recorded {
+                recorded.process.stop(self.stop_signal);
+            }
             // Ended, not yet reaped: what it left in its group goes too (initdb's own postgres
             // would go on writing in the directory about to be removed).
             process_group::kill_group_and_wait(child.id());
@@ -245,6 +235,19 @@ impl Drop for Server {
         }
         let _ = std::fs::remove_dir_all(self.run.path());
     }
+}
+
+/// If the process has ended: what it left in its group killed first (until it is reaped its
+/// pid names the group and nothing else), then reaped, and how it ended.
+fn reap_if_ended(process: &mut Option<Child>) -> Result<Option<ExitStatus>> {
+    let child = process.as_mut().expect("just spawned");
+    if !process_group::has_ended(child.id())? {
+        return Ok(None);
+    }
+    process_group::kill_group_and_wait(child.id());
+    let status = child.wait()?;
+    *process = None;
+    Ok(Some(status))
 }
 
 /// Runs `cmd` as `user` (when we are root), with a minimal environment: none of ours, whose
