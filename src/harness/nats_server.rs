@@ -13,8 +13,6 @@
 //! with `outboxlab.<run>.`; those streams alone (their consumers with them) are deleted at the
 //! end, so nothing of the user's is touched.
 
-use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -27,7 +25,7 @@ use nix::unistd::User;
 use crate::connect;
 use crate::error::Error;
 use crate::harness::on_demand::{find_program, run_prefix, OnDemand, PrivateServer};
-use crate::harness::server::Server;
+use crate::harness::server::{write_owned, Server};
 use crate::harness::throwaway::{self, RunDir};
 use crate::wait;
 
@@ -69,7 +67,7 @@ impl PrivateServer for NatsServer {
             config_common(server.run_dir(), "-1", &token),
             ports_dir.display()
         );
-        let config = write_config(server.run_dir(), &text, run_as.as_ref())?;
+        let config = write_owned(server.run_dir(), CONFIG, 0o600, &text, run_as.as_ref())?;
         let mut url = None;
         let found = &mut url;
         let ready = async || {
@@ -187,7 +185,13 @@ impl NatsCluster {
                 config_common(server.run_dir(), &client_port.to_string(), &cluster.token),
                 routes.join("\n    "),
             );
-            let config = write_config(server.run_dir(), &text, cluster.run_as.as_ref())?;
+            let config = write_owned(
+                server.run_dir(),
+                CONFIG,
+                0o600,
+                &text,
+                cluster.run_as.as_ref(),
+            )?;
             cluster.nodes.push(ClusterNode {
                 name,
                 server,
@@ -308,20 +312,6 @@ fn config_common(run: &RunDir, port: &str, token: &str) -> String {
          jetstream {{\n  store_dir: \"{store}\"\n  max_memory_store: 64MB\n  max_file_store: 1GB\n}}\n",
         store = run.server_dir().join(STORE_DIR).display(),
     )
-}
-
-/// Writes a server's configuration `text` to a new 0600 file in our part of the run directory
-/// (owned by the server user when it runs as one, so that it alone can read the token).
-fn write_config(run: &RunDir, text: &str, user: Option<&User>) -> Result<PathBuf> {
-    let path = run.path().join(CONFIG);
-    let mut file = throwaway::create_new(&path)?;
-    file.write_all(text.as_bytes())?;
-    if let Some(user) = user {
-        // Through the descriptor: the file we just created, whatever the path names now.
-        nix::unistd::fchown(file.as_raw_fd(), Some(user.uid), Some(user.gid))
-            .with_context(|| format!("cannot hand {} to the server user", path.display()))?;
-    }
-    Ok(path)
 }
 
 /// The client port from the server's ports file (`nats-server_<pid>.ports`), once written.

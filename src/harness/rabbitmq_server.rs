@@ -21,8 +21,6 @@
 //! is touched.
 
 use std::ffi::OsString;
-use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -37,8 +35,8 @@ use nix::unistd::User;
 use crate::connect;
 use crate::error::Error;
 use crate::harness::on_demand::{find_program, OnDemand, PrivateServer};
-use crate::harness::server::Server;
-use crate::harness::throwaway::{self, RunDir};
+use crate::harness::server::{write_owned, Server};
+use crate::harness::throwaway;
 
 /// RabbitMQ 3.10 boots in 5 to 10 s on a busy 2-core machine (mnesia, the message stores);
 /// this bounds a wedged start.
@@ -234,28 +232,6 @@ async fn start_broker(
     broker
         .start(launch.command(), run_as, START_TIMEOUT, every, lets_in)
         .await
-}
-
-/// A new file of ours in the run directory with `mode`, handed to the server user when it runs
-/// as one (so that it alone can read it): a configuration with a password in it, the cookie.
-fn write_owned(
-    run: &RunDir,
-    name: &str,
-    mode: u32,
-    text: &str,
-    user: Option<&User>,
-) -> Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = run.path().join(name);
-    let mut file = throwaway::create_new(&path)?;
-    file.write_all(text.as_bytes())?;
-    file.set_permissions(std::fs::Permissions::from_mode(mode))?;
-    if let Some(user) = user {
-        // Through the descriptor: the file we just created, whatever the path names now.
-        nix::unistd::fchown(file.as_raw_fd(), Some(user.uid), Some(user.gid))
-            .with_context(|| format!("cannot hand {} to the server user", path.display()))?;
-    }
-    Ok(path)
 }
 
 /// The RabbitMQ of a run (see [`OnDemand`]).
