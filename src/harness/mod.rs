@@ -1,6 +1,6 @@
 //! The harness: everything that sets the stage for the system under test and watches it — the
 //! throwaway PostgreSQL [`cluster`], [`redis_server`], [`nats_server`] and [`rabbitmq_server`] (in [`throwaway`]
-//! directories), the
+//! directories; the last three [`on_demand`]: the user's or a private one started on first use), the
 //! [`db`] server and databases of a run, the [`run`]'s life around them (its id, Ctrl-C), [`child`]
 //! processes that die for real, a [`foreign`] relay (the user's command), each leading a
 //! [`process_group`] that goes with it, the network [`proxy`] between relay and consumer, the
@@ -14,6 +14,7 @@ pub mod foreign;
 pub mod load;
 pub mod nats_server;
 pub mod nemesis;
+pub mod on_demand;
 pub mod process_group;
 pub mod proxy;
 pub mod rabbitmq_server;

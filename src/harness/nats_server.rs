@@ -1,6 +1,7 @@
 //! NATS JetStream for the broker scenarios: `--nats-url`, or else a private `nats-server -js`
-//! in a [`throwaway`] directory, started on first use and stopped at the end; and a private
-//! 3-node cluster ([`NatsCluster`]) for the scenario that kills its nodes.
+//! in a [`throwaway`] directory, started on first use and stopped at the end ([`OnDemand`]);
+//! and a private 3-node cluster ([`NatsCluster`]) for the scenario that kills its nodes. Here
+//! what is NATS' own: starting its servers, its subject prefix, deleting this run's streams.
 //!
 //! nats-server has no Unix socket: the private one listens on 127.0.0.1, on a port it picks
 //! itself (`port: -1`, told back in its ports file), and requires a random token that only its
@@ -12,22 +13,19 @@
 //! with `outboxlab.<run>.`; those streams alone (their consumers with them) are deleted at the
 //! end, so nothing of the user's is touched.
 
-use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::TryStreamExt;
 use nix::sys::signal::Signal;
 use nix::unistd::User;
-use tokio::sync::OnceCell;
 
 use crate::connect;
 use crate::error::Error;
-use crate::harness::server::Server;
+use crate::harness::on_demand::{find_program, run_prefix, OnDemand, PrivateServer};
+use crate::harness::server::{write_owned, Server};
 use crate::harness::throwaway::{self, RunDir};
 use crate::wait;
 
@@ -50,7 +48,13 @@ struct NatsServer {
     url: String,
 }
 
-impl NatsServer {
+impl PrivateServer for NatsServer {
+    const NAME: &'static str = "NATS";
+    const NAMES: &'static str = "streams";
+    const SEPARATOR: char = '_';
+    const SETUP: &'static str = "install it with scripts/setup (apt-get install nats-server); \
+                                 `scenario` can use a server of yours instead (--nats-url)";
+
     async fn start(keep: bool) -> Result<NatsServer> {
         let binary = find_nats_server()?;
         let run_as = throwaway::server_user()?;
@@ -63,7 +67,7 @@ impl NatsServer {
             config_common(server.run_dir(), "-1", &token),
             ports_dir.display()
         );
-        let config = write_config(server.run_dir(), &text, run_as.as_ref())?;
+        let config = write_owned(server.run_dir(), CONFIG, 0o600, &text, run_as.as_ref())?;
         let mut url = None;
         let found = &mut url;
         let ready = async || {
@@ -90,6 +94,22 @@ impl NatsServer {
         server.set_kept(keep)?;
         let url = url.context("nats-server was ready without a port")?;
         Ok(NatsServer { server, url })
+    }
+
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    fn kept(&mut self) -> Option<String> {
+        let dir = self.server.run_dir().path();
+        self.server.is_kept().then(|| {
+            format!(
+                "NATS server running in {}: {}, its token in {}",
+                dir.display(),
+                crate::secrets::without_secrets(&self.url),
+                dir.join(CONFIG).display()
+            )
+        })
     }
 }
 
@@ -165,7 +185,13 @@ impl NatsCluster {
                 config_common(server.run_dir(), &client_port.to_string(), &cluster.token),
                 routes.join("\n    "),
             );
-            let config = write_config(server.run_dir(), &text, cluster.run_as.as_ref())?;
+            let config = write_owned(
+                server.run_dir(),
+                CONFIG,
+                0o600,
+                &text,
+                cluster.run_as.as_ref(),
+            )?;
             cluster.nodes.push(ClusterNode {
                 name,
                 server,
@@ -288,20 +314,6 @@ fn config_common(run: &RunDir, port: &str, token: &str) -> String {
     )
 }
 
-/// Writes a server's configuration `text` to a new 0600 file in our part of the run directory
-/// (owned by the server user when it runs as one, so that it alone can read the token).
-fn write_config(run: &RunDir, text: &str, user: Option<&User>) -> Result<PathBuf> {
-    let path = run.path().join(CONFIG);
-    let mut file = throwaway::create_new(&path)?;
-    file.write_all(text.as_bytes())?;
-    if let Some(user) = user {
-        // Through the descriptor: the file we just created, whatever the path names now.
-        nix::unistd::fchown(file.as_raw_fd(), Some(user.uid), Some(user.gid))
-            .with_context(|| format!("cannot hand {} to the server user", path.display()))?;
-    }
-    Ok(path)
-}
-
 /// The client port from the server's ports file (`nats-server_<pid>.ports`), once written.
 fn listening_port(dir: &Path) -> Option<u16> {
     let entries = std::fs::read_dir(dir).ok()?;
@@ -316,21 +328,7 @@ fn listening_port(dir: &Path) -> Option<u16> {
 }
 
 fn find_nats_server() -> Result<PathBuf> {
-    let on_path = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default();
-    on_path
-        .into_iter()
-        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
-        .map(|dir| dir.join("nats-server"))
-        .find(|path| path.is_file())
-        .ok_or_else(|| {
-            anyhow!(
-                "nats-server not found on PATH or in /usr/sbin: install it with scripts/setup \
-                 (apt-get install nats-server); `scenario` can use a server of yours instead \
-                 (--nats-url)"
-            )
-        })
+    find_program("nats-server", &["/usr/sbin", "/usr/bin"], NatsServer::SETUP)
 }
 
 /// Connects with the token: the server is up, lets us in, and says JetStream is on (it
@@ -343,54 +341,26 @@ async fn jetstream_answers(url: &str) -> Result<()> {
     Ok(())
 }
 
-/// The NATS of a run: external, or private and started when a scenario first needs it.
+/// The NATS of a run (see [`OnDemand`]).
 pub struct Nats {
-    external: Option<String>,
-    private: OnceCell<NatsServer>,
-    keep: bool,
-    /// Before every stream and consumer name on an external server (`outboxlab_<run>_`);
-    /// empty on the private one.
-    name_prefix: String,
+    server: OnDemand<NatsServer>,
     /// Before every subject on an external server (`outboxlab.<run>.`); empty on the private
     /// one.
     subject_prefix: String,
-    /// Whether a scenario asked for NATS at all (only then is there anything to delete).
-    used: AtomicBool,
 }
 
 impl Nats {
     pub fn new(external: Option<&str>, run_id: &str, keep: bool) -> Nats {
-        let (name_prefix, subject_prefix) = match external {
-            Some(_) => (
-                format!("outboxlab_{run_id}_"),
-                format!("outboxlab.{run_id}."),
-            ),
-            None => (String::new(), String::new()),
-        };
         Nats {
-            external: external.map(str::to_string),
-            private: OnceCell::new(),
-            keep,
-            name_prefix,
-            subject_prefix,
-            used: AtomicBool::new(false),
+            server: OnDemand::new(external, run_id, keep),
+            subject_prefix: run_prefix(external, run_id, '.'),
         }
     }
 
     /// The server's URL (the private one's carries its token), starting the private server on
     /// first use.
     pub async fn url(&self) -> Result<String> {
-        self.used.store(true, Ordering::Relaxed);
-        if let Some(url) = &self.external {
-            return Ok(url.clone());
-        }
-        // Found only once a scenario asks: still the environment's fault, not the harness's.
-        let server = self
-            .private
-            .get_or_try_init(|| NatsServer::start(self.keep))
-            .await
-            .map_err(|e| anyhow::Error::from(Error::Usage(e)))?;
-        Ok(server.url.clone())
+        self.server.url().await
     }
 
     /// A private [`NatsCluster`] of its own, started now and stopped when dropped: a scenario
@@ -398,12 +368,13 @@ impl Nats {
     pub async fn cluster(&self) -> Result<NatsCluster> {
         // nats-server missing is the environment's fault; a cluster that fails to start, ours.
         let binary = find_nats_server().map_err(|e| anyhow::Error::from(Error::Usage(e)))?;
-        NatsCluster::start(binary, self.keep).await
+        NatsCluster::start(binary, self.server.keep()).await
     }
 
-    /// What every stream and consumer name of this run starts with.
+    /// What every stream and consumer name of this run starts with (`outboxlab_<run>_` on an
+    /// external server).
     pub fn name_prefix(&self) -> &str {
-        &self.name_prefix
+        self.server.prefix()
     }
 
     /// What every subject of this run starts with.
@@ -414,40 +385,23 @@ impl Nats {
     /// Deletes this run's streams (and so their consumers) from an external server; the
     /// private one goes away whole.
     pub async fn close(self) -> Result<()> {
-        let Some(url) = &self.external else {
-            if let Some(server) = self.private.get() {
-                if server.server.is_kept() {
-                    let dir = server.server.run_dir().path();
-                    crate::errln!(
-                        "kept the private NATS server running in {}: {}, its token in {}; remove \
-                         it with `outbox-lab clean`",
-                        dir.display(),
-                        crate::secrets::without_secrets(&server.url),
-                        dir.join(CONFIG).display()
-                    );
-                }
-            }
-            return Ok(());
-        };
-        if !self.used.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        if self.keep {
-            crate::errln!("kept NATS streams {}*", self.name_prefix);
-            return Ok(());
-        }
-        let jetstream = async_nats::jetstream::new(connect::nats(url).await?);
-        let names: Vec<String> = jetstream
-            .stream_names()
-            .try_collect()
-            .await
-            .map_err(|e| anyhow!("cannot list the NATS streams: {e}"))?;
-        for name in names.iter().filter(|n| n.starts_with(&self.name_prefix)) {
-            jetstream
-                .delete_stream(name)
-                .await
-                .map_err(|e| anyhow!("cannot delete NATS stream {name}: {e}"))?;
-        }
-        Ok(())
+        self.server.close(true, delete_streams).await
     }
+}
+
+/// Deletes the streams whose names start with `prefix` from the server at `url`.
+async fn delete_streams(url: String, prefix: String) -> Result<()> {
+    let jetstream = async_nats::jetstream::new(connect::nats(&url).await?);
+    let names: Vec<String> = jetstream
+        .stream_names()
+        .try_collect()
+        .await
+        .map_err(|e| anyhow!("cannot list the NATS streams: {e}"))?;
+    for name in names.iter().filter(|n| n.starts_with(&prefix)) {
+        jetstream
+            .delete_stream(name)
+            .await
+            .map_err(|e| anyhow!("cannot delete NATS stream {name}: {e}"))?;
+    }
+    Ok(())
 }

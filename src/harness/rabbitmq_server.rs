@@ -1,5 +1,6 @@
 //! RabbitMQ for the broker scenarios: `--amqp-url`, or else a private `rabbitmq-server` in
-//! [`throwaway`] directories, started on first use and stopped at the end.
+//! [`throwaway`] directories, started on first use and stopped at the end ([`OnDemand`]); here
+//! what is RabbitMQ's own: starting it, its crash, the queues this run declared.
 //!
 //! The private broker is a node of its own (`outboxlab-<random>@localhost`) that shares nothing
 //! with a system RabbitMQ: its mnesia and log directories, its configuration and Erlang cookie
@@ -20,8 +21,6 @@
 //! is touched.
 
 use std::ffi::OsString;
-use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -32,12 +31,12 @@ use anyhow::{anyhow, bail, Context, Result};
 use lapin::options::QueueDeleteOptions;
 use nix::sys::signal::Signal;
 use nix::unistd::User;
-use tokio::sync::OnceCell;
 
 use crate::connect;
 use crate::error::Error;
-use crate::harness::server::Server;
-use crate::harness::throwaway::{self, RunDir};
+use crate::harness::on_demand::{find_program, OnDemand, PrivateServer};
+use crate::harness::server::{write_owned, Server};
+use crate::harness::throwaway;
 
 /// RabbitMQ 3.10 boots in 5 to 10 s on a busy 2-core machine (mnesia, the message stores);
 /// this bounds a wedged start.
@@ -92,15 +91,18 @@ impl Launch {
     }
 }
 
-impl RabbitServer {
+impl PrivateServer for RabbitServer {
+    const NAME: &'static str = "RabbitMQ";
+    const NAMES: &'static str = "queues";
+    const SEPARATOR: char = '_';
+    const SETUP: &'static str = "install it with scripts/setup (apt-get install rabbitmq-server); \
+                                 `scenario` can use a broker of yours instead (--amqp-url)";
+
     async fn start(keep: bool) -> Result<RabbitServer> {
         if !Path::new(RABBITMQ_SERVER).is_file() {
-            bail!(
-                "{RABBITMQ_SERVER} not found: install it with scripts/setup (apt-get install \
-                 rabbitmq-server); `scenario` can use a broker of yours instead (--amqp-url)"
-            );
+            bail!("{RABBITMQ_SERVER} not found: {}", Self::SETUP);
         }
-        let epmd_binary = find_epmd()?;
+        let epmd_binary = find_program("epmd", &["/usr/bin"], Self::SETUP)?;
         let run_as = throwaway::server_user()?;
         let [epmd_port, amqp_port, dist_port] = throwaway::free_ports()?;
 
@@ -187,6 +189,26 @@ impl RabbitServer {
         })
     }
 
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    fn kept(&mut self) -> Option<String> {
+        let broker = self.broker.get_mut();
+        let dir = broker.run_dir().path();
+        broker.is_kept().then(|| {
+            format!(
+                "RabbitMQ running in {} (its epmd in {}): {}, its password in {}",
+                dir.display(),
+                self.epmd.run_dir().path().display(),
+                crate::secrets::without_secrets(&self.url),
+                dir.join(CONFIG).display()
+            )
+        })
+    }
+}
+
+impl RabbitServer {
     /// SIGKILL to the broker's process group (the Erlang VM in it), then the broker started
     /// again on the same ports, directories and credentials; how long until it let us in.
     async fn crash_and_restart(&self) -> Result<Duration> {
@@ -212,53 +234,9 @@ async fn start_broker(
         .await
 }
 
-/// A new file of ours in the run directory with `mode`, handed to the server user when it runs
-/// as one (so that it alone can read it): a configuration with a password in it, the cookie.
-fn write_owned(
-    run: &RunDir,
-    name: &str,
-    mode: u32,
-    text: &str,
-    user: Option<&User>,
-) -> Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = run.path().join(name);
-    let mut file = throwaway::create_new(&path)?;
-    file.write_all(text.as_bytes())?;
-    file.set_permissions(std::fs::Permissions::from_mode(mode))?;
-    if let Some(user) = user {
-        // Through the descriptor: the file we just created, whatever the path names now.
-        nix::unistd::fchown(file.as_raw_fd(), Some(user.uid), Some(user.gid))
-            .with_context(|| format!("cannot hand {} to the server user", path.display()))?;
-    }
-    Ok(path)
-}
-
-fn find_epmd() -> Result<PathBuf> {
-    let on_path = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default();
-    on_path
-        .into_iter()
-        .chain([PathBuf::from("/usr/bin")])
-        .map(|dir| dir.join("epmd"))
-        .find(|path| path.is_file())
-        .ok_or_else(|| {
-            anyhow!(
-                "epmd not found on PATH: install it with scripts/setup (apt-get install \
-                 rabbitmq-server); `scenario` can use a broker of yours instead (--amqp-url)"
-            )
-        })
-}
-
-/// The RabbitMQ of a run: external, or private and started when a scenario first needs it.
+/// The RabbitMQ of a run (see [`OnDemand`]).
 pub struct Amqp {
-    external: Option<String>,
-    private: OnceCell<RabbitServer>,
-    keep: bool,
-    /// Before every queue name on an external broker (`outboxlab_<run>_`); empty on the
-    /// private one.
-    name_prefix: String,
+    server: OnDemand<RabbitServer>,
     /// The queues this run declared, deleted from an external broker at the end.
     declared: Mutex<Vec<String>>,
 }
@@ -266,43 +244,26 @@ pub struct Amqp {
 impl Amqp {
     pub fn new(external: Option<&str>, run_id: &str, keep: bool) -> Amqp {
         Amqp {
-            external: external.map(str::to_string),
-            private: OnceCell::new(),
-            keep,
-            name_prefix: match external {
-                Some(_) => format!("outboxlab_{run_id}_"),
-                None => String::new(),
-            },
+            server: OnDemand::new(external, run_id, keep),
             declared: Mutex::new(Vec::new()),
         }
     }
 
     /// The broker's URL, with its credentials, starting the private broker on first use.
     pub async fn url(&self) -> Result<String> {
-        match &self.external {
-            Some(url) => Ok(url.clone()),
-            None => Ok(self.private().await?.url.clone()),
-        }
+        self.server.url().await
     }
 
-    /// The private broker, started on first use.
-    async fn private(&self) -> Result<&RabbitServer> {
-        // Found only once a scenario asks: still the environment's fault, not the harness's.
-        self.private
-            .get_or_try_init(|| RabbitServer::start(self.keep))
-            .await
-            .map_err(|e| anyhow::Error::from(Error::Usage(e)))
-    }
-
-    /// What every queue name of this run starts with.
+    /// What every queue name of this run starts with (`outboxlab_<run>_` on an external
+    /// broker).
     pub fn name_prefix(&self) -> &str {
-        &self.name_prefix
+        self.server.prefix()
     }
 
     /// Declares the durable queue `name` (this run's prefix before it) afresh, deleting what an
     /// earlier declaration held; returns its full name.
     pub async fn declare_queue(&self, name: &str) -> Result<String> {
-        let full = format!("{}{name}", self.name_prefix);
+        let full = format!("{}{name}", self.name_prefix());
         let connection = connect::amqp(&self.url().await?).await?;
         let channel = connection.create_channel().await?;
         AmqpSink::redeclare_queue(&channel, &full).await?;
@@ -317,62 +278,47 @@ impl Amqp {
     /// Refuses `--amqp-url` (bad input: exit 2) where a scenario kills the broker: only the
     /// private one is ours to kill.
     pub fn require_private(&self) -> Result<()> {
-        match self.external {
-            Some(_) => Err(Error::Usage(anyhow!(
+        if self.server.is_external() {
+            return Err(Error::Usage(anyhow!(
                 "this scenario kills RabbitMQ: run it without --amqp-url (on a private \
                  rabbitmq-server)"
             ))
-            .into()),
-            None => Ok(()),
+            .into());
         }
+        Ok(())
     }
 
     /// Kills the private broker with SIGKILL and starts it again (same ports, directories,
     /// credentials); how long the restart took until it let us in.
     pub async fn crash_and_restart(&self) -> Result<Duration> {
         self.require_private()?;
-        self.private().await?.crash_and_restart().await
+        self.server.private().await?.crash_and_restart().await
     }
 
-    /// Deletes this run's queues from an external broker; the private one goes away whole.
+    /// Deletes the queues this run declared from an external broker (AMQP cannot list them);
+    /// the private one goes away whole.
     pub async fn close(self) -> Result<()> {
-        let Some(url) = &self.external else {
-            if let Some(server) = self.private.get() {
-                let broker = server.broker.lock().await;
-                if broker.is_kept() {
-                    let dir = broker.run_dir().path();
-                    crate::errln!(
-                        "kept the private RabbitMQ running in {} (its epmd in {}): {}, its \
-                         password in {}; remove it with `outbox-lab clean`",
-                        dir.display(),
-                        server.epmd.run_dir().path().display(),
-                        crate::secrets::without_secrets(&server.url),
-                        dir.join(CONFIG).display()
-                    );
-                }
-            }
-            return Ok(());
-        };
         let declared = self
             .declared
             .into_inner()
             .unwrap_or_else(|e| e.into_inner());
-        if declared.is_empty() {
-            return Ok(());
-        }
-        if self.keep {
-            crate::errln!("kept RabbitMQ queues {}*", self.name_prefix);
-            return Ok(());
-        }
-        let connection = connect::amqp(url).await?;
-        let channel = connection.create_channel().await?;
-        for name in &declared {
-            channel
-                .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-                .await
-                .with_context(|| format!("cannot delete RabbitMQ queue {name}"))?;
-        }
-        let _ = connection.close(200, "done".into()).await;
-        Ok(())
+        let made_names = !declared.is_empty();
+        self.server
+            .close(made_names, |url, _prefix| delete_queues(url, declared))
+            .await
     }
+}
+
+/// Deletes the queues `names` from the broker at `url`.
+async fn delete_queues(url: String, names: Vec<String>) -> Result<()> {
+    let connection = connect::amqp(&url).await?;
+    let channel = connection.create_channel().await?;
+    for name in &names {
+        channel
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .with_context(|| format!("cannot delete RabbitMQ queue {name}"))?;
+    }
+    let _ = connection.close(200, "done".into()).await;
+    Ok(())
 }

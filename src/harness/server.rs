@@ -2,10 +2,14 @@
 //! started in a process group of its own, as the server user with a minimal environment, its
 //! output in our log file;
 //! recorded in the directory's marker; ready within a bound or killed with everything it
-//! started; stopped and its directory removed when dropped, unless kept.
+//! started; stopped and its directory removed when dropped, unless kept. Also the files of
+//! ours it is handed (its secrets: a configuration, a cookie).
 
 use std::ffi::{OsStr, OsString};
+use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -248,6 +252,29 @@ fn reap_if_ended(process: &mut Option<Child>) -> Result<Option<ExitStatus>> {
     let status = child.wait()?;
     *process = None;
     Ok(Some(status))
+}
+
+/// A new file of ours in the run directory with `mode`, handed to the server user when it runs
+/// as one (so that it alone can read it): a configuration with a token or password in it, a
+/// cookie.
+pub fn write_owned(
+    run: &RunDir,
+    name: &str,
+    mode: u32,
+    text: &str,
+    user: Option<&User>,
+) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = run.path().join(name);
+    let mut file = throwaway::create_new(&path)?;
+    file.write_all(text.as_bytes())?;
+    file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    if let Some(user) = user {
+        // Through the descriptor: the file we just created, whatever the path names now.
+        nix::unistd::fchown(file.as_raw_fd(), Some(user.uid), Some(user.gid))
+            .with_context(|| format!("cannot hand {} to the server user", path.display()))?;
+    }
+    Ok(path)
 }
 
 /// Runs `cmd` as `user` (when we are root), with a minimal environment: none of ours, whose
