@@ -1,22 +1,25 @@
 //! `outbox-lab explore`: every crash point against every design, with an invariant checker.
 //!
 //! The parts, in Jepsen's words: the [`designs`] (what runs, what it claims), the generator of
-//! [`schedule`]s (exhaustive or seeded random), the [`supervisor`] that runs a schedule with real
-//! processes dying at crash points and restarts them (the nemesis and the clients: their roles
-//! are `explore-writer` and `explore-relay` in [`crate::harness::child`]), recording each fault
-//! as fired or not reached, the [`checker`] that judges the database left behind, and the
+//! [`schedule`]s (exhaustive or seeded random), the [`lab`] that runs a schedule with real
+//! processes dying at crash points and restarts them (the clients: their roles are
+//! `explore-writer` and `explore-relay` in [`crate::harness::child`]) while the [`nemeses`]
+//! strike, the [`faults`] log recording each fault as fired or not reached, the [`watchdog`]
+//! that calls a run that does not drain stuck, the [`checker`] that judges the database left behind, and the
 //! [`history`] of every run, saved for audit. This file is the engine: checking the options into
 //! a [`Plan`], running a design's schedules, and the matrix it reports. The command that drives
 //! it (its arguments, the run's server, the output) is `outbox-lab explore` in cmd/explore.rs.
 
 pub mod checker;
 pub mod designs;
+pub mod faults;
 pub mod history;
+pub mod lab;
 mod matrix;
 pub mod nemeses;
 pub mod plots;
 pub mod schedule;
-pub mod supervisor;
+pub mod watchdog;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -26,9 +29,9 @@ use serde_json::json;
 
 use crate::harness::db::PgServer;
 use designs::{Design, Invariant, DESIGNS};
+use lab::{Lab, Workload};
 use schedule::Nemesis;
 use schedule::Schedule;
-use supervisor::{Lab, Workload};
 
 use matrix::Reproducer;
 pub use matrix::{render_text, report, DesignResult};

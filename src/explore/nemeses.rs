@@ -14,11 +14,11 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
 use super::designs::Design;
-use super::history::FaultRecord;
+use super::faults::FaultLog;
 use super::schedule::{Nemesis, Role, Schedule};
 use crate::connect;
 use crate::harness::db::{Database, PgServer};
-use crate::harness::nemesis::{terminate_backends, FaultOutcome, OwnChild, Sessions};
+use crate::harness::nemesis::{terminate_backends, OwnChild, Sessions};
 use crate::harness::proxy::{FaultPlan, Proxy, ProxyFaults};
 use crate::outbox::consumer::CONSUMER_APPLICATION_NAME;
 use crate::outbox::crash::CrashPlan;
@@ -129,7 +129,8 @@ const SESSION_POLL: Duration = Duration::from_millis(5);
 
 /// What the nemeses of one run work on.
 pub struct Arena<'a> {
-    pub started: Instant,
+    /// The run's fault log: its clock, and where each nemesis says it struck.
+    pub faults: &'a FaultLog,
     pub live: &'a LiveProcesses,
     pub server: &'a PgServer,
     pub db: &'a Database,
@@ -140,10 +141,6 @@ pub struct Arena<'a> {
 }
 
 impl Arena<'_> {
-    fn since_start_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
-    }
-
     /// The role's process once one is up: at once, or as soon as the next one is when the
     /// role is between two (a nemesis due while a killed relay is being restarted strikes the
     /// restarted one, and says when); None if the run ended first.
@@ -163,7 +160,7 @@ impl Arena<'_> {
     async fn until(&self, at: Duration) -> bool {
         let mut over = self.over.clone();
         let due = tokio::select! {
-            _ = tokio::time::sleep_until((self.started + at).into()) => true,
+            _ = tokio::time::sleep_until((self.faults.started() + at).into()) => true,
             _ = over.wait_for(|over| *over) => false,
         };
         due && !*self.over.borrow()
@@ -171,19 +168,9 @@ impl Arena<'_> {
 }
 
 /// Strikes every nemesis of `schedule` (the network ones are the proxy's: see [`settle`]);
-/// each outcome is written as it fires into `outcomes`, which starts all not reached.
-pub async fn strike(
-    schedule: &Schedule,
-    arena: &Arena<'_>,
-    outcomes: &Mutex<Vec<FaultOutcome>>,
-) -> Result<()> {
-    let fire = |i: usize, process: String| {
-        let mut outcomes = outcomes.lock().expect("not poisoned");
-        outcomes[i] = FaultOutcome::Fired {
-            process,
-            at_ms: arena.since_start_ms(),
-        };
-    };
+/// each says in the fault log when it struck.
+pub async fn strike(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
+    let fire = |i: usize, process: String| arena.faults.struck(i, process, Instant::now());
     let strikes = schedule.nemeses.iter().enumerate().map(|(i, nemesis)| {
         let fire = &fire;
         async move {
@@ -261,38 +248,16 @@ pub async fn strike(
     Ok(())
 }
 
-/// The outcomes of the network nemeses, read from the proxy after the run.
-pub fn settle(
-    schedule: &Schedule,
-    proxy: Option<&Proxy>,
-    started: Instant,
-    outcomes: &Mutex<Vec<FaultOutcome>>,
-) {
-    let mut outcomes = outcomes.lock().expect("not poisoned");
+/// The network nemeses' outcomes, read from the proxy after the run into the fault log.
+pub fn settle(schedule: &Schedule, proxy: Option<&Proxy>, faults: &FaultLog) {
     for (i, nemesis) in schedule.nemeses.iter().enumerate() {
         if let (Nemesis::Net(plan), Some(proxy)) = (nemesis, proxy) {
             if let Some(at) = proxy.struck_at(plan.on_request) {
-                outcomes[i] = FaultOutcome::Fired {
-                    process: format!("request {} through the proxy", plan.on_request),
-                    at_ms: at.saturating_duration_since(started).as_millis() as u64,
-                };
+                let process = format!("request {} through the proxy", plan.on_request);
+                faults.struck(i, process, at);
             }
         }
     }
-}
-
-/// Every nemesis of `schedule`, not reached yet (in the schedule's order).
-pub fn not_reached(schedule: &Schedule) -> Mutex<Vec<FaultOutcome>> {
-    Mutex::new(vec![FaultOutcome::NotReached; schedule.nemeses.len()])
-}
-
-/// The history's record of each nemesis of `schedule`, with its outcome.
-pub fn records(schedule: &Schedule, outcomes: Vec<FaultOutcome>) -> Vec<FaultRecord> {
-    let nemeses = schedule.nemeses.iter().map(Nemesis::to_string);
-    nemeses
-        .zip(outcomes)
-        .map(|(nemesis, outcome)| FaultRecord::new(nemesis, outcome))
-        .collect()
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@
 //!   reversal (an event received right after a later one); offending: the aggregate. An
 //!   aggregate with one event (the naive app's order) cannot be out of order.
 //! - **liveness**: every committed event is delivered within a bound after the faults end:
-//!   explore's supervisor gives the relays [`LIVENESS_BOUND`](crate::explore::supervisor::LIVENESS_BOUND) from
+//!   explore's watchdog gives the relays [`LIVENESS_BOUND`](crate::explore::watchdog::LIVENESS_BOUND) from
 //!   the later of the writer's end and the last fault, and a run that does not drain by then
 //!   (or needs more processes than allowed) is stuck. Offending: the bound it hit, then the
 //!   outbox rows still owed. A stuck run has not recovered, so a row a relay still owes is its

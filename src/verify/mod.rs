@@ -20,11 +20,10 @@ use tokio_postgres::Client;
 
 use crate::explore::designs::{Design, Invariant, Writer};
 use crate::explore::history::{FaultOutcome, History};
+use crate::explore::lab::{Bounds, Delivery, ForeignRelays, Lab, Workload, COUNT_PENDING};
 use crate::explore::schedule::Nemesis;
 use crate::explore::schedule::Schedule;
-use crate::explore::supervisor::{
-    Bounds, Delivery, ForeignRelays, Lab, Workload, COUNT_PENDING, LIVENESS_BOUND,
-};
+use crate::explore::watchdog::LIVENESS_BOUND;
 use crate::harness::db::PgServer;
 use crate::harness::foreign::RelayTemplate;
 use crate::harness::nemesis::format_duration;

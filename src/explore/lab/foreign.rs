@@ -1,0 +1,195 @@
+//! The user's relays (`outbox-lab verify`): what they are told (the database as a URL, as
+//! libpq keywords and variables; where to deliver), when they count as drained, and the input
+//! errors that end a run before any verdict (a relay that exits at once, one that never
+//! connects).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use tokio_postgres::config::Host;
+use tokio_postgres::error::SqlState;
+
+use super::database::OUR_SESSIONS;
+use super::delivery::{Backlog, Delivery};
+use super::{Lab, Relays, Stage};
+use crate::error;
+use crate::harness::foreign::{Endpoints, RelayTemplate};
+use crate::harness::nemesis::COUNT_FOREIGN_SESSIONS;
+use crate::judge::invariants::pending;
+
+/// A relay of the user's must have connected to the database within this time of the start.
+const CONNECT_BOUND: Duration = Duration::from_secs(10);
+/// Drained: nothing pending, and the consumer received nothing new for this long (a relay that
+/// marks before it sends is still sending).
+const DRAIN_SETTLE: Duration = Duration::from_millis(300);
+/// How often the drain is looked at.
+const DRAIN_POLL: Duration = Duration::from_millis(25);
+/// Deliveries the consumer has received.
+const COUNT_RECEIPTS: &str = "SELECT count(*) FROM consumer.receipts";
+/// Counts the outbox rows a relay still owes (the judge's backlog).
+pub const COUNT_PENDING: &str = concat!("SELECT count(*) FROM (", pending!(), ") owed");
+
+/// The user's relay and what it needs.
+pub struct ForeignRelays {
+    pub template: RelayTemplate,
+    /// Where it delivers.
+    pub delivery: Delivery,
+    /// Counts what is still to be delivered (by default, the outbox rows not marked published).
+    pub pending_sql: String,
+    /// The user's DDL, run after the article's tables in every run's fresh schema.
+    pub schema: Option<String>,
+}
+
+/// A run of the user's relay ended before it could be judged, for a reason that is the input's
+/// (the command, the relay), not the relay's verdict.
+#[derive(Debug, thiserror::Error)]
+pub enum ForeignRelayError {
+    #[error(
+        "{name} exited by itself {after_ms} ms after it started ({status}), before any fault: \
+         is --relay-cmd right? its last lines: {tail}"
+    )]
+    ExitsAtOnce {
+        name: String,
+        status: String,
+        after_ms: u128,
+        tail: String,
+    },
+    #[error(
+        "no relay connected to the database within {} s: does it read the URL it is given \
+         ({{database_url}}, {{dsn}} or PGHOST...)? relay-0's last lines: {tail}",
+        CONNECT_BOUND.as_secs()
+    )]
+    NeverConnects { tail: String },
+}
+
+impl Lab<'_> {
+    /// For the user's relays: fails the run if none connects within [`CONNECT_BOUND`]; once
+    /// the writer is done, says when the outbox is drained (nothing pending, nothing left for
+    /// our consumer at the broker, nothing new at the consumer for [`DRAIN_SETTLE`]), and
+    /// waits for the rest of the run. Nothing to do for ours, which drain themselves. Returns
+    /// only to fail.
+    pub(super) async fn watch_foreign(&self, stage: &Stage<'_>) -> anyhow::Error {
+        let Relays::Foreign(foreign) = &self.relays else {
+            return std::future::pending().await;
+        };
+        let started = Instant::now();
+        let mut connected = false;
+        let mut settled: Option<(i64, Instant)> = None;
+        let mut broker = Backlog::new(&foreign.delivery);
+        loop {
+            tokio::time::sleep(DRAIN_POLL).await;
+            // The database may be restarting (a nemesis): look again later.
+            let Ok(client) = self.client().await else {
+                continue;
+            };
+            if !connected {
+                let sessions = client
+                    .query_one(COUNT_FOREIGN_SESSIONS, &[&OUR_SESSIONS.to_vec()])
+                    .await;
+                connected = sessions.is_ok_and(|row| row.get::<_, i64>(0) > 0);
+                stage.relay_connected.send_replace(connected);
+                if !connected && started.elapsed() > CONNECT_BOUND {
+                    let tail = stage.relay_tail.lock().expect("not poisoned").lines();
+                    let tail = tail.join(" | ");
+                    return error::Error::Usage(ForeignRelayError::NeverConnects { tail }.into())
+                        .into();
+                }
+            }
+            if !*stage.writer_done.borrow() || !*stage.nemeses_done.borrow() {
+                continue;
+            }
+            let pending = match client.query_one(&foreign.pending_sql, &[]).await {
+                Ok(row) => row.get::<_, i64>(0),
+                Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => {
+                    return self.user_sql_failed("--pending-sql took too long during the run", e);
+                }
+                Err(_) => continue,
+            };
+            let counts = async {
+                let received: i64 = client.query_one(COUNT_RECEIPTS, &[]).await?.get(0);
+                let pending = pending + broker.count().await?;
+                anyhow::Ok((pending, received))
+            };
+            let Ok((pending, received)) = counts.await else {
+                continue;
+            };
+            settled = match settled {
+                _ if pending > 0 => None,
+                Some((seen, since)) if seen == received => {
+                    if since.elapsed() >= DRAIN_SETTLE {
+                        stage.drained.send_replace(true);
+                        return std::future::pending().await;
+                    }
+                    Some((seen, since))
+                }
+                _ => Some((received, Instant::now())),
+            };
+        }
+    }
+
+    /// What the user's relay is told: the database (as a URL, as libpq keywords, as libpq's
+    /// variables) and where to deliver.
+    pub(super) fn endpoints(&self, sink: &str) -> Result<Endpoints> {
+        let config = self.db.config()?;
+        let host = match config.get_hosts().first() {
+            Some(Host::Unix(dir)) => dir.to_string_lossy().into_owned(),
+            Some(Host::Tcp(name)) => name.clone(),
+            None => "localhost".into(),
+        };
+        let port = config
+            .get_ports()
+            .first()
+            .copied()
+            .unwrap_or(5432)
+            .to_string();
+        let user = config.get_user().unwrap_or("postgres").to_string();
+        let dbname = self.db.name.clone();
+        let password = config
+            .get_password()
+            .map(|p| String::from_utf8_lossy(p).into_owned());
+        let encode = |text: &str| crate::connect::percent_encode(text.as_bytes());
+        let credentials = match &password {
+            Some(p) => format!("{}:{}", encode(&user), encode(p)),
+            None => encode(&user),
+        };
+        let database_url = format!(
+            "postgresql://{credentials}@{}:{port}/{}",
+            encode(&host),
+            encode(&dbname)
+        );
+        let quote = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
+        let mut dsn = format!(
+            "host={} port={port} user={} dbname={}",
+            quote(&host),
+            quote(&user),
+            quote(&dbname)
+        );
+        let mut libpq_env = vec![
+            ("PGHOST".to_string(), host),
+            ("PGPORT".to_string(), port),
+            ("PGUSER".to_string(), user),
+            ("PGDATABASE".to_string(), dbname),
+        ];
+        if let Some(p) = password {
+            dsn.push_str(&format!(" password={}", quote(&p)));
+            libpq_env.push(("PGPASSWORD".to_string(), p));
+        }
+        let none = String::new;
+        let (http_url, redis_url, nats_url, amqp_url) = match self.delivery() {
+            Delivery::Http => (sink.to_string(), none(), none(), none()),
+            Delivery::Redis { url, .. } => (none(), url, none(), none()),
+            Delivery::Nats { url } => (none(), none(), url, none()),
+            Delivery::Amqp { url, .. } => (none(), none(), none(), url),
+        };
+        Ok(Endpoints {
+            database_url,
+            dsn,
+            libpq_env,
+            sink_url: sink.to_string(),
+            http_url,
+            redis_url,
+            nats_url,
+            amqp_url,
+        })
+    }
+}

@@ -1,0 +1,247 @@
+//! The lab (Jepsen's process manager): runs one schedule against a design. It resets the
+//! design's database, starts the consumer, the writer and the relays as child processes armed
+//! with the schedule's crash points, keeps every role running — restarting each process that
+//! dies, as production would ([`keep`]) — until the writer is done and the outbox drained, and
+//! hands the database to the checker. Beside the processes the schedule's [`nemeses`] strike
+//! (told which process of each role runs now), with the relays talking to the consumer through
+//! a [`Proxy`] when the schedule has network faults; the [`FaultLog`] records every fault on
+//! one clock, and the [`watchdog`](super::watchdog) makes a run that does not drain a liveness
+//! failure, not a hang. Every wait is bounded.
+//!
+//! Its rooms: [`database`] (the design's database, reset between runs), [`delivery`] (where
+//! the relays deliver and the consumer that reads it), [`commands`] (the children of our
+//! designs), [`foreign`] (the user's relays, for `verify`), [`keep`] (keeping the roles running).
+
+mod commands;
+mod database;
+mod delivery;
+mod foreign;
+mod keep;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use tokio::sync::watch;
+use tokio_postgres::Client;
+
+use super::checker;
+use super::designs::Design;
+use super::faults::FaultLog;
+use super::history::History;
+use super::nemeses::{self, Arena, LiveProcesses};
+use super::schedule::{Role, Schedule};
+use super::watchdog::LIVENESS_BOUND;
+use crate::harness::db::{Database, PgServer};
+use crate::harness::foreign::Tail;
+use crate::harness::nemesis::Sessions;
+use crate::harness::proxy::Proxy;
+use crate::judge::record;
+use crate::outbox::relay::RELAY_APPLICATION_NAME;
+
+pub use database::OUR_SESSIONS;
+pub use delivery::Delivery;
+pub use foreign::{ForeignRelayError, ForeignRelays, COUNT_PENDING};
+
+/// Fills in what a relay of the user's may leave out of a delivery (the outbox id, the event
+/// type), from the outbox row of the event id it sent: the order and duplicate invariants read
+/// them from the receipts.
+const COMPLETE_RECEIPTS: &str = "
+UPDATE consumer.receipts r
+   SET outbox_id = o.id, event_type = o.event_type
+  FROM outbox o
+ WHERE o.event_id = r.event_id
+   AND (r.outbox_id IS NULL OR r.event_type = '')";
+
+/// How long a run and its parts may take.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// See [`LIVENESS_BOUND`].
+    pub liveness: Duration,
+    /// No run may take longer, whatever happens (a writer that hangs).
+    pub run: Duration,
+    /// No single child may take longer.
+    pub child: Duration,
+    /// No statement of the lab's may take longer (the user's `--schema` and `--pending-sql`
+    /// among them): slow SQL is an error that says so, not a hang.
+    pub statement: Duration,
+}
+
+/// explore's: small workloads, relays of ours.
+pub const EXPLORE_BOUNDS: Bounds = Bounds {
+    liveness: LIVENESS_BOUND,
+    run: Duration::from_secs(30),
+    child: Duration::from_secs(25),
+    statement: Duration::from_secs(25),
+};
+
+/// What the writer writes in every run.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload {
+    pub orders: u32,
+    /// Events per order (OrderCreated, OrderUpdated2, ...): more than one gives order a meaning.
+    pub events_per_order: u32,
+    /// How long the first order of each pair commits after the second.
+    pub overlap: Duration,
+}
+
+/// Who the relays are.
+pub enum Relays {
+    /// The design's variant: child processes of ours, with crash points, told by closing
+    /// their stdin to drain and stop.
+    Ours,
+    /// The user's command (`outbox-lab verify`): no crash points; stopped with SIGTERM once
+    /// the outbox is drained.
+    Foreign(ForeignRelays),
+}
+
+/// One design's database, consumer port and workload, reused for all its runs.
+pub struct Lab<'s> {
+    pub design: &'static Design,
+    relays: Relays,
+    bounds: Bounds,
+    /// The run's server: the db-restart nemesis restarts it.
+    server: &'s PgServer,
+    db: Database,
+    /// Resets the database and runs the checker; connected again after a database restart.
+    client: tokio::sync::Mutex<Client>,
+    /// The consumer's port, the same for every restart so that senders find it again.
+    port: u16,
+    workload: Workload,
+}
+
+/// What the processes of one run share with the nemeses: where relays send, which process of
+/// each role runs now, where the first process of a role stops itself.
+struct Stage<'r> {
+    schedule: &'r Schedule,
+    live: LiveProcesses,
+    /// The consumer's URL, or the proxy's in front of it.
+    sink: String,
+    /// The writer has finished.
+    writer_done: watch::Sender<bool>,
+    /// The user's relays are done: nothing pending, nothing more arriving.
+    drained: watch::Sender<bool>,
+    /// What the user's relay 0 (its latest process) printed last, for a verdict that needs it.
+    relay_tail: Mutex<Tail>,
+    /// Every nemesis has struck (or cannot any more): the user's relays are not drained before.
+    nemeses_done: watch::Sender<bool>,
+    /// A session of the user's relays was seen in the database.
+    relay_connected: watch::Sender<bool>,
+}
+
+impl<'s> Lab<'s> {
+    /// Where the relays deliver.
+    fn delivery(&self) -> Delivery {
+        match &self.relays {
+            Relays::Foreign(foreign) => foreign.delivery.clone(),
+            Relays::Ours => Delivery::Http,
+        }
+    }
+
+    /// Runs `schedule` from an empty database and judges what it left.
+    pub async fn run(&self, schedule: &Schedule) -> Result<History> {
+        let started = Instant::now();
+        self.reset().await?;
+        self.delivery().make_empty().await?;
+        let history = Mutex::new(History {
+            design: self.design.name.to_string(),
+            schedule: schedule.to_string(),
+            ..History::default()
+        });
+        let mut faults = FaultLog::new(schedule);
+        let proxy = match nemeses::proxy_faults(schedule) {
+            Some(faults) => Some(Proxy::start(&self.sink_url(), faults).await?),
+            None => None,
+        };
+        let stage = Stage {
+            schedule,
+            live: LiveProcesses::default(),
+            sink: proxy
+                .as_ref()
+                .map_or_else(|| self.sink_url(), |p| p.url.clone()),
+            writer_done: watch::channel(false).0,
+            drained: watch::channel(false).0,
+            relay_tail: Mutex::new(Tail::default()),
+            nemeses_done: watch::channel(false).0,
+            relay_connected: watch::channel(false).0,
+        };
+        let (over, over_seen) = watch::channel(false);
+        // The consumer first: the nemeses' clock starts when the writer and relays do.
+        let first_consumer = self
+            .consumer_command(faults.next(Role::Consumer))
+            .pause_at(nemeses::pause_point(schedule, Role::Consumer))
+            .spawn_consumer()
+            .await?;
+        stage
+            .live
+            .started(Role::Consumer, "consumer#1", first_consumer.pid());
+        faults.start();
+        let arena = Arena {
+            faults: &faults,
+            live: &stage.live,
+            server: self.server,
+            db: &self.db,
+            relay_sessions: match self.relays {
+                Relays::Ours => Sessions::Named(format!("{RELAY_APPLICATION_NAME} r0")),
+                Relays::Foreign(_) => Sessions::AllBut(OUR_SESSIONS.to_vec()),
+            },
+            over: over_seen,
+        };
+        let supervised = async {
+            let stuck = self
+                .supervise(first_consumer, &faults, &history, &stage)
+                .await;
+            over.send_replace(true);
+            stuck
+        };
+        let striking = async {
+            let struck = nemeses::strike(schedule, &arena).await;
+            stage.nemeses_done.send_replace(true);
+            struck
+        };
+        let run = async { tokio::join!(supervised, striking) };
+        let mut cut_short = None;
+        let stuck = match tokio::time::timeout(self.bounds.run, run).await {
+            // The supervision's failure first: a nemesis may fail only because the run did.
+            Ok((stuck, struck)) => {
+                let stuck = stuck?;
+                struck?;
+                stuck
+            }
+            // Dropping the supervision kills every child it still had (kill_on_drop).
+            Err(_) => {
+                let why = format!("cut short by the run's bound of {:?}", self.bounds.run);
+                match self.relays {
+                    // The user's time limit ended it: inconclusive, not the relay's fault.
+                    Relays::Foreign(_) => {
+                        cut_short = Some(why);
+                        None
+                    }
+                    Relays::Ours => Some(why),
+                }
+            }
+        };
+        nemeses::settle(schedule, proxy.as_ref(), &faults);
+        let client = self.client().await?;
+        if let Relays::Foreign(_) = self.relays {
+            // The rows the relay deleted once published come back, and what it left out of
+            // its deliveries is filled in by the event id it did send.
+            record::restore_deleted(&client).await?;
+            client.batch_execute(COMPLETE_RECEIPTS).await?;
+        }
+        let violations = match cut_short {
+            // Not drained: what is owed is pending, not lost, and liveness is not judged.
+            Some(_) => checker::check_live(&client).await?,
+            None => checker::check(&client, stuck.as_deref()).await?,
+        };
+        drop(client);
+        let mut history = history.into_inner().expect("not poisoned");
+        history.cut_short = cut_short;
+        history.faults = faults.records(schedule);
+        for (invariant, ids) in violations {
+            history.violations.insert(invariant.name().to_string(), ids);
+        }
+        history.elapsed_ms = started.elapsed().as_millis() as u64;
+        Ok(history)
+    }
+}

@@ -1,0 +1,40 @@
+//! The liveness watchdog: once the writer is done, the relays must drain within a bound of the
+//! last fault (a fault that fires later starts the wait again), or the run is stuck — a
+//! verdict, not a hang.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::faults::FaultLog;
+
+/// Liveness, as a bound: every committed event is delivered within this time after the faults
+/// end (the writer finished and the last fault fired), or the run is stuck. A drain takes tens
+/// of milliseconds here; the rest is margin for a loaded machine. Every run of a stuck design
+/// lasts this long, so it is short.
+pub const LIVENESS_BOUND: Duration = Duration::from_secs(3);
+
+/// Resolves only when the bound is missed, with the verdict's words.
+pub async fn liveness_watchdog(
+    faults: &FaultLog,
+    writer_done: &watch::Sender<bool>,
+    bound: Duration,
+) -> String {
+    let mut done = writer_done.subscribe();
+    // The sender outlives this future: it lives in the supervision that polls it.
+    let _ = done.wait_for(|done| *done).await;
+    let writer_done_at = Instant::now();
+    loop {
+        let faults_ended = faults
+            .last_fired()
+            .map_or(writer_done_at, |at| at.max(writer_done_at));
+        let deadline = faults_ended + bound;
+        if Instant::now() >= deadline {
+            return format!(
+                "not drained within {} s after the writer finished and the last fault fired",
+                bound.as_secs()
+            );
+        }
+        tokio::time::sleep_until(deadline.into()).await;
+    }
+}
