@@ -1,0 +1,239 @@
+//! A nemesis of a schedule: its kinds, and its text form (`kill:relay@1s`), parsed and printed.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use super::{Fault, Role};
+use crate::harness::nemesis::{format_duration, parse_duration};
+use crate::harness::proxy::{FaultPlan, NetworkFault};
+use crate::outbox::crash::CrashPoint;
+
+/// One nemesis of a schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nemesis {
+    /// SIGSTOP the role's process `at` after the run started; SIGCONT after `hold`.
+    Pause {
+        role: Role,
+        at: Duration,
+        hold: Duration,
+    },
+    /// The role's first process stops itself at `fault`'s point and pass; held for `hold`.
+    PauseAtPoint { fault: Fault, hold: Duration },
+    /// SIGKILL the role's process `at` after the run started.
+    Kill { role: Role, at: Duration },
+    /// PostgreSQL's own crash (`-m immediate`) and restart, `at` after the run started.
+    DbRestart { at: Duration },
+    /// The role's database sessions terminated `at` after the run started.
+    DbKillBackend { role: Role, at: Duration },
+    /// A planned network fault on the relay-to-consumer traffic.
+    Net(FaultPlan),
+}
+
+/// Every kind, as `--list-nemeses` shows it: name, form, what it does.
+pub const KINDS: [(&str, &str, &str); 7] = [
+    (
+        "pause",
+        "pause:ROLE@AT+FOR | pause:ROLE:STEP@N+FOR",
+        "SIGSTOP the role's process at AT (or where it passes its crash point STEP the N-th \
+         time), SIGCONT after FOR: a GC pause, a frozen VM",
+    ),
+    (
+        "kill",
+        "kill:ROLE@AT",
+        "SIGKILL the role's process at AT, wherever it is",
+    ),
+    (
+        "db-restart",
+        "db:restart@AT",
+        "pg_ctl stop -m immediate (PostgreSQL's own crash), then started again on the same \
+         socket and data: committed rows must survive, every actor must reconnect",
+    ),
+    (
+        "db-kill-backend",
+        "db:kill-backend:ROLE@AT",
+        "pg_terminate_backend of the relay's or the consumer's sessions (by application_name)",
+    ),
+    (
+        "net-reset",
+        "net:reset@N",
+        "the N-th request from a relay to the consumer is reset before it arrives",
+    ),
+    (
+        "net-reply-lost",
+        "net:reply-lost@N",
+        "the consumer acts on the N-th request and commits; its reply never comes back",
+    ),
+    (
+        "net-delay",
+        "net:delay@N+FOR",
+        "the N-th request is held FOR before it is passed on (past the sender's timeout)",
+    ),
+];
+
+impl Nemesis {
+    /// Whether a schedule's item is a nemesis (else it is a crash fault).
+    pub fn written_as(item: &str) -> bool {
+        ["pause:", "kill:", "db:", "net:"]
+            .iter()
+            .any(|kind| item.starts_with(kind))
+    }
+
+    /// Its kind's name, as listed in [`KINDS`].
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Nemesis::Pause { .. } | Nemesis::PauseAtPoint { .. } => "pause",
+            Nemesis::Kill { .. } => "kill",
+            Nemesis::DbRestart { .. } => "db-restart",
+            Nemesis::DbKillBackend { .. } => "db-kill-backend",
+            Nemesis::Net(plan) => match plan.fault {
+                NetworkFault::Reset => "net-reset",
+                NetworkFault::ReplyLost => "net-reply-lost",
+                NetworkFault::Delay(_) => "net-delay",
+            },
+        }
+    }
+
+    /// The crash point a pause at a point waits for: one the design must pass.
+    pub fn crash_point(&self) -> Option<CrashPoint> {
+        match self {
+            Nemesis::PauseAtPoint { fault, .. } => Some(fault.plan.point),
+            _ => None,
+        }
+    }
+
+    /// When a nemesis on the run's clock is over (struck and, for a pause, let go); `None`
+    /// for those triggered by a crash point or a request.
+    pub fn over_at(&self) -> Option<Duration> {
+        match *self {
+            Nemesis::Pause { at, hold, .. } => Some(at + hold),
+            Nemesis::Kill { at, .. }
+            | Nemesis::DbRestart { at }
+            | Nemesis::DbKillBackend { at, .. } => Some(at),
+            Nemesis::PauseAtPoint { .. } | Nemesis::Net(_) => None,
+        }
+    }
+
+    /// Only the throwaway cluster can be restarted.
+    pub fn needs_throwaway_cluster(&self) -> bool {
+        matches!(self, Nemesis::DbRestart { .. })
+    }
+}
+
+impl fmt::Display for Nemesis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Nemesis::Pause { role, at, hold } => write!(
+                f,
+                "pause:{}@{}+{}",
+                role.name(),
+                format_duration(*at),
+                format_duration(*hold)
+            ),
+            Nemesis::PauseAtPoint { fault, hold } => {
+                write!(f, "pause:{fault}+{}", format_duration(*hold))
+            }
+            Nemesis::Kill { role, at } => {
+                write!(f, "kill:{}@{}", role.name(), format_duration(*at))
+            }
+            Nemesis::DbRestart { at } => write!(f, "db:restart@{}", format_duration(*at)),
+            Nemesis::DbKillBackend { role, at } => write!(
+                f,
+                "db:kill-backend:{}@{}",
+                role.name(),
+                format_duration(*at)
+            ),
+            Nemesis::Net(plan) => write!(f, "net:{plan}"),
+        }
+    }
+}
+
+fn role_named(name: &str, item: &str) -> Result<Role, String> {
+    Role::ALL
+        .into_iter()
+        .find(|r| r.name() == name)
+        .ok_or_else(|| format!("unknown role '{name}' in '{item}' (writer, relay or consumer)"))
+}
+
+/// `ROLE@AT` of a timed nemesis.
+fn role_at(spec: &str, item: &str) -> Result<(Role, Duration), String> {
+    let (role, at) = spec
+        .split_once('@')
+        .ok_or_else(|| format!("'{item}' needs a moment: ...ROLE@AT (e.g. relay@60ms)"))?;
+    Ok((role_named(role, item)?, parse_duration(at)?))
+}
+
+impl FromStr for Nemesis {
+    type Err = String;
+
+    fn from_str(item: &str) -> Result<Nemesis, String> {
+        let (kind, spec) = item.split_once(':').unwrap_or((item, ""));
+        match kind {
+            "pause" => {
+                let (what, hold) = spec
+                    .rsplit_once('+')
+                    .ok_or_else(|| format!("'{item}' needs how long: pause:...+FOR"))?;
+                let hold = parse_duration(hold)?;
+                if hold.is_zero() {
+                    return Err(format!(
+                        "'{item}': a pause of 0 ms pauses nothing: give FOR above 0 (+500ms)"
+                    ));
+                }
+                if what.contains(':') {
+                    let fault: Fault = what.parse()?;
+                    return Ok(Nemesis::PauseAtPoint { fault, hold });
+                }
+                let (role, at) = role_at(what, item)?;
+                Ok(Nemesis::Pause { role, at, hold })
+            }
+            "kill" => {
+                let (role, at) = role_at(spec, item)?;
+                Ok(Nemesis::Kill { role, at })
+            }
+            "db" => {
+                if let Some(at) = spec.strip_prefix("restart@") {
+                    return Ok(Nemesis::DbRestart {
+                        at: parse_duration(at)?,
+                    });
+                }
+                let Some(target) = spec.strip_prefix("kill-backend:") else {
+                    return Err(format!(
+                        "unknown database nemesis '{item}' (db:restart@AT, db:kill-backend:ROLE@AT)"
+                    ));
+                };
+                let (role, at) = role_at(target, item)?;
+                if role == Role::Writer {
+                    return Err(format!(
+                        "'{item}': db:kill-backend hits the relay's or the consumer's sessions"
+                    ));
+                }
+                Ok(Nemesis::DbKillBackend { role, at })
+            }
+            "net" => Ok(Nemesis::Net(spec.parse()?)),
+            _ => Err(format!(
+                "unknown nemesis '{item}' (see `outbox-lab explore --list-nemeses`)"
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Typos and missing parts are errors that say what is wrong.
+    #[test]
+    fn bad_nemeses_are_explained() {
+        let err = |s: &str| s.parse::<Nemesis>().unwrap_err();
+        assert!(err("pause:relay@60ms").contains("needs how long"));
+        assert!(err("pause:relay@60ms+0ms").contains("pauses nothing"));
+        assert!(err("pause:relay:after-fetch@1+0s").contains("pauses nothing"));
+        assert!(err("kill:relay").contains("needs a moment"));
+        assert!(err("kill:broker@1s").contains("unknown role"));
+        assert!(err("kill:relay@soon").contains("not a duration"));
+        assert!(err("db:reboot@1s").contains("unknown database nemesis"));
+        assert!(err("db:kill-backend:writer@1s").contains("relay's or the consumer's"));
+        assert!(err("net:delay@2").contains("needs how long"));
+        assert!(err("freeze:relay@1s").contains("unknown nemesis"));
+    }
+}
