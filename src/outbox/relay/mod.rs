@@ -18,258 +18,29 @@
 
 pub mod cdc;
 mod claim;
+mod config;
 mod lock;
 pub mod pgoutput;
 mod polling;
 pub mod sql;
+mod timings;
 pub mod watermark;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 use tracing::info;
 
-use crate::outbox::sink::{Sink, SinkOptions, DEFAULT_REQUEST_TIMEOUT};
+pub use config::{Partition, RelayConfig, RelayDesign, RelayOptions, Wakeup, DEFAULT_MAX_ATTEMPTS};
 pub use polling::Relay;
+pub(crate) use timings::{BatchClock, BatchTimer};
+pub use timings::{BatchTimings, RelayStats};
 
 /// Relay children name their sessions `outbox-lab relay NAME` (`application_name`).
 pub const RELAY_APPLICATION_NAME: &str = "outbox-lab relay";
-
-/// How a relay keeps other relays off the rows it is delivering.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-pub enum RelayDesign {
-    /// The article's: row locks held by the delivering transaction (`FOR UPDATE SKIP LOCKED`).
-    #[default]
-    Lock,
-    /// A lease: `claimed_at`/`claimed_by` written and committed before delivering.
-    Claim,
-    /// The lease with a fencing token (explore's claim-lease-fenced): each claim takes a new
-    /// token, sent with its events and checked by the mark; needs [`schema::ADD_FENCING`].
-    ///
-    /// [`schema::ADD_FENCING`]: crate::outbox::schema::ADD_FENCING
-    #[value(skip)]
-    FencedClaim,
-    /// Broken on purpose (explore): mark the batch published and commit, then send.
-    MarkBeforeSend,
-}
-
-impl RelayDesign {
-    pub fn name(self) -> &'static str {
-        match self {
-            RelayDesign::Lock => "lock",
-            RelayDesign::Claim => "claim",
-            RelayDesign::FencedClaim => "fenced-claim",
-            RelayDesign::MarkBeforeSend => "mark-before-send",
-        }
-    }
-}
-
-/// Relay `index` of `count` relays that split the aggregates between them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Partition {
-    pub index: u32,
-    pub count: u32,
-}
-
-impl std::str::FromStr for Partition {
-    type Err = String;
-
-    /// `i/N`, e.g. `0/4`.
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let parsed = s
-            .split_once('/')
-            .and_then(|(i, n)| Some((i.parse().ok()?, n.parse().ok()?)));
-        match parsed {
-            Some((index, count)) if index < count => Ok(Partition { index, count }),
-            _ => Err(format!("'{s}' is not a partition i/N with i < N")),
-        }
-    }
-}
-
-impl std::fmt::Display for Partition {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.index, self.count)
-    }
-}
-
-/// How a following relay learns that there is something to deliver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Wakeup {
-    /// Poll again after this long.
-    Poll(Duration),
-    /// LISTEN on [`schema::NOTIFY_CHANNEL`]; poll anyway after `fallback` (notifications sent
-    /// while not listening, e.g. during a reconnect, are lost).
-    Notify { fallback: Duration },
-}
-
-impl std::str::FromStr for Wakeup {
-    type Err = String;
-
-    /// `poll:1000` (milliseconds) or `notify:1000` (fallback poll in milliseconds).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let parsed = s
-            .split_once(':')
-            .and_then(|(mode, ms)| Some((mode, ms.parse::<u64>().ok()?)));
-        match parsed {
-            Some(("poll", ms)) => Ok(Wakeup::Poll(Duration::from_millis(ms))),
-            Some(("notify", ms)) => Ok(Wakeup::Notify {
-                fallback: Duration::from_millis(ms),
-            }),
-            _ => Err(format!("'{s}' is not poll:MS or notify:MS")),
-        }
-    }
-}
-
-impl Wakeup {
-    /// How long a relay sleeps when nothing wakes it sooner.
-    pub fn fallback(self) -> Duration {
-        match self {
-            Wakeup::Poll(every) => every,
-            Wakeup::Notify { fallback } => fallback,
-        }
-    }
-}
-
-impl std::fmt::Display for Wakeup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Wakeup::Poll(every) => write!(f, "poll:{}", every.as_millis()),
-            Wakeup::Notify { fallback } => write!(f, "notify:{}", fallback.as_millis()),
-        }
-    }
-}
-
-/// How the article's relay behaves.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RelayConfig {
-    /// Lock (the article) or claim (lease).
-    pub design: RelayDesign,
-    /// Claim design: another relay may take a claimed row once its claim is this old.
-    pub lease: Duration,
-    /// Rows per fetch (the article's LIMIT 100).
-    pub batch: i64,
-    /// Rows with this many attempts are dead letters (the article's `attempts < 5`).
-    pub max_attempts: i32,
-    /// The first retry waits this long; each further one twice as long.
-    pub backoff_base: Duration,
-    /// How long to sleep when nothing is due and nothing is waiting for a backoff.
-    pub idle_poll: Duration,
-    /// Draining gives up after this long (a bound, so a stuck run cannot hang the harness).
-    pub deadline: Duration,
-    /// Only this relay's share of the aggregates, when several relays split them.
-    pub partition: Option<Partition>,
-    /// Skip events whose aggregate has an earlier undelivered event.
-    pub head_of_line_guard: bool,
-    /// An HTTP delivery unanswered for this long failed (a lost reply included).
-    pub request_timeout: Duration,
-    /// Also log every delivery attempt (`sending`, `sent`): the history explore audits.
-    pub log_attempts: bool,
-    /// Also log when it woke, fetched and sent ([`crate::outbox::phases`]): notify-latency's
-    /// split of a delivery's time.
-    pub log_phases: bool,
-    /// Delivery loops in this one relay (lock design): each its own connection, fetching only
-    /// its partition of the aggregates (`i/workers`, as [`Partition`] splits them), so
-    /// per-aggregate order holds and each holds one batch's locks at a time; one delivers while
-    /// another waits for its COMMIT's WAL flush, and PostgreSQL's group commit merges their
-    /// flushes. 1: the article's one loop.
-    #[serde(default = "one_worker")]
-    pub workers: u32,
-}
-
-fn one_worker() -> u32 {
-    1
-}
-
-/// The attempts after which a row is a dead letter, unless a relay is told otherwise.
-pub const DEFAULT_MAX_ATTEMPTS: i32 = 5;
-
-impl Default for RelayConfig {
-    fn default() -> Self {
-        RelayConfig {
-            design: RelayDesign::Lock,
-            lease: Duration::from_secs(30),
-            batch: 100,
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
-            backoff_base: Duration::from_millis(200),
-            idle_poll: Duration::from_millis(10),
-            deadline: Duration::from_secs(60),
-            partition: None,
-            head_of_line_guard: false,
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
-            log_attempts: false,
-            log_phases: false,
-            workers: 1,
-        }
-    }
-}
-
-/// Everything a relay process is told — by `outbox-lab relay`'s flags, by a scenario (as a
-/// child's role), by explore: its name, where it delivers, how it behaves, how it wakes up.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RelayOptions {
-    /// Names it in log lines, metrics, leases and pg_stat_activity.
-    pub name: String,
-    pub sink: SinkOptions,
-    pub config: RelayConfig,
-    /// Keep delivering until stopped, waking up as this says; `None`: until drained.
-    pub follow: Option<Wakeup>,
-}
-
-impl RelayOptions {
-    /// Its connection settings: `db`, named `outbox-lab relay NAME` so that its session can be
-    /// found in pg_stat_activity.
-    pub fn connection(&self, db: &tokio_postgres::Config) -> tokio_postgres::Config {
-        let mut db = db.clone();
-        db.application_name(format!("{RELAY_APPLICATION_NAME} {}", self.name));
-        db
-    }
-
-    /// When [`drive`] stops it: drained (within the configured deadline), or never by itself.
-    pub fn until(&self) -> Until<'static> {
-        match self.follow {
-            Some(wakeup) => Until::Shutdown(wakeup),
-            None => Until::Drained {
-                idle: self.config.idle_poll,
-                deadline: self.config.deadline,
-                once: None,
-            },
-        }
-    }
-
-    /// The table relay these options describe, connected (LISTENing if it follows NOTIFY).
-    pub async fn connect(&self, db: &tokio_postgres::Config) -> Result<Relay> {
-        let sink = self.sink.connect(self.config.request_timeout).await?;
-        self.connect_with(db, sink).await
-    }
-
-    /// The same, delivering to `sink`, connected already (by a caller that says which flag
-    /// gave it, when it fails).
-    pub async fn connect_with(&self, db: &tokio_postgres::Config, sink: Sink) -> Result<Relay> {
-        let listen = matches!(self.follow, Some(Wakeup::Notify { .. }));
-        Relay::connect(
-            &self.connection(db),
-            sink,
-            self.config.clone(),
-            &self.name,
-            listen,
-        )
-        .await
-    }
-}
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy)]
@@ -423,98 +194,6 @@ pub async fn drive<R: OutboxRelay>(
             }
         }
     }
-}
-
-/// How a draining relay spent its time on the batches that found rows, on its own clock: what a
-/// throughput figure divides by. The phases are the steps of a batch as the relay waits on
-/// them, added up over its workers; whatever is left of `busy` × `workers` went between
-/// batches.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct BatchTimings {
-    /// The relay's delivery loops ([`RelayConfig::workers`]), whose phases are added up here.
-    #[serde(default = "one_worker")]
-    pub workers: u32,
-    /// Batches that found rows, and the rows they fetched.
-    pub batches: u64,
-    pub events: u64,
-    /// From the start of the first fetch that found rows to the end of the last commit (of any
-    /// worker): the process's start, its connections and the final empty fetch are outside it.
-    pub busy: Duration,
-    /// BEGIN and the fetch, until the rows are in hand.
-    pub fetch: Duration,
-    /// The sink's deliveries (and the record of any failure).
-    pub send: Duration,
-    /// The UPDATE that marks the delivered rows published.
-    pub mark: Duration,
-    pub commit: Duration,
-}
-
-/// When each step of one batch ended.
-pub(crate) struct BatchClock {
-    pub started: Instant,
-    pub fetched: Instant,
-    pub sent: Instant,
-    pub marked: Instant,
-    pub committed: Instant,
-}
-
-/// Adds up a relay's [`BatchTimings`], batch after batch.
-#[derive(Debug, Default)]
-pub(crate) struct BatchTimer {
-    first_fetch: Option<Instant>,
-    last_commit: Option<Instant>,
-    timings: BatchTimings,
-}
-
-impl BatchTimer {
-    /// Counts a batch of `rows` rows; an empty fetch is not a batch.
-    pub fn record(&mut self, rows: usize, clock: &BatchClock) {
-        if rows == 0 {
-            return;
-        }
-        let first_fetch = *self.first_fetch.get_or_insert(clock.started);
-        self.last_commit = Some(clock.committed);
-        let timings = &mut self.timings;
-        timings.batches += 1;
-        timings.events += rows as u64;
-        timings.busy = clock.committed - first_fetch;
-        timings.fetch += clock.fetched - clock.started;
-        timings.send += clock.sent - clock.fetched;
-        timings.mark += clock.marked - clock.sent;
-        timings.commit += clock.committed - clock.marked;
-    }
-
-    /// The timings of workers that ran side by side: their batches and phases added up, busy
-    /// from the first fetch of any to the last commit of any.
-    pub fn merged<'a>(timers: impl IntoIterator<Item = &'a BatchTimer>) -> BatchTimings {
-        let mut merged = BatchTimings::default();
-        let (mut first, mut last): (Option<Instant>, Option<Instant>) = (None, None);
-        for timer in timers {
-            merged.workers += 1;
-            let t = &timer.timings;
-            merged.batches += t.batches;
-            merged.events += t.events;
-            merged.fetch += t.fetch;
-            merged.send += t.send;
-            merged.mark += t.mark;
-            merged.commit += t.commit;
-            if let (Some(f), Some(l)) = (timer.first_fetch, timer.last_commit) {
-                first = Some(first.map_or(f, |first| first.min(f)));
-                last = Some(last.map_or(l, |last| last.max(l)));
-            }
-        }
-        if let (Some(first), Some(last)) = (first, last) {
-            merged.busy = last - first;
-        }
-        merged
-    }
-}
-
-/// A relay's counters since it started.
-#[derive(Debug, Default)]
-pub struct RelayStats {
-    pub delivered: AtomicU64,
-    pub failed: AtomicU64,
 }
 
 /// Gives dead letters (undelivered rows with `max_attempts` attempts or more, the relays' limit)
