@@ -14,7 +14,7 @@ use tracing::info;
 
 use super::sql::{
     fetch_statement, CLAIM_BATCH, CLAIM_BATCH_FENCED, MARK_CLAIMED_PUBLISHED, MARK_FAILED,
-    MARK_FENCED_PUBLISHED, MARK_PUBLISHED, PENDING,
+    MARK_FENCED_PUBLISHED, MARK_PUBLISHED, PENDING, PENDING_GUARDED,
 };
 use super::{
     BatchTimer, BatchTimings, OutboxRelay, Partition, Pass, Pending, RelayConfig, RelayDesign,
@@ -203,7 +203,13 @@ impl OutboxRelay for Relay {
     async fn pending(&self) -> Result<Pending> {
         let row = self
             .client
-            .query_one(PENDING, &[&self.config.max_attempts])
+            .query_one(
+                match self.config.head_of_line_guard {
+                    true => PENDING_GUARDED,
+                    false => PENDING,
+                },
+                &[&self.config.max_attempts],
+            )
             .await?;
         let (rows, due_in_ms): (i64, f64) = (row.get(0), row.get(1));
         Ok(Pending {

@@ -22,7 +22,10 @@ pub const PARTITION_FILTER: &str = "
    AND (hashtext(aggregate_id) & 2147483647) % $4 = $3";
 
 /// The article's head-of-line guard, added to the fetch: no event overtakes an undelivered
-/// earlier event of its aggregate (at the price of blocking the aggregate behind it).
+/// earlier event of its aggregate (at the price of blocking the aggregate behind it). A dead
+/// letter is undelivered too: it holds its aggregate's later events until it is requeued
+/// (`outbox-lab requeue`), and then they go in order — order over availability, as the guard's
+/// promise is order ([`PENDING_GUARDED`] does not wait for them).
 pub const HEAD_OF_LINE_GUARD: &str = "
    AND NOT EXISTS (SELECT 1 FROM outbox o2
                     WHERE o2.aggregate_id = outbox.aggregate_id
@@ -115,6 +118,19 @@ SELECT count(*),
   FROM outbox
  WHERE published_at IS NULL
    AND attempts < $1";
+
+/// The same for a guarded relay: rows held behind a dead letter of their aggregate wait for
+/// its requeue, not for the relay, which is drained without them.
+pub const PENDING_GUARDED: &str = "
+SELECT count(*),
+       COALESCE(EXTRACT(EPOCH FROM min(next_attempt_at) - clock_timestamp()) * 1000, 0)::float8
+  FROM outbox
+ WHERE published_at IS NULL
+   AND attempts < $1
+   AND NOT EXISTS (SELECT 1 FROM outbox dead
+                    WHERE dead.aggregate_id = outbox.aggregate_id
+                      AND dead.published_at IS NULL AND dead.attempts >= $1
+                      AND dead.id < outbox.id)";
 
 /// What `/metrics` reports from the table: dead letters, and the age of the oldest row still
 /// to deliver (how far the relays lag behind).
