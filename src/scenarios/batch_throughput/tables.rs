@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use super::cells::Cell;
 use super::{Outcome, Params, SinkKind};
-use crate::judge::median;
+use crate::judge::{median, min_max};
 use crate::outbox::relay::BatchTimings;
 use crate::report::plots::{self, Axes, Plot};
 use crate::report::{Report, Table};
@@ -35,8 +35,7 @@ impl Runs {
 
 /// The smallest and the largest of `values`, as `min-max` with `decimals`.
 fn spread(values: &[f64], decimals: usize) -> String {
-    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let (min, max) = min_max(values);
     format!("{min:.decimals$}-{max:.decimals$}")
 }
 
