@@ -16,7 +16,7 @@ use crate::harness::rabbitmq_server::Amqp;
 use crate::harness::redis_server::Redis;
 use crate::harness::run::{new_run_id, on_server};
 use crate::harness::throwaway;
-use crate::judge::median;
+use crate::judge::{median, min_max};
 use crate::report::html;
 use crate::report::progress::Progress;
 use crate::report::{decimals, CheckResult, Report, Table};
@@ -280,11 +280,7 @@ impl Spread {
                     .iter()
                     .filter_map(|r| r.metrics.get(name).and_then(serde_json::Value::as_f64))
                     .collect();
-                let (min, max) = values
-                    .iter()
-                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-                        (lo.min(*v), hi.max(*v))
-                    });
+                let (min, max) = min_max(&values);
                 (!values.is_empty()).then(|| MetricSpread {
                     metric: name.clone(),
                     min,

@@ -3,7 +3,7 @@
 //! summaries ([`latency`]), plans read with EXPLAIN ([`explain`]), the scenarios' expected
 //! figures held against what was measured ([`expectations`]), judging a consumer whose tables
 //! live in another database ([`two_databases`]), what it records of a foreign relay's run for
-//! itself ([`record`]), and the [`median`] of a figure's rounds.
+//! itself ([`record`]), and the [`median`] and [`min_max`] of a figure's rounds.
 
 pub mod counts;
 pub mod expectations;
@@ -23,4 +23,14 @@ pub fn median(values: &[f64]) -> f64 {
         n if n % 2 == 1 => sorted[n / 2],
         n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
     }
+}
+
+/// The smallest and the largest of a figure's rounds (infinite for none): how far they spread
+/// around the median.
+pub fn min_max(values: &[f64]) -> (f64, f64) {
+    values
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
+            (lo.min(v), hi.max(v))
+        })
 }

@@ -22,27 +22,31 @@
 //! allows the relay. Each sink's figure is also a fraction of the ceiling of its batch size and
 //! workers (`of_ceiling`), the ceiling measured in the same rounds, just before that batch size's
 //! and workers' sink cells, so that a busy moment of a shared machine weighs on both.
+//!
+//! Here the parameters, the rounds and one run of a cell; [`cells`] what is measured,
+//! [`target`] where it is delivered and counted, [`tables`] what the runs come to.
+
+mod cells;
+mod tables;
+mod target;
 
 use std::collections::HashMap;
 
-use anyhow::{anyhow, bail, Result};
-use lapin::options::QueuePurgeOptions;
-use redis::AsyncCommands;
+use anyhow::{bail, Result};
 use serde::Deserialize;
-use tokio_postgres::Client;
 
 use super::{metric_names, Ctx, Experiment, Outcome, CHILD_TIMEOUT};
-use crate::connect;
-use crate::harness::child::{ChildEnd, ConsumerProcess};
-use crate::harness::db::Database;
-use crate::judge::{counts, median};
-use crate::outbox::consumer::{ConsumerKind, Faults};
+use crate::harness::child::ChildEnd;
+use crate::judge::counts;
 use crate::outbox::relay::{BatchTimings, RelayConfig};
 use crate::outbox::schema;
-use crate::outbox::sink::{AmqpSink, HttpBody, NatsSink, RedisSink, DISCARD_URL};
+use crate::outbox::sink::HttpBody;
 use crate::outbox::writer;
-use crate::report::plots::{self, Axes, Plot};
-use crate::report::{Report, Table};
+use crate::report::plots::Plot;
+use crate::report::Report;
+use cells::Cell;
+use tables::Runs;
+use target::Target;
 
 /// Where the relay delivers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
@@ -165,269 +169,8 @@ impl Experiment for Params {
     }
 
     fn plots(report: &Report) -> Result<Vec<Plot>> {
-        throughput_by_batch(report)
+        tables::throughput_by_batch(report)
     }
-}
-
-/// One configuration measured: a sink, a batch size, (HTTP) the events in flight and (the
-/// ceiling, Redis and the brokers) the relay's workers.
-#[derive(Debug, Clone, Copy)]
-struct Cell {
-    sink: SinkKind,
-    batch: i64,
-    /// Events sent and not yet acknowledged at once by one worker: the batch's pipeline for
-    /// Redis.
-    in_flight: i64,
-    /// The relay's delivery loops, each its partition of the aggregates.
-    workers: u32,
-}
-
-impl Cell {
-    /// Every cell of the parameters, in table order.
-    fn all(params: &Params) -> Vec<Cell> {
-        let mut cells = Vec::new();
-        for &sink in &params.sinks {
-            for &batch in &params.batch_sizes {
-                match sink {
-                    // An array of one is one event per request: the http cell measures it.
-                    SinkKind::HttpArray if batch == 1 => {}
-                    SinkKind::DbOnly | SinkKind::Redis | SinkKind::Nats | SinkKind::Amqp => cells
-                        .extend(params.pipeline_workers.iter().map(|&workers| Cell {
-                            sink,
-                            batch,
-                            in_flight: batch,
-                            workers,
-                        })),
-                    SinkKind::HttpArray => cells.push(Cell {
-                        sink,
-                        batch,
-                        in_flight: batch,
-                        workers: 1,
-                    }),
-                    SinkKind::Http => cells.extend(
-                        params
-                            .http_in_flight
-                            .iter()
-                            .map(|&n| i64::from(n))
-                            .filter(|&n| n <= batch)
-                            .map(|in_flight| Cell {
-                                sink,
-                                batch,
-                                in_flight,
-                                workers: 1,
-                            }),
-                    ),
-                }
-            }
-        }
-        cells
-    }
-
-    /// How many events it delivers.
-    fn events(&self, params: &Params) -> i64 {
-        let sink_bound = params.max_events_by_sink.get(&self.sink).copied();
-        let serial = (self.in_flight == 1).then_some(params.serial_events);
-        [sink_bound, serial].into_iter().flatten().fold(
-            (self.batch * params.batches_per_cell).min(params.max_events),
-            i64::min,
-        )
-    }
-
-    /// The ceiling cell of its batch size and workers, where `cells` has one (and it is not
-    /// one itself).
-    fn ceiling(&self, cells: &[Cell]) -> Option<usize> {
-        if self.sink == SinkKind::DbOnly {
-            return None;
-        }
-        cells.iter().position(|other| {
-            other.sink == SinkKind::DbOnly
-                && other.batch == self.batch
-                && other.workers == self.workers
-        })
-    }
-
-    /// The prefix of its metrics: `redis.batch100` (one worker, as the article's relay),
-    /// `db_only.batch100` (its ceiling),
-    /// `redis.batch100.workers2`, `http.batch100` (one request at a time, as the article's relay
-    /// sends them), `http.batch100.in_flight16`.
-    fn metric(&self) -> String {
-        let name = format!("{}.batch{}", self.sink.name(), self.batch);
-        match self.sink {
-            SinkKind::Http if self.in_flight > 1 => format!("{name}.in_flight{}", self.in_flight),
-            _ if self.workers > 1 => format!("{name}.workers{}", self.workers),
-            _ => name,
-        }
-    }
-}
-
-/// Where the cells of one sink deliver: its database (reset before every run), its URL and
-/// what counts the deliveries.
-struct Target {
-    db: Database,
-    client: Client,
-    url: String,
-    receiver: Receiver,
-}
-
-/// What receives a sink's events, and counts them after a run.
-enum Receiver {
-    /// Nothing (the ceiling): every event the relay marked published is one the sink took.
-    Nowhere,
-    /// The HTTP consumer, up for every run; it counts in the target's database.
-    Consumer(ConsumerProcess),
-    /// A Redis Stream, cleared before every run.
-    Redis {
-        connection: redis::aio::MultiplexedConnection,
-        stream: String,
-    },
-    /// A JetStream stream capturing the run's subjects, purged before every run and deleted
-    /// at the end.
-    Nats {
-        jetstream: async_nats::jetstream::Context,
-        stream: String,
-    },
-    /// A durable RabbitMQ queue, purged before every run.
-    Amqp {
-        channel: lapin::Channel,
-        queue: String,
-    },
-}
-
-impl Target {
-    /// The database and the server behind `sink`'s cells (and those of its [`SinkKind::server`]).
-    async fn start(ctx: &Ctx<'_>, sink: SinkKind) -> Result<Target> {
-        let db = ctx.database(sink.server().name()).await?;
-        let client = db.connect().await?;
-        let (url, receiver) = match sink.server() {
-            SinkKind::DbOnly => (DISCARD_URL.to_string(), Receiver::Nowhere),
-            SinkKind::Redis => {
-                let url = ctx.redis_url().await?;
-                let connection = connect::redis(&url).await?;
-                let stream = RedisSink::stream_name(ctx.redis_key_prefix(), "orders");
-                (url, Receiver::Redis { connection, stream })
-            }
-            SinkKind::Nats => {
-                let url = ctx.nats_url().await?;
-                let jetstream = async_nats::jetstream::new(connect::nats(&url).await?);
-                let stream = format!("{}outbox_throughput", ctx.nats_name_prefix());
-                let config = NatsSink::stream_config(&stream, ctx.nats_subject_prefix());
-                NatsSink::create_fresh_stream(&jetstream, config).await?;
-                (url, Receiver::Nats { jetstream, stream })
-            }
-            SinkKind::Amqp => {
-                let url = ctx.amqp().url().await?;
-                let queue = ctx
-                    .amqp()
-                    .declare_queue(&AmqpSink::queue_name("", "orders"))
-                    .await?;
-                let channel = connect::amqp(&url).await?.create_channel().await?;
-                (url, Receiver::Amqp { channel, queue })
-            }
-            SinkKind::Http | SinkKind::HttpArray => {
-                let consumer = ctx
-                    .start_consumer(&db, ConsumerKind::Naive, &Faults::default())
-                    .await?;
-                (consumer.url.clone(), Receiver::Consumer(consumer))
-            }
-        };
-        Ok(Target {
-            db,
-            client,
-            url,
-            receiver,
-        })
-    }
-
-    /// Nothing received yet: the stream emptied (the consumer's tables go with the schema).
-    async fn clear(&mut self) -> Result<()> {
-        match &mut self.receiver {
-            Receiver::Nowhere | Receiver::Consumer(_) => {}
-            Receiver::Redis { connection, stream } => {
-                let _: i64 = connection.del(&*stream).await?;
-            }
-            Receiver::Nats { jetstream, stream } => {
-                jetstream
-                    .get_stream(&*stream)
-                    .await
-                    .map_err(|e| anyhow!("JetStream stream {stream}: {e}"))?
-                    .purge()
-                    .await
-                    .map_err(|e| anyhow!("cannot purge JetStream stream {stream}: {e}"))?;
-            }
-            Receiver::Amqp { channel, queue } => {
-                channel
-                    .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
-                    .await
-                    .map_err(|e| anyhow!("cannot purge queue {queue}: {e}"))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// What the sink received since [`Target::clear`].
-    async fn delivered(&mut self) -> Result<i64> {
-        Ok(match &mut self.receiver {
-            Receiver::Nowhere => counts::count(&self.client, counts::PUBLISHED).await?,
-            Receiver::Consumer(_) => counts::count(&self.client, counts::RECEIVED).await?,
-            Receiver::Redis { connection, stream } => connection.xlen(&*stream).await?,
-            Receiver::Nats { jetstream, stream } => {
-                let info = jetstream
-                    .get_stream(&*stream)
-                    .await
-                    .map_err(|e| anyhow!("JetStream stream {stream}: {e}"))?
-                    .info()
-                    .await
-                    .map_err(|e| anyhow!("cannot read JetStream stream {stream}: {e}"))?
-                    .clone();
-                info.state.messages as i64
-            }
-            Receiver::Amqp { channel, queue } => AmqpSink::ready_messages(channel, queue).await?,
-        })
-    }
-
-    async fn stop(self) -> Result<()> {
-        match self.receiver {
-            Receiver::Consumer(consumer) => consumer.stop().await,
-            // The queue is the run's (deleted with an external broker's at the end).
-            Receiver::Nowhere | Receiver::Redis { .. } | Receiver::Amqp { .. } => Ok(()),
-            Receiver::Nats { jetstream, stream } => {
-                jetstream
-                    .delete_stream(&stream)
-                    .await
-                    .map_err(|e| anyhow!("cannot delete JetStream stream {stream}: {e}"))?;
-                Ok(())
-            }
-        }
-    }
-}
-
-/// A cell's runs, round after round.
-#[derive(Clone, Default)]
-struct Runs(Vec<BatchTimings>);
-
-impl Runs {
-    fn rate(timings: &BatchTimings) -> f64 {
-        timings.events as f64 / timings.busy.as_secs_f64()
-    }
-
-    /// Events per second, round after round.
-    fn rates(&self) -> Vec<f64> {
-        self.0.iter().map(Runs::rate).collect()
-    }
-
-    /// The run of the median rate, whose phases the table shows.
-    fn middle(&self) -> &BatchTimings {
-        let mut by_rate: Vec<&BatchTimings> = self.0.iter().collect();
-        by_rate.sort_by(|a, b| Runs::rate(a).total_cmp(&Runs::rate(b)));
-        by_rate[by_rate.len() / 2]
-    }
-}
-
-/// The smallest and the largest of `values`, as `min-max` with `decimals`.
-fn spread(values: &[f64], decimals: usize) -> String {
-    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    format!("{min:.decimals$}-{max:.decimals$}")
 }
 
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
@@ -466,154 +209,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     for (_, target) in targets {
         target.stop().await?;
     }
-
-    let mut outcome = Outcome::default();
-    let mut figures = Table::new(
-        format!(
-            "one relay, median of {} runs and their min-max (timed by the relay: first fetch to \
-             last commit); of_ceiling: of db_only's at the same batch size and workers",
-            params.runs
-        ),
-        &[
-            "sink",
-            "batch",
-            "in_flight",
-            "workers",
-            "events",
-            "events_per_s",
-            "min-max",
-            "of_ceiling",
-            "of_ceiling min-max",
-            "elapsed_ms",
-        ],
-    );
-    let mut phases = Table::new(
-        "where the time goes: the middle run of each cell, per batch and as a share of its time \
-         (with workers, of the time of all its workers together)",
-        &[
-            "sink",
-            "batch",
-            "in_flight",
-            "workers",
-            "batches",
-            "ms_per_batch",
-            "fetch_pct",
-            "send_pct",
-            "mark_pct",
-            "commit_pct",
-            "between_pct",
-        ],
-    );
-    let mut ceiling_and_redis_phases: Vec<String> = Vec::new();
-    let rates_by_cell: Vec<Vec<f64>> = runs.iter().map(Runs::rates).collect();
-    for ((cell, runs), rates) in cells.iter().zip(&runs).zip(&rates_by_cell) {
-        if matches!(cell.sink, SinkKind::DbOnly | SinkKind::Redis) && cell.batch >= 100 {
-            ceiling_and_redis_phases.push(where_the_time_goes(cell, runs.middle()));
-        }
-        let rate = median(rates);
-        let elapsed: Vec<f64> = runs.0.iter().map(|t| t.busy.as_secs_f64() * 1e3).collect();
-        let elapsed_ms = median(&elapsed);
-        let name = cell.metric();
-        outcome
-            .metrics
-            .set(format!("{name}.events_per_s"), rate.round());
-        outcome
-            .metrics
-            .set(format!("{name}.elapsed_ms"), elapsed_ms.round());
-        // The median of the sink's runs over the median of the ceiling's; the spread, round by
-        // round (each round's sink run over that round's ceiling run).
-        let (of_ceiling, of_ceiling_spread) = match cell.ceiling(&cells) {
-            Some(ceiling) => {
-                let ceiling_rates = &rates_by_cell[ceiling];
-                let fraction = rate / median(ceiling_rates);
-                let fraction = (fraction * 100.0).round() / 100.0;
-                outcome.metrics.set(format!("{name}.of_ceiling"), fraction);
-                let by_round: Vec<f64> = rates
-                    .iter()
-                    .zip(ceiling_rates)
-                    .map(|(sink, ceiling)| sink / ceiling)
-                    .collect();
-                (format!("{fraction:.2}"), spread(&by_round, 2))
-            }
-            None => ("-".to_string(), "-".to_string()),
-        };
-        let columns = [
-            cell.sink.name().to_string(),
-            cell.batch.to_string(),
-            cell.in_flight.to_string(),
-            match cell.workers {
-                1 => "1".to_string(),
-                n => format!("{n}, partitioned"),
-            },
-        ];
-        figures.push(
-            columns
-                .iter()
-                .cloned()
-                .chain([
-                    cell.events(params).to_string(),
-                    format!("{rate:.0}"),
-                    spread(rates, 0),
-                    of_ceiling,
-                    of_ceiling_spread,
-                    format!("{elapsed_ms:.0}"),
-                ])
-                .collect(),
-        );
-        phases.push(
-            columns
-                .into_iter()
-                .chain(phase_split(runs.middle()))
-                .collect(),
-        );
-    }
-    outcome.tables.push(figures);
-    outcome.tables.push(phases);
-    outcome.notes.push(
-        "Each figure is events / the relay's own time from its first fetch to its last commit: \
-         the child's start, its connections and the final empty fetch are outside it. \
-         in_flight: events sent and not yet acknowledged at once (Redis: the batch's pipeline; \
-         http_array: the batch in one request, applied by the consumer in one transaction). \
-         db_only is the ceiling: the same relay, fetch, mark and one commit per batch, its sink \
-         taking every event at once and delivering it nowhere — what this machine's PostgreSQL \
-         allows. of_ceiling: a cell's median over the ceiling's median at its batch size and \
-         workers, each ceiling run just before those cells in the same round; its min-max, round \
-         by round."
-            .into(),
-    );
-    if !ceiling_and_redis_phases.is_empty() {
-        outcome.notes.push(format!(
-            "Where the ceiling's and the Redis relay's time goes (the middle run; with workers, \
-             shares of all their time): {}. fetch: BEGIN and the SELECT ... FOR UPDATE SKIP \
-             LOCKED, which locks each row (a partitioned worker also reads and skips the other \
-             partitions' rows); send: the events built and (Redis) the pipeline of XADDs \
-             answered; mark: the UPDATE \
-             of published_at, a new row version and a primary-key entry per row (never a HOT \
-             update: published_at is in the partial index's predicate); commit: the WAL flush. \
-             With one worker the phases follow one another and the relay waits on PostgreSQL \
-             or Redis in each; with workers one worker's flush and round trips overlap \
-             another's work, and the figure is then bounded by the CPU that PostgreSQL (fetch \
-             and mark), Redis and the relay share on this machine.",
-            ceiling_and_redis_phases.join("; ")
-        ));
-    }
-    Ok(outcome)
-}
-
-/// A cell's phases in a few words: `redis batch 100, 1 worker: 3.7 ms per batch, fetch 19%,
-/// send 24%, mark 31%, commit 25%`.
-fn where_the_time_goes(cell: &Cell, timings: &BatchTimings) -> String {
-    let [_, ms_per_batch, fetch, send, mark, commit, _] = phase_split(timings);
-    let workers = match cell.workers {
-        1 => "1 worker".to_string(),
-        n => format!("{n} workers"),
-    };
-    format!(
-        "{} batch {}, {workers}: {ms_per_batch} ms per batch, fetch {fetch}%, send {send}%, \
-         mark {mark}%, commit {commit}%",
-        cell.sink.name(),
-        cell.batch
-    )
+    Ok(tables::outcome(params, &cells, &runs))
 }
 
 /// One run of a cell: a fresh outbox of the cell's events, drained by a relay child, every event
@@ -667,58 +263,4 @@ async fn measure(
         );
     }
     Ok(timings)
-}
-
-/// A run's batches, and each phase's share of its time (what is left went between batches): with
-/// workers, of their time together (busy × workers), and ms_per_batch is a worker's.
-fn phase_split(timings: &BatchTimings) -> [String; 7] {
-    let busy = timings.busy.as_secs_f64() * f64::from(timings.workers.max(1));
-    let pct = |phase: std::time::Duration| phase.as_secs_f64() / busy * 100.0;
-    let phases = [timings.fetch, timings.send, timings.mark, timings.commit];
-    let between = 100.0 - phases.iter().map(|&p| pct(p)).sum::<f64>();
-    [
-        timings.batches.to_string(),
-        format!("{:.3}", busy * 1e3 / timings.batches as f64),
-        format!("{:.0}", pct(timings.fetch)),
-        format!("{:.0}", pct(timings.send)),
-        format!("{:.0}", pct(timings.mark)),
-        format!("{:.0}", pct(timings.commit)),
-        format!("{:.0}", between.max(0.0)),
-    ]
-}
-
-/// Events per second against batch size, a line per sink and (one-event-per-request HTTP)
-/// events in flight, from the table of cells.
-fn throughput_by_batch(report: &Report) -> Result<Vec<Plot>> {
-    let columns = ["sink", "batch", "in_flight", "events_per_s"];
-    let Some(cells) = plots::table_with(report, &columns) else {
-        return Ok(Vec::new());
-    };
-    let [sink, batch, in_flight, rate] = columns.map(|c| cells.column(c).expect("found above"));
-    // Reports saved before the relay had workers have no such column: one worker.
-    let workers = cells.column("workers");
-    let mut lines = Table::new(cells.title.clone(), &["series", "batch", "events_per_s"]);
-    for row in &cells.rows {
-        // Redis and the brokers have their whole batch in flight: a line per number of workers.
-        let series = match (row[sink].as_str(), workers.map(|w| row[w].as_str())) {
-            ("http", _) => format!("http, {} in flight", row[in_flight]),
-            (pipelined, Some(workers)) if workers != "1" => {
-                format!(
-                    "{pipelined}, {} workers",
-                    workers.trim_end_matches(", partitioned")
-                )
-            }
-            (other, _) => other.to_string(),
-        };
-        lines.push(vec![series, row[batch].clone(), row[rate].clone()]);
-    }
-    let axes = Axes {
-        x: "batch size (rows per fetch, log scale)",
-        y: "events per second",
-    };
-    Ok(vec![Plot {
-        id: "throughput-by-batch",
-        title: "Throughput against batch size, per sink and events in flight".into(),
-        svg: plots::log_x_lines(&lines, "series", "batch", "events_per_s", axes)?,
-    }])
 }

@@ -5,8 +5,10 @@
 //! consumer and to a Redis stream, with each delivery's time split into phases. Then what each
 //! relay costs the database while nothing happens (transactions in idle seconds), and what the
 //! NOTIFY trigger costs writers (notifying commits queue up). The worst case is judged on the
-//! windowed p95 ([`LatencySummary::windowed_p95_ms`]): a stall of the whole machine delays the
-//! few deliveries waiting meanwhile, not the relay's way of waking up.
+//! windowed p95
+//! ([`LatencySummary::windowed_p95_ms`](crate::judge::latency::LatencySummary::windowed_p95_ms)):
+//! a stall of the whole machine delays the few deliveries waiting meanwhile, not the relay's way
+//! of waking up.
 //!
 //! The NOTIFY relay's headline is commit -> receipt: from the moment the writer's COMMIT
 //! returned (the writer prints it, on this host's clock) to the consumer's receipt (its
@@ -18,32 +20,25 @@
 //! clock differs from this host's is refused. INSERT -> receipt (the article's figure) stands
 //! beside it, and the phases in between come from the relay's own lines (woken, fetched,
 //! sending: [`crate::outbox::phases`]).
+//!
+//! Here the parameters, the relay modes and their tables; [`mode`] times one mode,
+//! [`commit_to_receipt`] splits the NOTIFY relay's deliveries into phases, [`trigger_cost`]
+//! measures what the trigger costs writers.
+
+mod commit_to_receipt;
+mod mode;
+mod trigger_cost;
 
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use redis::AsyncCommands;
 use serde::Deserialize;
-use tokio::task::JoinHandle;
-use tokio_postgres::Client;
 
 use super::{metric_names, Ctx, Experiment, Outcome, CHILD_TIMEOUT};
-use crate::connect;
-use crate::harness::child::role::StreamWorkerRole;
-use crate::harness::child::{ChildCommand, ChildEnd, ChildRun, RunningChild};
-use crate::harness::db::Database;
-use crate::judge::latency::{self, LatencySummary};
-use crate::judge::{counts, median};
-use crate::outbox::consumer::{ConsumerKind, Faults};
-use crate::outbox::phases;
-use crate::outbox::relay::{RelayConfig, Wakeup, RELAY_APPLICATION_NAME};
-use crate::outbox::schema;
-use crate::outbox::sink::RedisSink;
-use crate::outbox::stream_consumer::GROUP;
-use crate::outbox::writer::Ending;
+use crate::outbox::relay::Wakeup;
 use crate::report::plots::{self, Axes, Plot};
 use crate::report::{Report, Table};
-use crate::wait;
+use mode::Measured;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -140,22 +135,6 @@ impl Experiment for Params {
     }
 }
 
-/// A following relay runs until the scenario stops it; this only bounds a hang.
-const RELAY_LIFETIME: Duration = Duration::from_secs(600);
-/// Time for ended sessions to report their statistics before idle transactions are counted.
-const STATS_SETTLE: Duration = Duration::from_millis(1500);
-/// Bounds the wait for a relay (or the stream worker) to be ready before the first order.
-const STARTUP_LIMIT: Duration = Duration::from_secs(30);
-/// How often the database is looked at while waiting for the relay or its deliveries.
-const WAIT_POLL: Duration = Duration::from_millis(5);
-/// How far the server's clock may stand from this host's (beyond the round trip's
-/// uncertainty) for the two to be compared.
-const CLOCK_TOLERANCE_US: i64 = 200;
-/// How often the writers' sessions are looked at for a commit queued behind a notifying one.
-const QUEUE_SAMPLE_EVERY: Duration = Duration::from_millis(5);
-/// The Redis stream worker reads this many entries at a time.
-const STREAM_READ: usize = 100;
-
 /// Where a timed relay delivers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SinkKind {
@@ -248,7 +227,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let bar = ctx.progress().bar(modes.len() as u64 + 1, "notify-latency");
     for mode in &modes {
         bar.set_message(format!("relay {}", mode.name));
-        let measured = measure_mode(ctx, params, mode).await?;
+        let measured = mode::measure(ctx, params, mode).await?;
         record(mode, &measured, &mut outcome, &mut latencies, &mut split);
         for (seq, latency_ms) in &measured.insert_to_receipt.each_ms {
             samples.push(vec![
@@ -270,27 +249,10 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         );
     }
     bar.set_message("writers with and without trigger");
-    writer_throughput(ctx, params, &mut outcome).await?;
+    trigger_cost::writer_throughput(ctx, params, &mut outcome).await?;
     bar.finish_and_clear();
     outcome.tables.push(samples);
     Ok(outcome)
-}
-
-/// What one relay mode measured.
-struct Measured {
-    insert_to_receipt: LatencySummary,
-    /// With phases: commit -> receipt and the p50 of each phase.
-    split: Option<Split>,
-    idle_xacts_10s: Option<i64>,
-}
-
-/// commit -> receipt, and the p50 of its phases (ms).
-struct Split {
-    commit_to_receipt: LatencySummary,
-    commit_to_woken_p50_ms: f64,
-    woken_to_fetched_p50_ms: f64,
-    fetched_to_sent_p50_ms: f64,
-    sent_to_received_p50_ms: f64,
 }
 
 /// The metrics and table rows of one mode.
@@ -356,332 +318,6 @@ fn record(
         headline.samples.to_string(),
     ]);
     split_table.push(row);
-}
-
-/// Where a mode's relay delivers: the HTTP consumer, or a Redis stream and its worker.
-enum Receiver {
-    Http(crate::harness::child::ConsumerProcess),
-    Stream {
-        worker: RunningChild,
-        stream: String,
-    },
-}
-
-impl Receiver {
-    async fn start(ctx: &Ctx<'_>, db: &Database, sink: SinkKind) -> Result<(Receiver, String)> {
-        match sink {
-            SinkKind::Http => {
-                let consumer = ctx
-                    .start_consumer(db, ConsumerKind::Naive, &Faults::default())
-                    .await?;
-                let url = consumer.url.clone();
-                Ok((Receiver::Http(consumer), url))
-            }
-            SinkKind::Redis => {
-                let url = ctx.redis_url().await?;
-                let stream = RedisSink::stream_name(ctx.redis_key_prefix(), "orders");
-                let mut redis = connect::redis(&url).await?;
-                let _: i64 = redis.del(&stream).await?;
-                let _: () = redis.xgroup_create_mkstream(&stream, GROUP, "$").await?;
-                let role = StreamWorkerRole {
-                    redis_url: url.clone(),
-                    stream: stream.clone(),
-                    worker: "notify-latency".into(),
-                    kind: ConsumerKind::Naive,
-                    count: STREAM_READ,
-                    follow: true,
-                };
-                let worker = ChildCommand::new(db, role).spawn()?;
-                // Ready once it waits in XREADGROUP (the group lists it only once it got an
-                // entry).
-                let ready = wait::up_to(STARTUP_LIMIT, WAIT_POLL, async || {
-                    let clients: String = redis::cmd("CLIENT")
-                        .arg("LIST")
-                        .query_async(&mut redis)
-                        .await?;
-                    Ok(clients.contains("cmd=xreadgroup"))
-                })
-                .await?;
-                if ready.is_none() {
-                    worker.stop().await?;
-                    bail!("the Redis stream worker did not read within {STARTUP_LIMIT:?}");
-                }
-                Ok((Receiver::Stream { worker, stream }, url))
-            }
-        }
-    }
-
-    /// Stops it; a stream is deleted again.
-    async fn stop(self, ctx: &Ctx<'_>) -> Result<()> {
-        match self {
-            Receiver::Http(consumer) => consumer.stop().await,
-            Receiver::Stream { worker, stream } => {
-                worker.stop().await?;
-                let mut redis = connect::redis(&ctx.redis_url().await?).await?;
-                let _: i64 = redis.del(&stream).await?;
-                Ok(())
-            }
-        }
-    }
-}
-
-/// One relay mode: latencies while orders arrive, then transactions while idle.
-async fn measure_mode(ctx: &Ctx<'_>, params: &Params, mode: &Mode) -> Result<Measured> {
-    let name = &mode.name;
-    let db = ctx.database(name).await?;
-    let client = db.connect().await?;
-    if mode.phases {
-        same_clock_as_server(&client).await?;
-    }
-    if matches!(mode.wakeup, Wakeup::Notify { .. }) {
-        client.batch_execute(schema::NOTIFY_TRIGGER).await?;
-    }
-    let (receiver, sink_url) = Receiver::start(ctx, &db, mode.sink).await?;
-    let config = RelayConfig {
-        log_phases: mode.phases,
-        ..RelayConfig::default()
-    };
-    let mut relay = ctx
-        .relay(&db, &sink_url, "0", &config)
-        .with(|relay| relay.follow = Some(mode.wakeup))
-        .spawn()?;
-    // Closing its stdin stops the relay; meanwhile its output is read as it comes.
-    let stop_relay = relay.take_stdin();
-    let relay = tokio::spawn(relay.finish(RELAY_LIFETIME));
-    // Ready once its session waits after its first statement, the LISTEN for the NOTIFY relay.
-    let session = format!("{RELAY_APPLICATION_NAME} 0");
-    let ready = wait::up_to(STARTUP_LIMIT, WAIT_POLL, async || {
-        if relay.is_finished() {
-            return Ok(Some(false));
-        }
-        let ready: bool = client
-            .query_one(counts::RELAY_READY, &[&session])
-            .await?
-            .get(0);
-        Ok(ready.then_some(true))
-    })
-    .await?;
-    if ready != Some(true) {
-        bail!(
-            "the {name} relay was not ready within {STARTUP_LIMIT:?}: {}",
-            relay_end(relay).await
-        );
-    }
-
-    let writer = ctx
-        .writer(&db, mode.orders, 1, Ending::Commit)
-        .with(|writer| {
-            writer.interval = Some(Duration::from_millis(mode.interval_ms));
-            writer.seed = params.seed;
-            writer.report_commits = mode.phases;
-        })
-        .run(CHILD_TIMEOUT)
-        .await?
-        .expect(|e| *e == ChildEnd::Ok, "the writer")?;
-    let delivered = wait::up_to(CHILD_TIMEOUT, WAIT_POLL, async || {
-        if relay.is_finished() {
-            return Ok(Some(false));
-        }
-        let received = counts::count(&client, counts::RECEIVED).await?;
-        Ok((received >= i64::from(mode.orders)).then_some(true))
-    })
-    .await?;
-    if delivered != Some(true) {
-        bail!(
-            "the {name} relay did not deliver every order: {}",
-            relay_end(relay).await
-        );
-    }
-    let insert_to_receipt = latency::measure(&client).await?;
-
-    // Nothing arrives now: every transaction is the relay looking for work. A backend that
-    // reported statistics less than a second ago holds the rest back for up to 10 s: stop the
-    // receiver (its sessions report as they end) and let that settle before counting.
-    receiver.stop(ctx).await?;
-    let idle_xacts_10s = match mode.idle {
-        true => Some(idle_transactions(&client, params.idle_ms).await?),
-        false => None,
-    };
-    drop(stop_relay);
-    let relay = relay.await??.expect(|e| *e == ChildEnd::Ok, "the relay")?;
-    let split = match mode.phases {
-        true => Some(split(&client, &writer, &relay).await?),
-        false => None,
-    };
-    Ok(Measured {
-        insert_to_receipt,
-        split,
-        idle_xacts_10s,
-    })
-}
-
-/// Transactions the idle relay commits, per 10 s.
-async fn idle_transactions(client: &Client, idle_ms: u64) -> Result<i64> {
-    tokio::time::sleep(STATS_SETTLE).await;
-    let before = counts::count(client, counts::XACT_COMMIT).await?;
-    tokio::time::sleep(Duration::from_millis(idle_ms)).await;
-    let after = counts::count(client, counts::XACT_COMMIT).await?;
-    Ok(((after - before) as f64 * 10_000.0 / idle_ms as f64).round() as i64)
-}
-
-/// Each event's commit -> receipt, and its phases: the writer's and the relay's lines set
-/// beside the server's receipts.
-async fn split(client: &Client, writer: &ChildRun, relay: &ChildRun) -> Result<Split> {
-    let committed = phases::read_committed(writer.log_lines());
-    let relay_times = phases::read_relay(relay.log_lines());
-    let ms = |from_us: i64, to_us: i64| (to_us - from_us) as f64 / 1000.0;
-    let mut commit_to_receipt = Vec::new();
-    let mut phase_ms: [Vec<(i64, f64)>; 4] = Default::default();
-    for row in client.query(counts::RECEIPT_TIMES_US, &[]).await? {
-        let seq: i64 = row.get("seq");
-        let order: String = row.get("order_id");
-        let received_us: i64 = row.get("received_us");
-        let Some(&committed_us) = order.parse().ok().and_then(|o: i64| committed.get(&o)) else {
-            continue;
-        };
-        commit_to_receipt.push((seq, ms(committed_us, received_us)));
-        let Some(relay) = relay_times.get(&row.get::<_, i64>("outbox_id")) else {
-            continue;
-        };
-        let moments = [
-            committed_us,
-            relay.woken_us,
-            relay.fetched_us,
-            relay.sending_us,
-            received_us,
-        ];
-        for (phase, pair) in phase_ms.iter_mut().zip(moments.windows(2)) {
-            phase.push((seq, ms(pair[0], pair[1])));
-        }
-    }
-    if commit_to_receipt.is_empty() {
-        bail!("no receipt matches a COMMIT the writer reported");
-    }
-    let [woken, fetched, sent, received] = phase_ms.map(latency::summarise);
-    Ok(Split {
-        commit_to_receipt: latency::summarise(commit_to_receipt)?,
-        commit_to_woken_p50_ms: woken?.p50_ms,
-        woken_to_fetched_p50_ms: fetched?.p50_ms,
-        fetched_to_sent_p50_ms: sent?.p50_ms,
-        sent_to_received_p50_ms: received?.p50_ms,
-    })
-}
-
-/// The writer's and the relay's times are this host's clock, the receipts the server's: they
-/// are compared only if the two clocks agree (one host).
-async fn same_clock_as_server(client: &Client) -> Result<()> {
-    let before_us = phases::now_us();
-    let server_us: i64 = client.query_one(counts::SERVER_CLOCK_US, &[]).await?.get(0);
-    let after_us = phases::now_us();
-    let offset_us = server_us - (before_us + after_us) / 2;
-    if offset_us.abs() > (after_us - before_us) / 2 + CLOCK_TOLERANCE_US {
-        bail!(
-            "notify-latency sets this host's clock beside the server's, and they differ by {:.1} \
-             ms: run it on the server's host (or without --database-url)",
-            offset_us as f64 / 1000.0
-        );
-    }
-    Ok(())
-}
-
-/// How the relay's task ended, for an error; a relay still running is stopped.
-async fn relay_end(relay: JoinHandle<Result<ChildRun>>) -> String {
-    if !relay.is_finished() {
-        relay.abort(); // drops the child, which kills it
-        return "it was still running".into();
-    }
-    match relay.await {
-        Ok(Ok(run)) => run.end.to_string(),
-        Ok(Err(e)) => format!("{e:#}"),
-        Err(e) => e.to_string(),
-    }
-}
-
-/// Writers committing as fast as they can, with and without the NOTIFY trigger, in rounds that
-/// alternate which goes first, so that the machine's drift (other work on it) falls on both
-/// alike; each figure is the median of its rounds.
-async fn writer_throughput(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome) -> Result<()> {
-    let designs = [("without_trigger", false), ("with_trigger", true)];
-    let mut clients = Vec::new();
-    for (name, trigger) in designs {
-        let db = ctx.database(&format!("tps_{name}")).await?;
-        let client = db.connect().await?;
-        if trigger {
-            client.batch_execute(schema::NOTIFY_TRIGGER).await?;
-        }
-        clients.push((db, client));
-    }
-    let mut rounds: [Vec<f64>; 2] = Default::default();
-    let (mut looks, mut queued) = ([0u32; 2], [0u32; 2]);
-    for round in 0..params.tps_rounds {
-        let first = (round % 2) as usize;
-        for design in [first, 1 - first] {
-            let (db, client) = &clients[design];
-            client.batch_execute(schema::RESET).await?;
-            let mut writers = tokio::task::JoinSet::new();
-            for _ in 0..params.tps_writers {
-                let writer = ctx.writer(db, 0, 1, Ending::Commit).with(|writer| {
-                    writer.duration = Some(Duration::from_millis(params.tps_duration_ms))
-                });
-                writers.spawn(writer.run(CHILD_TIMEOUT));
-            }
-            // Meanwhile, how often a writer is seen queued behind another's notifying COMMIT.
-            while !writers.is_empty() {
-                tokio::select! {
-                    ended = writers.join_next() => {
-                        if let Some(ended) = ended {
-                            ended??.expect(|e| *e == ChildEnd::Ok, "a writer")?;
-                        }
-                    }
-                    () = tokio::time::sleep(QUEUE_SAMPLE_EVERY) => {
-                        let waiting = counts::count(client, counts::WAITING_TO_NOTIFY).await?;
-                        looks[design] += 1;
-                        queued[design] += u32::from(waiting > 0);
-                    }
-                }
-            }
-            let per_s: f64 = client.query_one(counts::ORDERS_PER_S, &[]).await?.get(0);
-            rounds[design].push(per_s);
-        }
-    }
-    let mut table = Table::new(
-        format!(
-            "{} writers for {} ms, {} rounds (synchronous_commit on)",
-            params.tps_writers, params.tps_duration_ms, params.tps_rounds
-        ),
-        &[
-            "outbox",
-            "orders_per_s (median)",
-            "each round",
-            "looks with a commit queued",
-        ],
-    );
-    let medians = rounds.each_ref().map(|each| median(each));
-    for (design, (name, _)) in designs.iter().enumerate() {
-        let per_s = medians[design];
-        let queued_share = f64::from(queued[design]) / f64::from(looks[design].max(1));
-        let m = &mut outcome.metrics;
-        m.set(format!("writer_tps.{name}"), per_s.round());
-        m.set(
-            format!("commit_queue.{name}"),
-            (queued_share * 1000.0).round() / 1000.0,
-        );
-        m.set(format!("queued_looks.{name}"), queued[design]);
-        let each: Vec<String> = rounds[design].iter().map(|r| format!("{r:.0}")).collect();
-        table.push(vec![
-            name.replace('_', " "),
-            format!("{per_s:.0}"),
-            each.join(", "),
-            format!("{} of {}", queued[design], looks[design]),
-        ]);
-    }
-    let ratio = medians[1] / medians[0].max(1.0);
-    outcome.metrics.set(
-        "writer_tps.with_to_without",
-        (ratio * 1000.0).round() / 1000.0,
-    );
-    outcome.tables.push(table);
-    Ok(())
 }
 
 /// The distribution of every event's latency, one line per relay mode, from the detail table.
