@@ -36,6 +36,16 @@ pub struct Figures {
     pub timeline: Vec<(i64, i64)>,
 }
 
+impl Figures {
+    /// Where latency starts: `commit` or `insert`.
+    pub fn latency_from(&self) -> &'static str {
+        match self.from_commit {
+            true => "commit",
+            false => "insert",
+        }
+    }
+}
+
 /// Everything verify ran, in order: the plan's schedule, then each of its nemeses alone where
 /// it broke a claim (never empty).
 pub struct Verification {

@@ -6,7 +6,7 @@
 use serde_json::json;
 
 use super::plan::{Plan, DEFAULT_CLAIMS};
-use super::run::{Verification, VerifyRun};
+use super::run::{Figures, Verification, VerifyRun};
 use crate::explore::designs::Invariant;
 use crate::explore::history::{FaultOutcome, History};
 use crate::explore::schedule::Nemesis;
@@ -14,22 +14,6 @@ use crate::explore::supervisor::LIVENESS_BOUND;
 use crate::harness::nemesis::format_duration;
 use crate::judge::expectations::CheckResult;
 use crate::report::{Environment, Metrics, Report, Table};
-
-/// The runs that broke `invariant`, with every fault fired, fewest nemeses first: the main
-/// run's schedule is shown unless one nemesis alone reproduced it.
-fn smallest(verification: &Verification, invariant: Invariant) -> Option<&VerifyRun> {
-    let broke = |run: &&VerifyRun| {
-        run.history.violations.contains_key(invariant.name()) && !run.history.faults_not_reached()
-    };
-    verification
-        .shrunk()
-        .iter()
-        .find(broke)
-        .or(Some(verification.main()).filter(broke))
-}
-
-/// How many offending ids are shown in a table cell.
-const SHOWN_IDS: usize = 10;
 
 /// The verification as a [`Report`] (`scenario: "verify"`).
 pub fn report(plan: &Plan, verification: &Verification, environment: Environment) -> Report {
@@ -46,25 +30,48 @@ pub fn report(plan: &Plan, verification: &Verification, environment: Environment
             ids.map_or(0, Vec::len) as i64,
         );
     }
-    let fired = main
-        .history
-        .faults
-        .iter()
-        .filter(|f| matches!(f.outcome, FaultOutcome::Fired { .. }))
-        .count();
-    metrics.set("verify.faults_fired", fired as i64);
+    let not_reached = not_reached(&main.history).len();
     metrics.set(
-        "verify.faults_not_reached",
-        (main.history.faults.len() - fired) as i64,
+        "verify.faults_fired",
+        (main.history.faults.len() - not_reached) as i64,
     );
+    metrics.set("verify.faults_not_reached", not_reached as i64);
     metrics.set("verify.latency.p50_ms", figures.latency_p50_ms);
     metrics.set("verify.latency.p99_ms", figures.latency_p99_ms);
     metrics.set("verify.latency.max_ms", figures.latency_max_ms);
     metrics.set("verify.events_per_s", figures.events_per_s);
     metrics.set("verify.runs", verification.runs.len() as i64);
+    metrics.set(
+        "verify.inconclusive",
+        i64::from(verification.inconclusive().is_some()),
+    );
+    let mut timeline = Table::new(TIMELINE_TITLE, &["ms", "deliveries"]).detail();
+    for (bucket, n) in &figures.timeline {
+        timeline.push(vec![bucket.to_string(), n.to_string()]);
+    }
+    Report {
+        scenario: "verify".into(),
+        section: "beyond the article: your relay under the same faults and checker".into(),
+        params: params(plan),
+        metrics,
+        tables: vec![
+            runs_table(plan, verification),
+            violations_table(plan, verification),
+            faults_table(&main.history),
+            latency_table(figures),
+            timeline,
+        ],
+        checks: checks(plan, verification),
+        targets: Vec::new(),
+        notes: notes(plan, verification),
+        environment,
+    }
+}
 
+/// A check per claim of the main run, and one that every nemesis fired.
+fn checks(plan: &Plan, verification: &Verification) -> Vec<CheckResult> {
+    let main = verification.main();
     let inconclusive = verification.inconclusive();
-    metrics.set("verify.inconclusive", i64::from(inconclusive.is_some()));
     let mut checks = Vec::new();
     for &invariant in plan.design.claims {
         if inconclusive.is_some() && invariant == Invariant::Liveness {
@@ -84,16 +91,32 @@ pub fn report(plan: &Plan, verification: &Verification, environment: Environment
     // A fault that did not fire tested nothing: the run does not pass on it. (A run cut
     // short is inconclusive as a whole instead.)
     if inconclusive.is_none() {
+        let not_reached = not_reached(&main.history).len();
         checks.push(CheckResult {
             name: "every nemesis of the schedule fired".into(),
             metric: "verify.faults_not_reached".into(),
             expected: "0".into(),
-            actual: (main.history.faults.len() - fired).to_string(),
+            actual: not_reached.to_string(),
             article: None,
-            pass: fired == main.history.faults.len(),
+            pass: not_reached == 0,
         });
     }
+    checks
+}
 
+/// The faults of a run that did not fire.
+fn not_reached(history: &History) -> Vec<&str> {
+    history
+        .faults
+        .iter()
+        .filter(|f| f.outcome == FaultOutcome::NotReached)
+        .map(|f| f.fault.as_str())
+        .collect()
+}
+
+/// A row per run: what was written and delivered, each invariant's violations (`*`: claimed),
+/// the faults not reached.
+fn runs_table(plan: &Plan, verification: &Verification) -> Table {
     // A column per invariant, in the order each row counts them.
     let columns: Vec<&str> = ["schedule", "written", "delivered", "deliveries"]
         .into_iter()
@@ -121,13 +144,7 @@ pub fn report(plan: &Plan, verification: &Verification, environment: Environment
             };
             row.push(format!("{n}{claimed}"));
         }
-        let not_reached: Vec<&str> = run
-            .history
-            .faults
-            .iter()
-            .filter(|f| f.outcome == FaultOutcome::NotReached)
-            .map(|f| f.fault.as_str())
-            .collect();
+        let not_reached = not_reached(&run.history);
         row.push(match not_reached.is_empty() {
             true => "-".into(),
             false => not_reached.join(", "),
@@ -135,7 +152,16 @@ pub fn report(plan: &Plan, verification: &Verification, environment: Environment
         row.push(format!("{:.1}", run.history.elapsed_ms as f64 / 1000.0));
         runs.push(row);
     }
+    runs
+}
 
+/// How many offending ids are shown in a table cell.
+const SHOWN_IDS: usize = 10;
+
+/// A row per invariant the main run broke: its offending ids, the smallest schedule that
+/// reproduced it and the command line that replays that.
+fn violations_table(plan: &Plan, verification: &Verification) -> Table {
+    let main = verification.main();
     let mut violations = Table::new(
         "violations: offending ids and the smallest schedule that reproduced them",
         &[
@@ -173,112 +199,21 @@ pub fn report(plan: &Plan, verification: &Verification, environment: Environment
             replay_line(plan, &schedule),
         ]);
     }
-
-    let mut faults = Table::new(
-        "faults: fired or not reached",
-        &["fault", "outcome", "process", "at ms"],
-    );
-    for fault in &main.history.faults {
-        let (outcome, process, at) = match &fault.outcome {
-            FaultOutcome::Fired { process, at_ms } => ("fired", process.clone(), at_ms.to_string()),
-            FaultOutcome::NotReached => ("NOT REACHED", "-".into(), "-".into()),
-        };
-        faults.push(vec![fault.fault.clone(), outcome.into(), process, at]);
-    }
-    let mut latency = Table::new(
-        "your relay's latency and throughput",
-        &["from", "p50 ms", "p99 ms", "max ms", "events/s"],
-    );
-    latency.push(vec![
-        if figures.from_commit {
-            "commit"
-        } else {
-            "insert"
-        }
-        .into(),
-        figures.latency_p50_ms.to_string(),
-        figures.latency_p99_ms.to_string(),
-        figures.latency_max_ms.to_string(),
-        figures.events_per_s.to_string(),
-    ]);
-    let mut timeline = Table::new(TIMELINE_TITLE, &["ms", "deliveries"]).detail();
-    for (bucket, n) in &figures.timeline {
-        timeline.push(vec![bucket.to_string(), n.to_string()]);
-    }
-
-    let mut notes = vec![
-        format!(
-            "workload: {} orders x {} events, written by two overlapping sessions; {} relay(s) \
-             of `{}`, started again whenever one ended; consumer: {}",
-            plan.workload.orders,
-            plan.workload.events_per_order,
-            plan.design.relays,
-            plan.template.text,
-            plan.design.consumer.name()
-        ),
-        format!(
-            "latency: {} -> the consumer's first receipt of the event, on PostgreSQL's clock, \
-             under every nemesis of the run (a pause or restart shows in p99 and max); events/s: \
-             distinct events delivered over the span from the first {} to the last first \
-             receipt, so bounded by the writer's pace",
-            if figures.from_commit {
-                "commit"
-            } else {
-                "insert"
-            },
-            if figures.from_commit {
-                "commit"
-            } else {
-                "insert"
-            },
-        ),
-        format!(
-            "liveness: the relays must drain within {} s of the writer's end and the last fault \
-             (explore's own relays get {} s)",
-            plan.bounds.liveness.as_secs(),
-            LIVENESS_BOUND.as_secs()
-        ),
-    ];
-    for process in &main.history.processes {
-        if process.process.starts_with("relay-") && !process.end.starts_with("stopped with SIGTERM")
-        {
-            notes.push(format!("{}: {}", process.process, process.end));
-        }
-    }
-    if let Some(why) = inconclusive {
-        notes.insert(
-            0,
-            format!(
-                "INCONCLUSIVE: the run was {why} (--time-limit {}), with {} of {} events \
-                 written: liveness and the nemeses are not judged, only the safety invariants \
-                 it broke; give a longer --time-limit or fewer --events",
-                format_duration(plan.time_limit),
-                figures.written,
-                plan.events
-            ),
-        );
-    }
-    if verification.cut_short {
-        notes.push(format!(
-            "shrinking stopped at --time-limit {}: the schedule shown may not be the smallest",
-            format_duration(plan.time_limit)
-        ));
-    }
-    Report {
-        scenario: "verify".into(),
-        section: "beyond the article: your relay under the same faults and checker".into(),
-        params: params(plan),
-        metrics,
-        tables: vec![runs, violations, faults, latency, timeline],
-        checks,
-        targets: Vec::new(),
-        notes,
-        environment,
-    }
+    violations
 }
 
-/// The title of the timeline table, which the report page plots.
-pub const TIMELINE_TITLE: &str = "timeline: first receipts per 100 ms from the first insert";
+/// The runs that broke `invariant`, with every fault fired, fewest nemeses first: the main
+/// run's schedule is shown unless one nemesis alone reproduced it.
+fn smallest(verification: &Verification, invariant: Invariant) -> Option<&VerifyRun> {
+    let broke = |run: &&VerifyRun| {
+        run.history.violations.contains_key(invariant.name()) && !run.history.faults_not_reached()
+    };
+    verification
+        .shrunk()
+        .iter()
+        .find(broke)
+        .or(Some(verification.main()).filter(broke))
+}
 
 /// The command line that runs `schedule` again: every flag that shaped the run.
 fn replay_line(plan: &Plan, schedule: &str) -> String {
@@ -304,6 +239,97 @@ fn replay_line(plan: &Plan, schedule: &str) -> String {
         line.push_str(&format!(" --pending-sql {}", quote(sql)));
     }
     line
+}
+
+/// A row per fault of the run: fired (by whom, when) or not reached.
+fn faults_table(history: &History) -> Table {
+    let mut faults = Table::new(
+        "faults: fired or not reached",
+        &["fault", "outcome", "process", "at ms"],
+    );
+    for fault in &history.faults {
+        let (outcome, process, at) = match &fault.outcome {
+            FaultOutcome::Fired { process, at_ms } => ("fired", process.clone(), at_ms.to_string()),
+            FaultOutcome::NotReached => ("NOT REACHED", "-".into(), "-".into()),
+        };
+        faults.push(vec![fault.fault.clone(), outcome.into(), process, at]);
+    }
+    faults
+}
+
+/// The relay's latency percentiles and throughput, under every nemesis of the main run.
+fn latency_table(figures: &Figures) -> Table {
+    let mut latency = Table::new(
+        "your relay's latency and throughput",
+        &["from", "p50 ms", "p99 ms", "max ms", "events/s"],
+    );
+    latency.push(vec![
+        figures.latency_from().into(),
+        figures.latency_p50_ms.to_string(),
+        figures.latency_p99_ms.to_string(),
+        figures.latency_max_ms.to_string(),
+        figures.events_per_s.to_string(),
+    ]);
+    latency
+}
+
+/// The title of the timeline table, which the report page plots.
+pub const TIMELINE_TITLE: &str = "timeline: first receipts per 100 ms from the first insert";
+
+/// What the tables do not say: the workload, what latency measures, the liveness bound, how
+/// the user's relays ended, and why the verdict is inconclusive or the shrinking cut short.
+fn notes(plan: &Plan, verification: &Verification) -> Vec<String> {
+    let main = verification.main();
+    let from = main.figures.latency_from();
+    let mut notes = vec![
+        format!(
+            "workload: {} orders x {} events, written by two overlapping sessions; {} relay(s) \
+             of `{}`, started again whenever one ended; consumer: {}",
+            plan.workload.orders,
+            plan.workload.events_per_order,
+            plan.design.relays,
+            plan.template.text,
+            plan.design.consumer.name()
+        ),
+        format!(
+            "latency: {from} -> the consumer's first receipt of the event, on PostgreSQL's clock, \
+             under every nemesis of the run (a pause or restart shows in p99 and max); events/s: \
+             distinct events delivered over the span from the first {from} to the last first \
+             receipt, so bounded by the writer's pace",
+        ),
+        format!(
+            "liveness: the relays must drain within {} s of the writer's end and the last fault \
+             (explore's own relays get {} s)",
+            plan.bounds.liveness.as_secs(),
+            LIVENESS_BOUND.as_secs()
+        ),
+    ];
+    for process in &main.history.processes {
+        if process.process.starts_with("relay-") && !process.end.starts_with("stopped with SIGTERM")
+        {
+            notes.push(format!("{}: {}", process.process, process.end));
+        }
+    }
+    if let Some(why) = verification.inconclusive() {
+        notes.insert(
+            0,
+            format!(
+                "INCONCLUSIVE: the run was {why} (--time-limit {}), with {} of {} events \
+                 written: liveness and the nemeses are not judged, only the safety invariants \
+                 it broke; give a longer --time-limit or fewer --events",
+                format_duration(plan.time_limit),
+                main.figures.written,
+                plan.events
+            ),
+        );
+    }
+    if verification.cut_short {
+        notes.push(format!(
+            "shrinking stopped at --time-limit {}: the schedule shown may not be the smallest",
+            format_duration(plan.time_limit)
+        ));
+    }
+    notes
 }
 
 /// The plan as the report's parameters.
