@@ -2,8 +2,8 @@
 //! tables on a terminal, one JSON document with `--format json`, the summary of a run), stored
 //! (`results/<run-id>/<scenario>.json` and one CSV per table) and read back from a run's
 //! directory (`outbox-lab report`, `outbox-lab compare`). This model is the bottom layer: the
-//! judge, the scenarios and explore fill it in, and it imports none of them (only the page,
-//! [`html`], asks the scenarios and explore for their plots).
+//! judge, the scenarios, explore and verify fill it in, and it imports none of them (the page,
+//! [`html`], is handed each result's plots).
 
 pub mod compare;
 pub mod html;
