@@ -1,24 +1,25 @@
 //! The result of a scenario run: metrics, tables (table.rs), checks, and how they are shown
 //! (psql-like tables on a terminal, one JSON document with `--format json`, the summary of a
-//! run), stored (`results/<run-id>/<scenario>.json` and one CSV per table) and read back from a
-//! run's directory (`outbox-lab report`, `outbox-lab compare`). This model is the bottom layer:
-//! the judge, the scenarios, explore and verify fill it in, and it imports none of them (the
-//! page, [`html`], is handed each result's plots).
+//! run), stored in a run's directory (`results/<run-id>/<scenario>.json` and one CSV per
+//! table, through run_dir.rs) and read back (`outbox-lab report`, `outbox-lab compare`). This
+//! model is the bottom layer: the judge, the scenarios, explore and verify fill it in, and it
+//! imports none of them (the page, [`html`], is handed each result's plots).
 
 pub mod compare;
 pub mod html;
 pub mod plots;
 pub mod progress;
+mod run_dir;
 mod table;
 
+pub use run_dir::{create_run_dir, write_run_file};
 pub use table::Table;
 
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+
 use serde::{Deserialize, Serialize};
 use tokio_postgres::types::Type;
 use tokio_postgres::Row;
@@ -212,34 +213,6 @@ impl Report {
         }
         Ok(())
     }
-}
-
-/// Makes a run's directory (or a folder in it, and what is missing above), readable by its
-/// owner only (0700): its files may hold a command line.
-pub fn create_run_dir(dir: &Path) -> Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("cannot create {}", dir.display()))
-}
-
-/// Writes `text` into a file of a run's directory, its secrets masked
-/// ([`crate::secrets::redact`]), readable by its owner only (0600); `append` adds it at the end.
-pub fn write_run_file(path: &Path, text: &str, append: bool) -> Result<()> {
-    let write = || -> std::io::Result<()> {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .append(append)
-            .truncate(!append)
-            .mode(0o600)
-            .open(path)?;
-        // A file an older outbox-lab wrote (`report` writes the page again) keeps its mode.
-        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-        file.write_all(crate::secrets::redact(text).as_bytes())
-    };
-    write().with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// The scenario results saved in a run's directory (`results/<run-id>`), in the order they ran.
