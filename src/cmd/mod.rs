@@ -33,7 +33,9 @@ use clap_complete::Shell;
 use crate::error;
 use crate::harness::child::ChildArgs;
 use crate::harness::db::ServerChoice;
+use crate::report::plots::Plot;
 use crate::report::Report;
+use crate::scenarios::Scenario;
 
 /// `println!` that returns its error instead of panicking: `outln!("{x}")?`. A closed stdout
 /// (`| head`) is [`error::Error::StdoutClosed`], a quiet exit 0.
@@ -284,7 +286,7 @@ fn finish_run(
     render: impl FnOnce(&Report) -> String,
 ) -> Result<ExitCode> {
     report.write_files(results_dir)?;
-    crate::report::html::write(results_dir, std::slice::from_ref(report))?;
+    crate::report::html::write(results_dir, std::slice::from_ref(report), plots)?;
     match format {
         Format::Json => outln!("{}", serde_json::to_string_pretty(report)?)?,
         Format::Text => {
@@ -300,6 +302,16 @@ fn finish_run(
     } else {
         error::exit::CHECK_FAILED
     }))
+}
+
+/// A result's plots on the report page, drawn by what made it: its scenario, or explore and
+/// verify (the results that are no scenario's). The page only lays out what it is handed.
+fn plots(report: &Report) -> Result<Vec<Plot>> {
+    match Scenario::find(&report.scenario) {
+        Some(scenario) => scenario.plots(report),
+        None if report.scenario == "verify" => crate::verify::plots::for_report(report),
+        None => crate::explore::plots::for_report(report),
+    }
 }
 
 /// Writes to stdout, as `print!` does, its secrets masked, but returns the error (see

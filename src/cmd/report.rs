@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use super::{outln, summary};
+use super::{outln, plots, summary};
 use crate::error::exit;
 use crate::report::{self, html};
 
@@ -16,7 +16,7 @@ pub fn run(dir: &Path) -> Result<ExitCode> {
         outln!("{}", report.render_text())?;
     }
     outln!("{}", summary(&reports))?;
-    let page = html::write(dir, &reports)?;
+    let page = html::write(dir, &reports, plots)?;
     crate::errln!("page written to {}", page.display());
     Ok(ExitCode::from(exit::OK))
 }

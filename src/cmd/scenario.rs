@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
 
-use super::{outln, summary, Format, RunArgs};
+use super::{outln, plots, summary, Format, RunArgs};
 use crate::connect;
 use crate::error::{self, exit};
 use crate::harness::db::PgServer;
@@ -211,7 +211,7 @@ async fn run_once(args: &ScenarioArgs, prepared: &[Prepared]) -> Result<Run> {
                 }
                 reports.push(report);
                 // After every scenario: a run stopped halfway still leaves a page of what it has.
-                html::write(&results, &reports)?;
+                html::write(&results, &reports, plots)?;
                 bar.inc(1);
             }
             bar.finish_and_clear();

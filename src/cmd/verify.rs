@@ -20,7 +20,8 @@ use crate::harness::redis_server::Redis;
 use crate::harness::run::{new_run_id, on_server};
 use crate::outbox::consumer::ConsumerKind;
 use crate::report::{Environment, Report};
-use crate::verify::{self, Options, Plan, VerifySink};
+use crate::verify::plan::{Options, Plan, VerifySink};
+use crate::verify::{self, verdict};
 
 pub const EXAMPLES: &str = "\
 Examples:
@@ -176,14 +177,14 @@ pub async fn run(args: VerifyArgs) -> Result<ExitCode> {
                 None => error::harness(e),
             }
         })?;
-        history::save(&results_dir, "verify", &verify::histories(&verification))?;
+        history::save(&results_dir, "verify", &verification.histories())?;
         Ok((verification, server.version.clone(), server.kind()))
     })
     .await?;
     if let Some(why) = verification.inconclusive() {
         crate::errln!("verify: inconclusive: the run was {why}: see the notes");
     }
-    let report = verify::report(
+    let report = verdict::report(
         &plan,
         &verification,
         Environment {

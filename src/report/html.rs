@@ -1,19 +1,17 @@
 //! The report page, `results/<run-id>/report.html`: one self-contained file (inline CSS and SVG;
 //! no script, no font or anything else fetched) with the run's summary and, per scenario, its
 //! plots, tables, checks, notes and parameters. Every piece of text is escaped here, its secrets
-//! masked. The page sits above what makes the results: each result's plots are drawn by its
-//! maker (a scenario of the registry, or explore), this module only lays them out.
+//! masked. The page draws only what it is handed: each result's plots are drawn by what made it
+//! (a scenario of the registry, explore, verify) and handed in by the command; this module lays
+//! them out.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use crate::explore;
 use crate::report::plots::Plot;
 use crate::report::{self, Report, Table};
-use crate::scenarios::Scenario;
-use crate::verify;
 
 /// The page's file name inside a run's directory.
 pub const PAGE_FILE: &str = "report.html";
@@ -53,29 +51,28 @@ summary { cursor: pointer; color: #333; }
 pre { background: #f6f6f6; padding: .6rem; overflow-x: auto; font-size: .8rem; }
 ";
 
-/// A result's plots, drawn by what made it: its scenario, or explore and verify (the results
-/// that are no scenario's).
-fn plots(report: &Report) -> Result<Vec<Plot>> {
-    match Scenario::find(&report.scenario) {
-        Some(scenario) => scenario.plots(report),
-        None if report.scenario == "verify" => verify::plots::for_report(report),
-        None => explore::plots::for_report(report),
-    }
-}
-
-/// Writes the page of `reports` into `dir` (a run's directory, whose name is the run id).
-pub fn write(dir: &Path, reports: &[Report]) -> Result<PathBuf> {
+/// Writes the page of `reports` into `dir` (a run's directory, whose name is the run id), each
+/// result with the plots that `plots` draws of it.
+pub fn write(
+    dir: &Path,
+    reports: &[Report],
+    plots: impl Fn(&Report) -> Result<Vec<Plot>>,
+) -> Result<PathBuf> {
     let run_id = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| dir.display().to_string());
     let path = dir.join(PAGE_FILE);
-    report::write_run_file(&path, &page(&run_id, reports)?, false)?;
+    report::write_run_file(&path, &page(&run_id, reports, plots)?, false)?;
     Ok(path)
 }
 
 /// The whole page as one HTML document.
-pub fn page(run_id: &str, reports: &[Report]) -> Result<String> {
+fn page(
+    run_id: &str,
+    reports: &[Report],
+    plots: impl Fn(&Report) -> Result<Vec<Plot>>,
+) -> Result<String> {
     let mut out = String::new();
     let title = format!("outbox-lab run {run_id}");
     let _ = write!(
@@ -90,7 +87,7 @@ pub fn page(run_id: &str, reports: &[Report]) -> Result<String> {
     table(&mut out, &report::summary_table(reports));
     out.push_str("</section>\n");
     for report in reports {
-        scenario(&mut out, report)?;
+        scenario(&mut out, report, plots(report)?)?;
     }
     out.push_str("</main>\n</body>\n</html>\n");
     Ok(out)
@@ -140,7 +137,7 @@ fn header(out: &mut String, run_id: &str, reports: &[Report]) {
     out.push_str("</ol></nav>\n</header>\n");
 }
 
-fn scenario(out: &mut String, report: &Report) -> Result<()> {
+fn scenario(out: &mut String, report: &Report, plots: Vec<Plot>) -> Result<()> {
     let _ = writeln!(
         out,
         "<section class=\"scenario\" id=\"{}\" data-scenario=\"{}\">",
@@ -160,7 +157,7 @@ fn scenario(out: &mut String, report: &Report) -> Result<()> {
         escape(&report.verdict_line()),
         report.environment.elapsed_ms
     );
-    for plot in plots(report)? {
+    for plot in plots {
         let _ = writeln!(
             out,
             "<figure class=\"plot\" data-plot=\"{}\">\n<figcaption>{}</figcaption>\n{}\n</figure>",

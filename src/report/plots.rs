@@ -1,8 +1,8 @@
 //! How the report page draws, with plotters' SVG backend: cumulative distributions, lines on a
 //! log axis, horizontal bars and a coloured grid for any matrix of counts, from a result's
 //! tables and metrics (never from the expectations). Which table becomes which plot is the
-//! business of the scenario that made the result (its `plots`, see
-//! [`crate::scenarios::Experiment`]); nothing here knows a scenario.
+//! business of what made the result (a scenario's `plots`, explore's, verify's); nothing here
+//! knows a scenario.
 
 use anyhow::{anyhow, bail, Result};
 use plotters::coord::ranged1d::SegmentedCoord;

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 
-use super::TIMELINE_TITLE;
+use super::verdict::TIMELINE_TITLE;
 use crate::report::plots::{column, number, timeline, Axes, Marker, Plot};
 use crate::report::Report;
 

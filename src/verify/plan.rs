@@ -1,0 +1,284 @@
+//! verify's plan: the command's options checked and turned into what will run — the relay
+//! template, the design the checker holds it to, the schedule (the nemeses chosen, or the one
+//! `--schedule` gives), the workload, the bounds and where the relays deliver. Everything here
+//! is decided before a server starts, so bad input leaves nothing behind.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+
+use crate::explore::designs::{Design, Invariant, Writer};
+use crate::explore::lab::{Bounds, Delivery, ForeignRelays, Workload, COUNT_PENDING};
+use crate::explore::schedule::{Nemesis, Schedule};
+use crate::harness::foreign::RelayTemplate;
+use crate::harness::nemesis::format_duration;
+use crate::outbox::consumer::ConsumerKind;
+use crate::outbox::sink::{AmqpSink, RedisSink};
+
+/// The writer's aggregate type: the relays' Redis stream is `outbox.event.orders`.
+const ORDERS: &str = "orders";
+/// Events per order: OrderCreated then OrderUpdated2, so that order has a meaning.
+const EVENTS_PER_ORDER: u32 = 2;
+/// The two writer sessions commit their orders this far apart (ids become visible out of
+/// order, as on a busy server), briefly: the workload is written within seconds.
+const WRITER_OVERLAP: Duration = Duration::from_millis(1);
+/// The timed nemeses strike one after another, this far apart, from the run's start.
+const NEMESIS_SPACING: Duration = Duration::from_millis(250);
+/// A relay of the user's may poll slowly and back off after a database restart: it has this
+/// long to drain after the last fault.
+const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
+
+/// The nemeses `--nemesis` names, and the schedule item each one makes (`{at}`: its moment).
+/// In this order on the clock: a database restart last, so that the sessions the nemesis
+/// before it ends are there to end.
+const NEMESES: [(&str, &str); 7] = [
+    ("kill", "kill:relay@{at}"),
+    ("pause", "pause:relay@{at}+500ms"),
+    ("db-kill-backend", "db:kill-backend:relay@{at}"),
+    ("db-restart", "db:restart@{at}"),
+    ("net-reset", "net:reset@5"),
+    ("net-reply-lost", "net:reply-lost@10"),
+    ("net-delay", "net:delay@15+700ms"),
+];
+
+/// The claims made when `--claims` is not given: order only holds for some relay designs
+/// (one relay, or relays partitioned by aggregate), so it is asked for, not assumed.
+pub(super) const DEFAULT_CLAIMS: [Invariant; 4] = [
+    Invariant::Ghost,
+    Invariant::Lost,
+    Invariant::Duplicate,
+    Invariant::Liveness,
+];
+
+/// `outbox-lab verify`'s options, as given.
+#[derive(Debug)]
+pub struct Options {
+    pub relay_cmd: String,
+    pub relays: u32,
+    /// `--nemesis`: kinds by name (`all`, `none`).
+    pub nemeses: Vec<String>,
+    /// `--schedule`: this one schedule instead.
+    pub schedule: Option<String>,
+    pub events: u32,
+    pub time_limit: Duration,
+    pub consumer: ConsumerKind,
+    pub claims: Option<Vec<String>>,
+    /// `--schema FILE`'s path and text.
+    pub schema: Option<(String, String)>,
+    /// `--pending-sql`'s statement.
+    pub pending_sql: Option<String>,
+    /// The server is the user's: it is never restarted.
+    pub external_server: bool,
+    /// Where deliveries go.
+    pub sink: VerifySink,
+}
+
+/// Where the user's relay delivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum VerifySink {
+    /// Our HTTP consumer, behind the fault proxy.
+    Http,
+    /// A private Redis: XADD to outbox.event.orders, read by a consumer group.
+    Redis,
+    /// A private NATS JetStream: publish to outbox.event.orders, read by a durable consumer.
+    Nats,
+    /// A private RabbitMQ: publish to the durable queue outbox.event.orders, read with manual
+    /// acks.
+    Amqp,
+}
+
+impl VerifySink {
+    /// The network nemeses stand between a relay and the HTTP consumer only.
+    pub(super) fn behind_the_proxy(self) -> bool {
+        self == VerifySink::Http
+    }
+
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            VerifySink::Http => "http",
+            VerifySink::Redis => "redis",
+            VerifySink::Nats => "nats",
+            VerifySink::Amqp => "amqp",
+        }
+    }
+}
+
+/// The checked options: what verify runs.
+pub struct Plan {
+    pub(super) template: RelayTemplate,
+    pub(super) design: &'static Design,
+    pub(super) schedule: Schedule,
+    /// Whether the schedule was given (`--schedule`): run as it is, not shrunk.
+    pub(super) replay: bool,
+    pub(super) workload: Workload,
+    /// What the lab holds every run to: `--time-limit`, and [`FOREIGN_LIVENESS`] to drain.
+    pub(super) bounds: Bounds,
+    pub(super) time_limit: Duration,
+    pub(super) schema: Option<(String, String)>,
+    pub(super) pending_sql: Option<String>,
+    pub(super) events: u32,
+    pub(super) sink: VerifySink,
+}
+
+impl Plan {
+    pub fn new(options: &Options) -> Result<Plan> {
+        // --relays and --events are checked by their parsers.
+        let template = RelayTemplate::parse(&options.relay_cmd)?;
+        if options.time_limit < Duration::from_secs(5) {
+            bail!("--time-limit must be at least 5s (a run needs time to drain)");
+        }
+        let claims = match &options.claims {
+            None => DEFAULT_CLAIMS.to_vec(),
+            Some(names) => names
+                .iter()
+                .map(|name| {
+                    Invariant::ALL
+                        .into_iter()
+                        .find(|i| i.name() == name.trim())
+                        .ok_or_else(|| {
+                            anyhow!(
+                                "--claims: unknown invariant '{name}' (ghost, lost, duplicate, \
+                                 order, liveness)"
+                            )
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?,
+        };
+        let (schedule, replay) = match &options.schedule {
+            Some(text) => (
+                text.parse()
+                    .map_err(|e| anyhow!("invalid --schedule: {e}"))?,
+                true,
+            ),
+            None => (
+                schedule_of(&options.nemeses, options.external_server, options.sink)?,
+                false,
+            ),
+        };
+        check_schedule(&schedule, options.external_server, options.sink)?;
+        let design: &'static Design = Box::leak(Box::new(Design {
+            name: "verify",
+            summary: "the user's relay",
+            writer: Writer::Outbox,
+            relay: None,
+            relays: options.relays,
+            batch: 0,
+            consumer: options.consumer,
+            claims: Box::leak(claims.into_boxed_slice()),
+            flaws: &[],
+            poison_without_dead_letter: None,
+        }));
+        Ok(Plan {
+            template,
+            design,
+            schedule,
+            replay,
+            workload: Workload {
+                orders: options.events.div_ceil(EVENTS_PER_ORDER),
+                events_per_order: EVENTS_PER_ORDER,
+                overlap: WRITER_OVERLAP,
+            },
+            bounds: Bounds {
+                liveness: FOREIGN_LIVENESS,
+                run: options.time_limit,
+                child: options.time_limit,
+                statement: options.time_limit / 4,
+            },
+            time_limit: options.time_limit,
+            schema: options.schema.clone(),
+            pending_sql: options.pending_sql.clone(),
+            sink: options.sink,
+            events: options.events,
+        })
+    }
+
+    /// The user's relays, delivering to our HTTP consumer, or to the broker at `broker_url`
+    /// (Redis, NATS or RabbitMQ, as `--sink` says: known once the run's server is up).
+    pub(super) fn relays(&self, broker_url: Option<String>) -> ForeignRelays {
+        ForeignRelays {
+            template: self.template.clone(),
+            delivery: match (self.sink, broker_url) {
+                (VerifySink::Redis, Some(url)) => Delivery::Redis {
+                    url,
+                    stream: RedisSink::stream_name("", ORDERS),
+                },
+                (VerifySink::Nats, Some(url)) => Delivery::Nats { url },
+                (VerifySink::Amqp, Some(url)) => Delivery::Amqp {
+                    url,
+                    queue: AmqpSink::queue_name("", ORDERS),
+                },
+                _ => Delivery::Http,
+            },
+            pending_sql: self
+                .pending_sql
+                .clone()
+                .unwrap_or_else(|| COUNT_PENDING.to_string()),
+            schema: self.schema.as_ref().map(|(_, ddl)| ddl.clone()),
+        }
+    }
+}
+
+/// The schedule `--nemesis` asks for: each kind once, in [`NEMESES`]' order, the timed ones
+/// [`NEMESIS_SPACING`] apart; `all` on the user's server is all but the database restart
+/// (only a throwaway cluster is restarted).
+fn schedule_of(kinds: &[String], external_server: bool, sink: VerifySink) -> Result<Schedule> {
+    let everything = matches!(kinds, []) || matches!(kinds, [one] if one == "all");
+    let nothing = matches!(kinds, [one] if one == "none");
+    if let Some(unknown) = kinds
+        .iter()
+        .map(|k| k.trim())
+        .find(|k| !NEMESES.iter().any(|(kind, _)| kind == k) && !everything && !nothing)
+    {
+        let known: Vec<&str> = NEMESES.iter().map(|(kind, _)| *kind).collect();
+        bail!(
+            "--nemesis: unknown nemesis '{unknown}' ({}, or all, or none)",
+            known.join(", ")
+        );
+    }
+    let chosen = NEMESES.iter().filter(|(kind, _)| match everything {
+        true => {
+            !(external_server && *kind == "db-restart"
+                || !sink.behind_the_proxy() && kind.starts_with("net-"))
+        }
+        false => kinds.iter().any(|k| k.trim() == *kind),
+    });
+    let mut items = Vec::new();
+    for (n, (_, item)) in chosen.enumerate() {
+        let at = NEMESIS_SPACING * (n as u32 + 1);
+        items.push(item.replace("{at}", &format_duration(at)));
+    }
+    match items.is_empty() {
+        true => Ok(Schedule::default()),
+        false => items.join(",").parse().map_err(|e: String| anyhow!("{e}")),
+    }
+}
+
+/// A foreign relay has no crash points: only nemeses on a clock (or on a request).
+fn check_schedule(schedule: &Schedule, external_server: bool, sink: VerifySink) -> Result<()> {
+    if let Some(fault) = schedule.faults.first() {
+        bail!(
+            "invalid --schedule: '{fault}' is a crash point of outbox-lab's own relays; a relay \
+             of yours is struck by nemeses only (kill:relay@1s, pause:relay@1s+500ms, \
+             db:restart@1s, net:reset@5, ...)"
+        );
+    }
+    for nemesis in &schedule.nemeses {
+        if nemesis.crash_point().is_some() {
+            bail!(
+                "invalid --schedule: '{nemesis}' pauses at a crash point; a relay of yours is \
+                 paused on a clock (pause:relay@AT+FOR)"
+            );
+        }
+        if !sink.behind_the_proxy() && matches!(nemesis, Nemesis::Net(_)) {
+            bail!(
+                "'{nemesis}': the network nemeses stand between a relay and the HTTP consumer; \
+                 with --sink {}, use kill, pause, db-kill-backend and db-restart",
+                sink.name()
+            );
+        }
+        if external_server && nemesis.needs_throwaway_cluster() {
+            bail!("db:restart restarts the throwaway cluster only: run it without --database-url");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! One run of verify through the lab: the schedule struck while the user's relays deliver,
+//! then what the run's database says besides the verdict (latency and throughput of the
+//! relays, the timeline of deliveries), measured before the next run resets it.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tokio_postgres::Client;
+
+use crate::explore::history::History;
+use crate::explore::lab::Lab;
+use crate::explore::schedule::Schedule;
+
+/// The width of a bucket of the delivery timeline.
+const TIMELINE_BUCKET_MS: i64 = 100;
+
+/// One run, with what was measured on its database before the next run reset it.
+pub struct VerifyRun {
+    pub history: History,
+    pub figures: Figures,
+}
+
+/// What the run's database says besides the verdict.
+#[derive(Debug, Clone, Default)]
+pub struct Figures {
+    pub written: i64,
+    pub delivered_distinct: i64,
+    pub deliveries: i64,
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+    pub latency_max_ms: f64,
+    pub events_per_s: f64,
+    /// Whether latency starts at the commit (PostgreSQL's commit timestamps) or at the insert.
+    pub from_commit: bool,
+    /// Deliveries (first receipts) per [`TIMELINE_BUCKET_MS`], from the first commit.
+    pub timeline: Vec<(i64, i64)>,
+}
+
+impl Figures {
+    /// Where latency starts: `commit` or `insert`.
+    pub fn latency_from(&self) -> &'static str {
+        match self.from_commit {
+            true => "commit",
+            false => "insert",
+        }
+    }
+}
+
+/// Everything verify ran, in order: the plan's schedule, then each of its nemeses alone where
+/// it broke a claim (never empty).
+pub struct Verification {
+    pub runs: Vec<VerifyRun>,
+    /// Shrinking stopped at the time limit.
+    pub cut_short: bool,
+    pub elapsed: Duration,
+}
+
+impl Verification {
+    /// The run of the plan's schedule.
+    pub fn main(&self) -> &VerifyRun {
+        &self.runs[0]
+    }
+
+    /// The runs of one nemesis alone, shrinking the main run's schedule.
+    pub fn shrunk(&self) -> &[VerifyRun] {
+        &self.runs[1..]
+    }
+
+    /// Why the main run is inconclusive (cut short by `--time-limit` before it drained), if it
+    /// is: nothing but the safety invariants it broke is judged of it.
+    pub fn inconclusive(&self) -> Option<&str> {
+        self.main().history.cut_short.as_deref()
+    }
+
+    /// Histories of every run, for `history::save`.
+    pub fn histories(&self) -> Vec<History> {
+        self.runs.iter().map(|run| run.history.clone()).collect()
+    }
+}
+
+/// Runs `schedule` through the lab and measures what its database says.
+pub(super) async fn once(lab: &Lab<'_>, schedule: &Schedule) -> Result<VerifyRun> {
+    let history = lab.run(schedule).await?;
+    let client = lab.client().await?;
+    let figures = measure(&client)
+        .await
+        .context("cannot measure the run's deliveries")?;
+    Ok(VerifyRun { history, figures })
+}
+
+/// Each event's commit (or insert, without commit timestamps) -> its first receipt.
+macro_rules! latencies {
+    ($committed:literal) => {
+        concat!(
+            "
+WITH first_receipt AS (
+  SELECT event_id, min(received_at) AS received_at
+    FROM consumer.receipts
+   WHERE NOT injected_fault
+   GROUP BY event_id),
+delivered AS (
+  SELECT ",
+            $committed,
+            " AS committed_at, f.received_at
+    FROM outbox o
+    JOIN first_receipt f USING (event_id)
+    JOIN orders ord ON ord.id::text = o.aggregate_id)
+SELECT count(*) AS delivered,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99,
+       max(ms) AS max,
+       extract(epoch FROM max(received_at) - min(committed_at))::float8 AS span_s
+  FROM (SELECT *, extract(epoch FROM received_at - committed_at)::float8 * 1000 AS ms
+          FROM delivered) d"
+        )
+    };
+}
+
+/// The order's row version is the writer's (a relay updates the outbox row, making its own).
+const LATENCY_FROM_COMMIT: &str = latencies!("pg_xact_commit_timestamp(ord.xmin)");
+const LATENCY_FROM_INSERT: &str = latencies!("o.created_at");
+
+/// The outbox's events, the consumer's distinct and total deliveries.
+const COUNTS: &str = "
+SELECT (SELECT count(*) FROM outbox) AS written,
+       (SELECT count(DISTINCT event_id) FROM consumer.receipts WHERE NOT injected_fault)
+         AS delivered_distinct,
+       (SELECT count(*) FROM consumer.receipts WHERE NOT injected_fault) AS deliveries";
+
+/// First receipts per bucket of `$1` ms from the first insert.
+const TIMELINE: &str = "
+WITH first_receipt AS (
+  SELECT event_id, min(received_at) AS received_at
+    FROM consumer.receipts WHERE NOT injected_fault GROUP BY event_id),
+origin AS (SELECT min(created_at) AS t0 FROM outbox)
+SELECT (extract(epoch FROM f.received_at - origin.t0) * 1000)::bigint / $1 * $1 AS bucket_ms,
+       count(*) AS deliveries
+  FROM first_receipt f, origin
+ WHERE origin.t0 IS NOT NULL
+ GROUP BY 1 ORDER BY 1";
+
+async fn measure(client: &Client) -> Result<Figures> {
+    let counts = client.query_one(COUNTS, &[]).await?;
+    let from_commit: String = client
+        .query_one("SHOW track_commit_timestamp", &[])
+        .await?
+        .get(0);
+    let from_commit = from_commit == "on";
+    let latency = client
+        .query_one(
+            if from_commit {
+                LATENCY_FROM_COMMIT
+            } else {
+                LATENCY_FROM_INSERT
+            },
+            &[],
+        )
+        .await?;
+    let delivered: i64 = latency.get("delivered");
+    let span_s: Option<f64> = latency.get("span_s");
+    let round = |v: Option<f64>| (v.unwrap_or(0.0) * 100.0).round() / 100.0;
+    let timeline = client
+        .query(TIMELINE, &[&TIMELINE_BUCKET_MS])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    Ok(Figures {
+        written: counts.get("written"),
+        delivered_distinct: counts.get("delivered_distinct"),
+        deliveries: counts.get("deliveries"),
+        latency_p50_ms: round(latency.get("p50")),
+        latency_p99_ms: round(latency.get("p99")),
+        latency_max_ms: round(latency.get("max")),
+        events_per_s: match span_s {
+            Some(s) if s > 0.0 => (delivered as f64 / s).round(),
+            _ => 0.0,
+        },
+        from_commit,
+        timeline,
+    })
+}

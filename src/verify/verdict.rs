@@ -1,0 +1,365 @@
+//! verify's verdict: the runs judged against the relay's claims, and what is printed of them —
+//! the [`Report`] (its checks, the runs, the offending ids with the smallest schedule that
+//! reproduced them and the command line that replays it, the faults, latency and throughput,
+//! the notes), an inconclusive run told as such, and a line per run while it goes.
+
+use serde_json::json;
+
+use super::plan::{Plan, DEFAULT_CLAIMS};
+use super::run::{Figures, Verification, VerifyRun};
+use crate::explore::designs::Invariant;
+use crate::explore::history::{FaultOutcome, History};
+use crate::explore::schedule::Nemesis;
+use crate::explore::watchdog::LIVENESS_BOUND;
+use crate::harness::nemesis::format_duration;
+use crate::judge::expectations::CheckResult;
+use crate::report::{Environment, Metrics, Report, Table};
+
+/// The verification as a [`Report`] (`scenario: "verify"`).
+pub fn report(plan: &Plan, verification: &Verification, environment: Environment) -> Report {
+    let main = verification.main();
+    let figures = &main.figures;
+    let mut metrics = Metrics::default();
+    metrics.set("verify.written", figures.written);
+    metrics.set("verify.delivered_distinct", figures.delivered_distinct);
+    metrics.set("verify.deliveries", figures.deliveries);
+    for invariant in Invariant::ALL {
+        let ids = main.history.violations.get(invariant.name());
+        metrics.set(
+            format!("verify.{}.violating", invariant.name()),
+            ids.map_or(0, Vec::len) as i64,
+        );
+    }
+    let not_reached = not_reached(&main.history).len();
+    metrics.set(
+        "verify.faults_fired",
+        (main.history.faults.len() - not_reached) as i64,
+    );
+    metrics.set("verify.faults_not_reached", not_reached as i64);
+    metrics.set("verify.latency.p50_ms", figures.latency_p50_ms);
+    metrics.set("verify.latency.p99_ms", figures.latency_p99_ms);
+    metrics.set("verify.latency.max_ms", figures.latency_max_ms);
+    metrics.set("verify.events_per_s", figures.events_per_s);
+    metrics.set("verify.runs", verification.runs.len() as i64);
+    metrics.set(
+        "verify.inconclusive",
+        i64::from(verification.inconclusive().is_some()),
+    );
+    let mut timeline = Table::new(TIMELINE_TITLE, &["ms", "deliveries"]).detail();
+    for (bucket, n) in &figures.timeline {
+        timeline.push(vec![bucket.to_string(), n.to_string()]);
+    }
+    Report {
+        scenario: "verify".into(),
+        section: "beyond the article: your relay under the same faults and checker".into(),
+        params: params(plan),
+        metrics,
+        tables: vec![
+            runs_table(plan, verification),
+            violations_table(plan, verification),
+            faults_table(&main.history),
+            latency_table(figures),
+            timeline,
+        ],
+        checks: checks(plan, verification),
+        targets: Vec::new(),
+        notes: notes(plan, verification),
+        environment,
+    }
+}
+
+/// A check per claim of the main run, and one that every nemesis fired.
+fn checks(plan: &Plan, verification: &Verification) -> Vec<CheckResult> {
+    let main = verification.main();
+    let inconclusive = verification.inconclusive();
+    let mut checks = Vec::new();
+    for &invariant in plan.design.claims {
+        if inconclusive.is_some() && invariant == Invariant::Liveness {
+            // A run cut short did not drain: that is the limit's doing, not the relay's.
+            continue;
+        }
+        let violating = main.history.violations.get(invariant.name());
+        checks.push(CheckResult {
+            name: format!("your relay: {}", invariant.meaning()),
+            metric: format!("verify.{}.violating", invariant.name()),
+            expected: "0".into(),
+            actual: violating.map_or(0, Vec::len).to_string(),
+            article: None,
+            pass: violating.is_none(),
+        });
+    }
+    // A fault that did not fire tested nothing: the run does not pass on it. (A run cut
+    // short is inconclusive as a whole instead.)
+    if inconclusive.is_none() {
+        let not_reached = not_reached(&main.history).len();
+        checks.push(CheckResult {
+            name: "every nemesis of the schedule fired".into(),
+            metric: "verify.faults_not_reached".into(),
+            expected: "0".into(),
+            actual: not_reached.to_string(),
+            article: None,
+            pass: not_reached == 0,
+        });
+    }
+    checks
+}
+
+/// The faults of a run that did not fire.
+fn not_reached(history: &History) -> Vec<&str> {
+    history
+        .faults
+        .iter()
+        .filter(|f| f.outcome == FaultOutcome::NotReached)
+        .map(|f| f.fault.as_str())
+        .collect()
+}
+
+/// A row per run: what was written and delivered, each invariant's violations (`*`: claimed),
+/// the faults not reached.
+fn runs_table(plan: &Plan, verification: &Verification) -> Table {
+    // A column per invariant, in the order each row counts them.
+    let columns: Vec<&str> = ["schedule", "written", "delivered", "deliveries"]
+        .into_iter()
+        .chain(Invariant::ALL.map(Invariant::name))
+        .chain(["not reached", "s"])
+        .collect();
+    let mut runs = Table::new("runs: what was written, delivered, and broken", &columns);
+    for run in &verification.runs {
+        let mut row = vec![
+            run.history.schedule.clone(),
+            run.figures.written.to_string(),
+            run.figures.delivered_distinct.to_string(),
+            run.figures.deliveries.to_string(),
+        ];
+        for invariant in Invariant::ALL {
+            let n = run
+                .history
+                .violations
+                .get(invariant.name())
+                .map_or(0, Vec::len);
+            let claimed = if plan.design.claims(invariant) {
+                "*"
+            } else {
+                ""
+            };
+            row.push(format!("{n}{claimed}"));
+        }
+        let not_reached = not_reached(&run.history);
+        row.push(match not_reached.is_empty() {
+            true => "-".into(),
+            false => not_reached.join(", "),
+        });
+        row.push(format!("{:.1}", run.history.elapsed_ms as f64 / 1000.0));
+        runs.push(row);
+    }
+    runs
+}
+
+/// How many offending ids are shown in a table cell.
+const SHOWN_IDS: usize = 10;
+
+/// A row per invariant the main run broke: its offending ids, the smallest schedule that
+/// reproduced it and the command line that replays that.
+fn violations_table(plan: &Plan, verification: &Verification) -> Table {
+    let main = verification.main();
+    let mut violations = Table::new(
+        "violations: offending ids and the smallest schedule that reproduced them",
+        &[
+            "invariant",
+            "claimed",
+            "count",
+            "offending",
+            "schedule",
+            "replay",
+        ],
+    );
+    for invariant in Invariant::ALL {
+        let Some(ids) = main.history.violations.get(invariant.name()) else {
+            continue;
+        };
+        let mut shown: Vec<String> = ids.iter().take(SHOWN_IDS).cloned().collect();
+        if ids.len() > SHOWN_IDS {
+            shown.push(format!("... {} more", ids.len() - SHOWN_IDS));
+        }
+        let schedule = smallest(verification, invariant).map_or_else(
+            || main.history.schedule.clone(),
+            |r| r.history.schedule.clone(),
+        );
+        violations.push(vec![
+            invariant.name().into(),
+            if plan.design.claims(invariant) {
+                "yes"
+            } else {
+                "no"
+            }
+            .into(),
+            ids.len().to_string(),
+            shown.join(", "),
+            schedule.clone(),
+            replay_line(plan, &schedule),
+        ]);
+    }
+    violations
+}
+
+/// The runs that broke `invariant`, with every fault fired, fewest nemeses first: the main
+/// run's schedule is shown unless one nemesis alone reproduced it.
+fn smallest(verification: &Verification, invariant: Invariant) -> Option<&VerifyRun> {
+    let broke = |run: &&VerifyRun| {
+        run.history.violations.contains_key(invariant.name()) && !run.history.faults_not_reached()
+    };
+    verification
+        .shrunk()
+        .iter()
+        .find(broke)
+        .or(Some(verification.main()).filter(broke))
+}
+
+/// The command line that runs `schedule` again: every flag that shaped the run.
+fn replay_line(plan: &Plan, schedule: &str) -> String {
+    let quote = |text: &str| format!("'{}'", text.replace('\'', "'\\''"));
+    let mut line = format!(
+        "outbox-lab verify --relay-cmd {} --relays {} --events {} --consumer {} --sink {} \
+         --time-limit {} --schedule \"{schedule}\"",
+        quote(&plan.template.text),
+        plan.design.relays,
+        plan.events,
+        plan.design.consumer.name(),
+        plan.sink.name(),
+        format_duration(plan.time_limit),
+    );
+    if plan.design.claims != DEFAULT_CLAIMS {
+        let claims: Vec<&str> = plan.design.claims.iter().map(|c| c.name()).collect();
+        line.push_str(&format!(" --claims {}", claims.join(",")));
+    }
+    if let Some((path, _)) = &plan.schema {
+        line.push_str(&format!(" --schema {}", quote(path)));
+    }
+    if let Some(sql) = &plan.pending_sql {
+        line.push_str(&format!(" --pending-sql {}", quote(sql)));
+    }
+    line
+}
+
+/// A row per fault of the run: fired (by whom, when) or not reached.
+fn faults_table(history: &History) -> Table {
+    let mut faults = Table::new(
+        "faults: fired or not reached",
+        &["fault", "outcome", "process", "at ms"],
+    );
+    for fault in &history.faults {
+        let (outcome, process, at) = match &fault.outcome {
+            FaultOutcome::Fired { process, at_ms } => ("fired", process.clone(), at_ms.to_string()),
+            FaultOutcome::NotReached => ("NOT REACHED", "-".into(), "-".into()),
+        };
+        faults.push(vec![fault.fault.clone(), outcome.into(), process, at]);
+    }
+    faults
+}
+
+/// The relay's latency percentiles and throughput, under every nemesis of the main run.
+fn latency_table(figures: &Figures) -> Table {
+    let mut latency = Table::new(
+        "your relay's latency and throughput",
+        &["from", "p50 ms", "p99 ms", "max ms", "events/s"],
+    );
+    latency.push(vec![
+        figures.latency_from().into(),
+        figures.latency_p50_ms.to_string(),
+        figures.latency_p99_ms.to_string(),
+        figures.latency_max_ms.to_string(),
+        figures.events_per_s.to_string(),
+    ]);
+    latency
+}
+
+/// The title of the timeline table, which the report page plots.
+pub const TIMELINE_TITLE: &str = "timeline: first receipts per 100 ms from the first insert";
+
+/// What the tables do not say: the workload, what latency measures, the liveness bound, how
+/// the user's relays ended, and why the verdict is inconclusive or the shrinking cut short.
+fn notes(plan: &Plan, verification: &Verification) -> Vec<String> {
+    let main = verification.main();
+    let from = main.figures.latency_from();
+    let mut notes = vec![
+        format!(
+            "workload: {} orders x {} events, written by two overlapping sessions; {} relay(s) \
+             of `{}`, started again whenever one ended; consumer: {}",
+            plan.workload.orders,
+            plan.workload.events_per_order,
+            plan.design.relays,
+            plan.template.text,
+            plan.design.consumer.name()
+        ),
+        format!(
+            "latency: {from} -> the consumer's first receipt of the event, on PostgreSQL's clock, \
+             under every nemesis of the run (a pause or restart shows in p99 and max); events/s: \
+             distinct events delivered over the span from the first {from} to the last first \
+             receipt, so bounded by the writer's pace",
+        ),
+        format!(
+            "liveness: the relays must drain within {} s of the writer's end and the last fault \
+             (explore's own relays get {} s)",
+            plan.bounds.liveness.as_secs(),
+            LIVENESS_BOUND.as_secs()
+        ),
+    ];
+    for process in &main.history.processes {
+        if process.process.starts_with("relay-") && !process.end.starts_with("stopped with SIGTERM")
+        {
+            notes.push(format!("{}: {}", process.process, process.end));
+        }
+    }
+    if let Some(why) = verification.inconclusive() {
+        notes.insert(
+            0,
+            format!(
+                "INCONCLUSIVE: the run was {why} (--time-limit {}), with {} of {} events \
+                 written: liveness and the nemeses are not judged, only the safety invariants \
+                 it broke; give a longer --time-limit or fewer --events",
+                format_duration(plan.time_limit),
+                main.figures.written,
+                plan.events
+            ),
+        );
+    }
+    if verification.cut_short {
+        notes.push(format!(
+            "shrinking stopped at --time-limit {}: the schedule shown may not be the smallest",
+            format_duration(plan.time_limit)
+        ));
+    }
+    notes
+}
+
+/// The plan as the report's parameters.
+fn params(plan: &Plan) -> serde_json::Value {
+    json!({
+        "relay_cmd": plan.template.text,
+        "relays": plan.design.relays,
+        "events": plan.workload.orders * plan.workload.events_per_order,
+        "events_per_order": plan.workload.events_per_order,
+        "consumer": plan.design.consumer.name(),
+        "claims": plan.design.claims.iter().map(|c| c.name()).collect::<Vec<_>>(),
+        "nemeses": plan.schedule.nemeses.iter().map(Nemesis::to_string).collect::<Vec<_>>(),
+        "schedule": plan.schedule.to_string(),
+        "time_limit_s": plan.time_limit.as_secs_f64(),
+        "schema": plan.schema.as_ref().map(|(path, _)| path.clone()),
+        "pending_sql": plan.pending_sql,
+    })
+}
+
+/// A run's line while verify goes: its violations, or none.
+pub(super) fn verdict_line(history: &History) -> String {
+    match history.violations.is_empty() {
+        true => "no violation".into(),
+        false => {
+            let broken: Vec<String> = history
+                .violations
+                .iter()
+                .map(|(invariant, ids)| format!("{invariant} ({})", ids.len()))
+                .collect();
+            format!("violated: {}", broken.join(", "))
+        }
+    }
+}
