@@ -116,11 +116,16 @@ impl AmqpSink {
     ) -> Vec<Result<()>> {
         use lapin::options::BasicPublishOptions;
         use lapin::{BasicProperties, Confirmation};
+        // Every step is bounded by the request timeout: a broker killed or half started can
+        // leave lapin waiting for ever (a channel that never opens, a publish never written).
+        let deadline = tokio::time::Instant::now() + self.request_timeout;
+        let timed_out = || anyhow!("no answer from RabbitMQ within {:?}", self.request_timeout);
         // Held only to open the channel: a relay's workers publish on it side by side.
         let channel = {
             let mut open = self.open.lock().await;
             if !open.as_ref().is_some_and(|(c, _)| c.status().connected()) {
-                match self.open_channel().await {
+                let opened = tokio::time::timeout_at(deadline, self.open_channel()).await;
+                match opened.unwrap_or_else(|_| Err(timed_out())) {
                     Ok(pair) => *open = Some(pair),
                     Err(e) => {
                         *open = None;
@@ -143,16 +148,22 @@ impl AmqpSink {
                 .with_content_type("application/json".into());
             // An event always serializes.
             let payload = serde_json::to_vec(event).unwrap_or_default();
-            let sent = channel
-                .basic_publish("".into(), queue.into(), options, &payload, properties)
-                .await;
+            let publish =
+                channel.basic_publish("".into(), queue.into(), options, &payload, properties);
+            let sent = match tokio::time::timeout_at(deadline, publish).await {
+                Ok(sent) => sent.map_err(|e| anyhow!("AMQP publish: {e}")),
+                Err(_) => Err(timed_out()),
+            };
             published.push(sent);
         }
-        let deadline = tokio::time::Instant::now() + self.request_timeout;
+        if published.iter().any(Result::is_err) {
+            // The next batch opens a connection anew rather than trust this one.
+            *self.open.lock().await = None;
+        }
         let mut results = Vec::with_capacity(events.len());
         for (event, sent) in events.iter().zip(published) {
             let delivered = match sent {
-                Err(e) => Err(anyhow!("AMQP publish: {e}")),
+                Err(e) => Err(e),
                 Ok(_) if !self.confirms => Ok(()),
                 Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
                     Err(_) => Err(anyhow!(
