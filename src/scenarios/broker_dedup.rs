@@ -65,16 +65,7 @@ impl Experiment for Params {
     }
 
     fn validate(&self) -> Result<()> {
-        if self.events == 0 {
-            bail!("--events must be at least 1");
-        }
-        if self.crash_after == 0 || self.crash_after > self.events {
-            bail!(
-                "--crash-after {} must be between 1 and --events ({})",
-                self.crash_after,
-                self.events
-            );
-        }
+        super::check_crash_after(self.events, self.crash_after)?;
         // 0 would be JetStream's default window (2 minutes), not "no window".
         if self.expired_window_ms == 0 {
             bail!("expired_window_ms must be at least 1 (0 is JetStream's default, 2 minutes)");

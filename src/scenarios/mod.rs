@@ -181,6 +181,18 @@ impl fmt::Debug for Scenario {
     }
 }
 
+/// `--events` and `--crash-after` of a scenario whose relay dies after sending some of them:
+/// at least one event, and the crash after one of them.
+pub fn check_crash_after(events: u32, crash_after: u32) -> Result<()> {
+    if events == 0 {
+        bail!("--events must be at least 1");
+    }
+    if crash_after == 0 || crash_after > events {
+        bail!("--crash-after {crash_after} must be between 1 and --events ({events})");
+    }
+    Ok(())
+}
+
 /// `prefix.name` for every prefix and name: the metrics of a row of figures reported once per
 /// consumer, design or path (an empty prefix gives the bare names).
 pub fn metric_names<P: fmt::Display, N: fmt::Display>(

@@ -37,16 +37,7 @@ impl Experiment for Params {
     }
 
     fn validate(&self) -> Result<()> {
-        if self.events == 0 {
-            bail!("--events must be at least 1");
-        }
-        if self.crash_after == 0 || self.crash_after > self.events {
-            bail!(
-                "--crash-after {} must be between 1 and --events ({})",
-                self.crash_after,
-                self.events
-            );
-        }
+        super::check_crash_after(self.events, self.crash_after)?;
         if self.crash_after > self.batch {
             bail!(
                 "--crash-after {} must not exceed the batch size {}",
