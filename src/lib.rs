@@ -17,6 +17,7 @@
 //!   one bounded wait.
 //! - [`secrets`]: the one redaction of passwords and tokens, for everything printed or written,
 //!   and the form of a connection string that may stand on a command line.
+//! - [`stats`]: the median and spread of a figure measured in several rounds.
 //!
 //! One scenario's path: `cmd` parses `scenario relay-crash`; `scenarios` loads its TOML, asks
 //! `harness` for a database, starts `outbox` actors as child processes that die at a crash
@@ -33,5 +34,6 @@ pub mod outbox;
 pub mod report;
 pub mod scenarios;
 pub mod secrets;
+pub mod stats;
 pub mod verify;
 pub mod wait;

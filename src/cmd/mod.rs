@@ -320,18 +320,3 @@ pub fn write_stdout(text: std::fmt::Arguments) -> Result<()> {
     let text = crate::secrets::redact(&text.to_string());
     error::stdout_write(std::io::stdout().lock().write_all(text.as_bytes()))
 }
-
-/// The run's summary table, its count of passed checks and of met targets.
-fn summary(reports: &[Report]) -> String {
-    let checks: usize = reports.iter().map(|r| r.checks.len()).sum();
-    let passed: usize = reports.iter().map(Report::passed_count).sum();
-    let targets: usize = reports.iter().map(|r| r.targets.len()).sum();
-    let met: usize = reports.iter().map(Report::met_count).sum();
-    let table = crate::report::summary_table(reports);
-    format!(
-        "{}\n{}\n{passed} of {checks} checks pass in {} scenarios; {met} of {targets} speed targets met",
-        table.title,
-        table.render(),
-        reports.len()
-    )
-}

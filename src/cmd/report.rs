@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use super::{outln, plots, summary};
+use super::{outln, plots};
 use crate::error::exit;
 use crate::report::{self, html};
 
@@ -15,7 +15,7 @@ pub fn run(dir: &Path) -> Result<ExitCode> {
     for report in &reports {
         outln!("{}", report.render_text())?;
     }
-    outln!("{}", summary(&reports))?;
+    outln!("{}", crate::report::summary(&reports))?;
     let page = html::write(dir, &reports, plots)?;
     crate::errln!("page written to {}", page.display());
     Ok(ExitCode::from(exit::OK))

@@ -5,7 +5,8 @@ use anyhow::Result;
 use hdrhistogram::Histogram;
 use tokio_postgres::Client;
 
-use crate::judge::{counts, median};
+use crate::judge::counts;
+use crate::stats::median;
 
 /// Latencies are recorded in microseconds, up to a minute, to 3 significant digits.
 const HISTOGRAM_MAX_US: u64 = 60_000_000;

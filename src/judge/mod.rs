@@ -2,8 +2,8 @@
 //! liveness), what happened, counted from the database after the run ([`counts`]), latency
 //! summaries ([`latency`]), plans read with EXPLAIN ([`explain`]), the scenarios' expected
 //! figures held against what was measured ([`expectations`]), judging a consumer whose tables
-//! live in another database ([`two_databases`]), what it records of a foreign relay's run for
-//! itself ([`record`]), and the [`median`] and [`min_max`] of a figure's rounds.
+//! live in another database ([`two_databases`]), and what it records of a foreign relay's run
+//! for itself ([`record`]).
 
 pub mod counts;
 pub mod expectations;
@@ -12,25 +12,3 @@ pub mod invariants;
 pub mod latency;
 pub mod record;
 pub mod two_databases;
-
-/// The median of a figure measured in several rounds (0 for none): one slow round on a shared
-/// machine does not move it.
-pub fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    match sorted.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    }
-}
-
-/// The smallest and the largest of a figure's rounds (infinite for none): how far they spread
-/// around the median.
-pub fn min_max(values: &[f64]) -> (f64, f64) {
-    values
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
-            (lo.min(v), hi.max(v))
-        })
-}

@@ -10,9 +10,11 @@ pub mod html;
 pub mod plots;
 pub mod progress;
 mod run_dir;
+mod spread;
 mod table;
 
 pub use run_dir::{create_run_dir, write_run_file};
+pub use spread::Spread;
 pub use table::Table;
 
 use std::fmt::Write as _;
@@ -277,6 +279,21 @@ fn judged_table(title: &str, judged: &[CheckResult], [yes, no]: [&str; 2]) -> Ta
         ]);
     }
     table
+}
+
+/// The run's summary table, its count of passed checks and of met targets.
+pub fn summary(reports: &[Report]) -> String {
+    let checks: usize = reports.iter().map(|r| r.checks.len()).sum();
+    let passed: usize = reports.iter().map(Report::passed_count).sum();
+    let targets: usize = reports.iter().map(|r| r.targets.len()).sum();
+    let met: usize = reports.iter().map(Report::met_count).sum();
+    let table = summary_table(reports);
+    format!(
+        "{}\n{}\n{passed} of {checks} checks pass in {} scenarios; {met} of {targets} speed targets met",
+        table.title,
+        table.render(),
+        reports.len()
+    )
 }
 
 /// One table for a whole run: each article figure beside what was expected and measured, and

@@ -11,11 +11,12 @@ use serde::Deserialize;
 
 use super::{metric_names, Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
-use crate::judge::{counts, median};
+use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::relay::{self, RelayConfig};
 use crate::outbox::writer::Ending;
 use crate::report::Table;
+use crate::stats::median;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -6,10 +6,10 @@ use anyhow::Result;
 
 use super::cells::Cell;
 use super::{Outcome, Params, SinkKind};
-use crate::judge::{median, min_max};
 use crate::outbox::relay::BatchTimings;
 use crate::report::plots::{self, Axes, Plot};
 use crate::report::{Report, Table};
+use crate::stats::{median, min_max};
 
 /// A cell's runs, round after round.
 #[derive(Clone, Default)]

@@ -7,10 +7,11 @@ use anyhow::Result;
 
 use super::{Ctx, Outcome, Params, CHILD_TIMEOUT};
 use crate::harness::child::ChildEnd;
-use crate::judge::{counts, median};
+use crate::judge::counts;
 use crate::outbox::schema;
 use crate::outbox::writer::Ending;
 use crate::report::Table;
+use crate::stats::median;
 
 /// How often the writers' sessions are looked at for a commit queued behind a notifying one.
 const QUEUE_SAMPLE_EVERY: Duration = Duration::from_millis(5);
