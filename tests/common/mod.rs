@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod verify;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, OnceLock};

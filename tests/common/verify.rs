@@ -1,0 +1,41 @@
+//! What the verify tests share: verify on the test binary's cluster or on a throwaway one of
+//! its own, and the relays they give it.
+
+use std::path::Path;
+
+use super::{outbox_lab, run_json, scratch_dir, Run};
+
+/// `outbox-lab verify ARGS --format json` on this test binary's cluster.
+pub fn verify(args: &[&str]) -> Run {
+    let results = scratch_dir("verify-results");
+    run_json(&["verify"], &results, args)
+}
+
+/// `outbox-lab verify ARGS --format json` on a throwaway cluster of its own (where the database
+/// may be restarted), results in `results`.
+pub fn verify_alone(results: &Path, args: &[&str]) -> std::process::Command {
+    let mut command = outbox_lab();
+    command
+        .arg("verify")
+        .args(args)
+        .args(["--format", "json", "--results-dir"])
+        .arg(results);
+    command
+}
+
+/// An example relay of examples/relays/.
+pub fn example(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/relays")
+        .join(name);
+    format!("'{}' --batch 20 --mode notify", path.display())
+}
+
+/// Our relay command, with `extra` options.
+pub fn our_relay(extra: &str) -> String {
+    format!(
+        "'{}' relay --database-url {{database_url}} --sink {{sink_url}} --mode notify \
+         --interval-ms 50 --name {{name}} {extra}",
+        env!("CARGO_BIN_EXE_outbox-lab")
+    )
+}

@@ -1,0 +1,151 @@
+//! `outbox-lab verify` given bad input — a relay command that is not there, exits at once or
+//! never connects, user SQL that does not apply, breaks our tables or is too slow — and a run
+//! cut short by --time-limit, inconclusive rather than a verdict.
+
+mod common;
+
+use common::verify::{our_relay, verify, verify_alone};
+use common::{assert_usage_error, run_tracked, scratch_dir, throwaway_dirs_of};
+
+#[test]
+fn a_relay_command_that_is_not_there_is_bad_input() {
+    let run = verify(&["--relay-cmd", "no-such-relay-xyz --batch 5"]);
+    assert_usage_error(&run, "program 'no-such-relay-xyz' not found");
+    let run = verify(&["--relay-cmd", "sh -c {nope}"]);
+    assert_usage_error(&run, "unknown placeholder {nope}");
+    let run = verify(&["--relay-cmd", "sh", "--relays", "0"]);
+    assert_usage_error(&run, "0 is not in 1..=8");
+    let run = verify(&["--relay-cmd", "sh", "--events", "-1"]);
+    assert_usage_error(&run, "is not in 10..=100000");
+    let run = verify(&["--relay-cmd", "sh", "--schedule", "pause:relay@250ms+0ms"]);
+    assert_usage_error(&run, "pauses nothing");
+    let run = verify(&["--relay-cmd", "sh", "--nemesis", "kill,flood"]);
+    assert_usage_error(&run, "unknown nemesis 'flood'");
+    let run = verify(&[
+        "--relay-cmd",
+        "sh",
+        "--sink",
+        "redis",
+        "--schedule",
+        "net:reset@5",
+    ]);
+    assert_usage_error(&run, "with --sink redis, use kill");
+}
+
+/// A relay that exits at once, before any fault, is bad input with its last lines; the
+/// throwaway cluster and the relay are gone afterwards.
+#[test]
+fn a_relay_that_exits_at_once_is_bad_input_and_nothing_is_left() {
+    let results = scratch_dir("verify-exits");
+    let (pid, run) = run_tracked(&mut verify_alone(
+        &results,
+        &[
+            "--relay-cmd",
+            "sh -c 'echo cannot parse my config >&2; exit 3'",
+        ],
+    ));
+    assert_usage_error(&run, "exited by itself");
+    assert!(
+        run.stderr.contains("cannot parse my config"),
+        "{}",
+        run.stderr
+    );
+    assert!(throwaway_dirs_of("pg", pid).is_empty());
+}
+
+/// A relay that runs but never connects to the database is bad input, said after 10 s.
+#[test]
+fn a_relay_that_never_connects_is_bad_input() {
+    let run = verify(&[
+        "--relay-cmd",
+        "sh -c 'echo waiting for Kafka >&2; exec sleep 60'",
+    ]);
+    assert_usage_error(&run, "no relay connected to the database");
+    assert!(run.stderr.contains("waiting for Kafka"), "{}", run.stderr);
+}
+
+#[test]
+fn a_schema_file_that_does_not_apply_is_bad_input() {
+    let dir = scratch_dir("verify-schema");
+    let schema = dir.join("schema.sql");
+    std::fs::write(&schema, "CREATE TABLEX relay_offsets (id int);").unwrap();
+    let run = verify(&["--relay-cmd", "sh", "--schema", schema.to_str().unwrap()]);
+    assert_usage_error(&run, "--schema does not apply");
+    let run = verify(&[
+        "--relay-cmd",
+        "sh",
+        "--pending-sql",
+        "SELECT count(*) FROM nowhere",
+    ]);
+    assert_usage_error(&run, "--pending-sql does not run");
+    let run = verify(&["--relay-cmd", "sh", "--pending-sql", "SELECT 'many'"]);
+    assert_usage_error(&run, "--pending-sql must return one bigint");
+}
+
+/// A relay that does nothing and ends at once with status 0 (`true`) never connects: bad
+/// input, said within seconds — not a liveness verdict after the time limit.
+#[test]
+fn a_relay_that_ends_at_once_with_status_0_is_bad_input() {
+    let started = std::time::Instant::now();
+    let run = verify(&["--relay-cmd", "true"]);
+    assert_usage_error(&run, "exited by itself");
+    assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
+}
+
+/// A schema file that drops or changes outbox-lab's tables is bad input naming --schema.
+#[test]
+fn a_schema_that_breaks_our_tables_is_bad_input() {
+    let dir = scratch_dir("verify-schema-breaks");
+    for ddl in [
+        "DROP TABLE consumer.shipments;",
+        "DROP TABLE outbox CASCADE;",
+        "ALTER TABLE outbox DROP COLUMN payload;",
+    ] {
+        let schema = dir.join("schema.sql");
+        std::fs::write(&schema, ddl).unwrap();
+        let run = verify(&["--relay-cmd", "sh", "--schema", schema.to_str().unwrap()]);
+        assert_usage_error(&run, "--schema breaks outbox-lab's tables");
+    }
+}
+
+/// The user's SQL runs under a statement timeout of a quarter of --time-limit: too slow is
+/// bad input that says so, within seconds, not a hang.
+#[test]
+fn slow_user_sql_is_bad_input_within_its_bound() {
+    let dir = scratch_dir("verify-slow-sql");
+    let schema = dir.join("schema.sql");
+    std::fs::write(&schema, "SELECT pg_sleep(1000);").unwrap();
+    for args in [
+        vec!["--pending-sql", "SELECT count(*) FROM pg_sleep(1000)"],
+        vec!["--schema", schema.to_str().unwrap()],
+    ] {
+        let started = std::time::Instant::now();
+        let mut all = vec!["--relay-cmd", "sh", "--time-limit", "8s"];
+        all.extend(args);
+        let run = verify(&all);
+        assert_usage_error(&run, "bounded by 2s here, a quarter of --time-limit");
+        assert!(started.elapsed().as_secs() < 8, "{:?}", started.elapsed());
+    }
+}
+
+/// A run cut short by --time-limit before the relays drained is inconclusive (exit 4), not
+/// a liveness violation of the relay's.
+#[test]
+fn a_run_cut_short_by_the_time_limit_is_inconclusive() {
+    let run = verify(&[
+        "--relay-cmd",
+        &our_relay(""),
+        "--events",
+        "100000",
+        "--time-limit",
+        "5s",
+        "--nemesis",
+        "none",
+    ]);
+    assert_eq!(run.code, 4, "{}", run.stderr);
+    assert_eq!(run.metric("verify.inconclusive"), 1);
+    assert_eq!(run.metric("verify.liveness.violating"), 0);
+    assert_eq!(run.metric("verify.lost.violating"), 0);
+    assert!(run.metric("verify.written") < 100_000);
+    assert!(run.stderr.contains("inconclusive"), "{}", run.stderr);
+}
