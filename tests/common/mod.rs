@@ -3,15 +3,20 @@
 
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod host;
 pub mod verify;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
 
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use outbox_lab::harness::cluster::{Cluster, PgBinaries};
 use outbox_lab::harness::db::Database;
 use outbox_lab::outbox::writer::{self, Ending};
+use outbox_lab::wait;
 use serde_json::Value;
 
 static CLUSTER: OnceLock<Mutex<Option<Cluster>>> = OnceLock::new();
@@ -45,6 +50,24 @@ pub fn server_url() -> &'static str {
         unsafe { libc::atexit(stop_shared_cluster) };
         url
     })
+}
+
+/// Tests that run `clean`, or leave a server behind on purpose for the next run to remove, take
+/// turns: every run sweeps what killed runs left and `clean` looks at every throwaway directory,
+/// whichever test binary started them. A file lock (flock) in the target's tmp dir, so the turns
+/// hold across the test binaries of this checkout as between the threads of one; it is let go
+/// when the guard drops (a panicking test's too) or its process ends.
+pub fn one_at_a_time() -> std::fs::File {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(dir).unwrap();
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("one-at-a-time.lock"))
+        .expect("the turns' lock file");
+    lock.lock().expect("a turn");
+    lock
 }
 
 pub fn outbox_lab() -> Command {
@@ -291,4 +314,40 @@ pub fn processes_whose(file: &str, matches: impl Fn(i32, &str) -> bool) -> Vec<i
             matches(pid, &String::from_utf8_lossy(&bytes).replace('\0', " "))
         })
         .collect()
+}
+
+/// `outbox-lab scenario ARGS --format json` started in the background, once `ready` finds its
+/// servers up (asked with the run's pid, for at most `limit`); the run is killed and the test
+/// fails if they never are.
+pub fn run_with_servers_up<T>(
+    args: &[&str],
+    results: &str,
+    limit: Duration,
+    mut ready: impl FnMut(u32) -> Option<T>,
+) -> (std::process::Child, T) {
+    let mut run = outbox_lab()
+        .arg("scenario")
+        .args(args)
+        .args(["--format", "json", "--results-dir"])
+        .arg(scratch_dir(results))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = run.id();
+    let Some(found) = wait::blocking_up_to(limit, Duration::from_millis(20), || ready(pid)) else {
+        let _ = run.kill();
+        let _ = run.wait();
+        panic!(
+            "the servers of `outbox-lab scenario {}` never came up",
+            args.join(" ")
+        );
+    };
+    (run, found)
+}
+
+/// Kills a run with SIGKILL: it cannot stop what it started.
+pub fn sigkill(mut run: std::process::Child) {
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGKILL).unwrap();
+    run.wait().unwrap();
 }
