@@ -1,10 +1,11 @@
-//! Looking at the machine the tests share with others: what a process listens on, and what
-//! another local user (`nobody`) can do.
+//! Looking at the machine the tests share with others: what a process listens on, which command
+//! lines run, the files below a directory, and what another local user (`nobody`) can do.
 
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use nix::unistd::User;
+use nix::unistd::{geteuid, User};
 
 /// The local addresses (`HEXIP:HEXPORT` as in /proc/net/tcp*) that process `pid` listens on.
 pub fn tcp_listen_addresses(pid: i32) -> Vec<String> {
@@ -45,4 +46,34 @@ pub fn as_nobody(program: &str, args: &[&str]) -> (bool, String) {
         out.status.success(),
         String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout),
     )
+}
+
+/// The tests run as root (as CI does): another user's view can be tried.
+pub fn is_root() -> bool {
+    geteuid().is_root()
+}
+
+/// Every file and directory below `dir`, depth first.
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            found.extend(walk(&path));
+        }
+        found.push(path);
+    }
+    found
+}
+
+/// Processes whose command line contains `needle`.
+pub fn command_lines_with(needle: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(needle))
+        .collect()
 }

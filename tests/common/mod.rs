@@ -15,6 +15,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use outbox_lab::harness::cluster::{Cluster, PgBinaries};
 use outbox_lab::harness::db::Database;
+use outbox_lab::harness::throwaway::Marker;
 use outbox_lab::outbox::writer::{self, Ending};
 use outbox_lab::wait;
 use serde_json::Value;
@@ -350,4 +351,14 @@ pub fn run_with_servers_up<T>(
 pub fn sigkill(mut run: std::process::Child) {
     kill(Pid::from_raw(run.id() as i32), Signal::SIGKILL).unwrap();
     run.wait().unwrap();
+}
+
+/// The owner's marker of a throwaway directory.
+pub fn marker_of(dir: &Path) -> Marker {
+    serde_json::from_slice(&std::fs::read(dir.join("outbox-lab-owner.json")).unwrap()).unwrap()
+}
+
+/// `outbox-lab clean ARGS` to its end.
+pub fn clean(args: &[&str]) -> Run {
+    Run::from(outbox_lab().arg("clean").args(args).output().unwrap())
 }
