@@ -52,12 +52,18 @@ const DRAIN_BATCH: usize = 500;
 const AGGREGATE_TYPE: &str = "orders";
 /// How often the outbox is looked at for the moment of the kill.
 const KILL_POLL: Duration = Duration::from_millis(2);
-/// The relay's first retry while the broker is down; each further one waits twice as long, so
-/// a restart of some seconds costs a few retries.
+/// The relay's first retry while the broker is down; each further one waits twice as long, up
+/// to [`RETRY_BACKOFF_MAX`]: a relay waiting out the restart retries at least that often, not
+/// as long again as the restart took (10-13 s on a busy 2-core machine, longer under CI).
 const RETRY_BACKOFF: Duration = Duration::from_millis(20);
-/// Attempts before a row is a dead letter: more than a broker restart takes (a dead letter
-/// would be neither published nor lost, and the outbox not drained).
-const MAX_ATTEMPTS: i32 = 25;
+const RETRY_BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// Attempts before a row is a dead letter: more than a broker restart takes, with a retry every
+/// half second at most (a dead letter would be neither published nor lost, and the outbox not
+/// drained).
+const MAX_ATTEMPTS: i32 = 400;
+/// A relay's run includes the broker's restart, which may itself take up to its start bound of
+/// a minute.
+const RELAY_TIMEOUT: Duration = Duration::from_secs(150);
 
 const PUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
 const UNPUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NULL";
@@ -203,6 +209,7 @@ async fn one_round(
     let config = RelayConfig {
         batch: params.batch,
         backoff_base: RETRY_BACKOFF,
+        backoff_max: RETRY_BACKOFF_MAX,
         max_attempts: MAX_ATTEMPTS,
         ..RelayConfig::default()
     };
@@ -210,7 +217,7 @@ async fn one_round(
     let relay = tokio::spawn(
         ctx.relay(&db, url, &format!("{case}-{round}"), &config)
             .with(|role| role.sink.publish_acks = confirms)
-            .run(CHILD_TIMEOUT),
+            .run(RELAY_TIMEOUT),
     );
     let clock = Instant::now();
     let published_at_kill = loop {

@@ -281,22 +281,21 @@ impl RunningChild {
     /// Waits for its end (or kills it, its group with it, after `timeout`) and classifies how
     /// it ended.
     pub async fn finish(mut self, timeout: Duration) -> Result<ChildRun> {
-        let stdout = self.process.child_mut().stdout.take();
-        let stderr = self.process.child_mut().stderr.take();
-        let ended = async { tokio::join!(self.process.wait(), read_all(stdout), read_all(stderr)) };
-        match tokio::time::timeout(timeout, ended).await {
-            Err(_) => Ok(ChildRun {
-                end: ChildEnd::TimedOut,
-                stdout: String::new(),
-            }),
-            Ok((status, stdout, stderr)) => {
-                let stderr = String::from_utf8_lossy(&stderr);
-                Ok(ChildRun {
-                    end: classify(status?, &stderr, self.crash_at),
-                    stdout: String::from_utf8_lossy(&stdout).into_owned(),
-                })
-            }
+        // Read beside the wait: a child that timed out still says what it printed until then.
+        let stdout = tokio::spawn(read_all(self.process.child_mut().stdout.take()));
+        let stderr = tokio::spawn(read_all(self.process.child_mut().stderr.take()));
+        let status = tokio::time::timeout(timeout, self.process.wait()).await;
+        if status.is_err() {
+            self.process.signal_group(nix::sys::signal::Signal::SIGKILL);
+            self.process.wait().await?;
         }
+        let stdout = String::from_utf8_lossy(&stdout.await.unwrap_or_default()).into_owned();
+        let stderr = stderr.await.unwrap_or_default();
+        let end = match status {
+            Err(_) => ChildEnd::TimedOut,
+            Ok(status) => classify(status?, &String::from_utf8_lossy(&stderr), self.crash_at),
+        };
+        Ok(ChildRun { end, stdout })
     }
 
     /// SIGTERM to its group, SIGKILL after [`STOP_GRACE`]; waits until it is gone.

@@ -137,6 +137,9 @@ pub struct RelayConfig {
     pub max_attempts: i32,
     /// The first retry waits this long; each further one twice as long.
     pub backoff_base: Duration,
+    /// The longest wait between two attempts: the backoff doubles up to it (a relay waiting out
+    /// a broker's restart retries at least this often).
+    pub backoff_max: Duration,
     /// How long to sleep when nothing is due and nothing is waiting for a backoff.
     pub idle_poll: Duration,
     /// Draining gives up after this long (a bound, so a stuck run cannot hang the harness).
@@ -176,6 +179,7 @@ impl Default for RelayConfig {
             batch: 100,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff_base: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(3600),
             idle_poll: Duration::from_millis(10),
             deadline: Duration::from_secs(60),
             partition: None,

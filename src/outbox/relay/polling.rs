@@ -385,7 +385,9 @@ pub(super) async fn deliver_rows(
                 let error = format!("{e:#}");
                 info!(relay = %name, "outbox id={id} failed: {error}");
                 let base_ms = config.backoff_base.as_secs_f64() * 1000.0;
-                db.execute(MARK_FAILED, &[&id, &error, &base_ms]).await?;
+                let max_ms = config.backoff_max.as_secs_f64() * 1000.0;
+                db.execute(MARK_FAILED, &[&id, &error, &base_ms, &max_ms])
+                    .await?;
                 outcome.failed += 1;
             }
         }

@@ -49,12 +49,14 @@ UPDATE outbox
    SET published_at = clock_timestamp(), attempts = attempts + 1
  WHERE id = ANY($1)";
 
-/// A failed delivery waits base * 2^(attempts so far): 200 ms, 400 ms, 800 ms, ...
+/// A failed delivery waits base * 2^(attempts so far): 200 ms, 400 ms, 800 ms, ..., at most
+/// $4 ms.
 pub const MARK_FAILED: &str = "
 UPDATE outbox
    SET attempts = attempts + 1,
        last_error = $2,
-       next_attempt_at = clock_timestamp() + $3::float8 * (2 ^ attempts) * interval '1 millisecond'
+       next_attempt_at = clock_timestamp()
+                         + LEAST($3::float8 * (2 ^ attempts), $4::float8) * interval '1 millisecond'
  WHERE id = $1";
 
 /// The rows a claim may take: due, undelivered, and covered by no live lease ($1 max attempts,
