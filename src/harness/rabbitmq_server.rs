@@ -275,6 +275,18 @@ impl Amqp {
         Ok(full)
     }
 
+    /// Empties queue `full` (a name [`Amqp::declare_queue`] returned), keeping its definition.
+    pub async fn purge_queue(&self, full: &str) -> Result<()> {
+        let connection = connect::amqp(&self.url().await?).await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .queue_purge(full.into(), lapin::options::QueuePurgeOptions::default())
+            .await
+            .with_context(|| format!("cannot purge queue {full}"))?;
+        let _ = connection.close(200, "purged".into()).await;
+        Ok(())
+    }
+
     /// Refuses `--amqp-url` (bad input: exit 2) where a scenario kills the broker: only the
     /// private one is ours to kill.
     pub fn require_private(&self) -> Result<()> {

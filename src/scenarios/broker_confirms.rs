@@ -64,6 +64,8 @@ const MAX_ATTEMPTS: i32 = 400;
 /// A relay's run includes the broker's restart, which may itself take up to its start bound of
 /// a minute.
 const RELAY_TIMEOUT: Duration = Duration::from_secs(150);
+/// Longer than RabbitMQ's delayed write of its definitions.
+const DECLARATION_SETTLE: Duration = Duration::from_secs(3);
 
 const PUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
 const UNPUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NULL";
@@ -116,6 +118,16 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let clock = Instant::now();
     let url = ctx.amqp().url().await?;
     let first_use = clock.elapsed();
+    // Declared once and given time to reach the broker's disk (RabbitMQ writes its definitions
+    // with a delay of up to 2 s): a queue declared just before a SIGKILL can be gone after the
+    // restart, which is the broker losing its definition, not the relay losing messages (seen
+    // under CI's load: every publish after the restart returned "no queue"). Each round empties
+    // it instead.
+    let queue = ctx
+        .amqp()
+        .declare_queue(&AmqpSink::queue_name("", AGGREGATE_TYPE))
+        .await?;
+    tokio::time::sleep(DECLARATION_SETTLE).await;
     let mut outcome = Outcome::default();
     let mut rounds = Table::new(
         "every round: the broker killed mid-stream, then the queue counted against the outbox",
@@ -134,7 +146,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let mut restart_ms_max = 0u128;
     for round in 1..=params.rounds {
         for (case, total) in CASES.iter().zip(totals.iter_mut()) {
-            let result = one_round(ctx, params, &url, case, round).await?;
+            let result = one_round(ctx, params, &url, &queue, case, round).await?;
             total.0 += result.lost;
             total.1 += result.duplicates;
             total.2 += i64::from(result.lost > 0);
@@ -193,16 +205,14 @@ async fn one_round(
     ctx: &Ctx<'_>,
     params: &Params,
     url: &str,
+    queue: &str,
     case: &str,
     round: u32,
 ) -> Result<Round> {
     let db = ctx.database(&format!("{case}_{round}")).await?;
     let client = db.connect().await?;
-    // Afresh each round and case: what it holds after is this relay's alone.
-    let queue = ctx
-        .amqp()
-        .declare_queue(&AmqpSink::queue_name("", AGGREGATE_TYPE))
-        .await?;
+    // Empty each round and case: what it holds after is this relay's alone.
+    ctx.amqp().purge_queue(queue).await?;
     ctx.run_writer(&db, params.events, Ending::Commit, None)
         .await?
         .expect(|e| *e == ChildEnd::Ok, "the writer")?;
@@ -247,7 +257,7 @@ async fn one_round(
 
     let pooled = consumer::pool(db.config()?, 1)?.get().await?;
     let mut worker = AmqpWorker::connect(url, pooled, KIND).await?;
-    worker.drain(&queue, DRAIN_BATCH).await?;
+    worker.drain(queue, DRAIN_BATCH).await?;
     worker.close().await?;
     let row = counts::one_row(&client, counts::DELIVERIES).await?;
     Ok(Round {
