@@ -27,10 +27,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
+use clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use clap_complete::Shell;
 
-use crate::error;
+use crate::error::{self, exit};
 use crate::harness::child::ChildArgs;
 use crate::harness::db::ServerChoice;
 use crate::report::plots::Plot;
@@ -246,12 +247,53 @@ impl RunArgs {
 impl Cli {
     /// Child processes are one actor each: a single-threaded runtime wakes them without a hop
     /// between threads, which is most of a NOTIFY-woken relay's latency budget.
-    pub fn wants_single_thread(&self) -> bool {
+    fn wants_single_thread(&self) -> bool {
         matches!(self.command, Command::Child(_))
     }
 }
 
-pub async fn run(cli: Cli) -> Result<ExitCode> {
+/// The whole program: parses the command line, runs the command on its runtime and turns its
+/// end into the exit status. It lives in the library, not in `main.rs`: an async call tree is
+/// compiled where it is polled, and polled from the binary it was compiled a second time there
+/// (49 s of a cold release build).
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version (stdout, status 0), and the help shown for a bare `outbox-lab`.
+        Err(e) if !e.use_stderr() || e.kind() == DisplayHelpOnMissingArgumentOrSubcommand => {
+            e.exit()
+        }
+        Err(e) => {
+            crate::errln!("outbox-lab: error: {}", error::clap_one_line(&e));
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    let mut builder = if cli.wants_single_thread() {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let runtime = match builder.enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            crate::errln!("outbox-lab: error: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(error) => {
+            let status = error::exit_status(&error);
+            // A reader that stopped early (`| head`) is no failure: nothing to say.
+            if status != exit::OK {
+                crate::errln!("outbox-lab: error: {}", error::one_line(&error));
+            }
+            ExitCode::from(status)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::List => list::run(),
         Command::Scenario(args) => scenario::run(args).await,

@@ -278,6 +278,12 @@ SELECT r.seq, (EXTRACT(EPOCH FROM r.received_at - o.created_at) * 1000)::float8 
 pub const XACT_COMMIT: &str =
     "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()";
 
+/// Look-ups at the outbox table so far, sequential or by index (the server's statistics): a
+/// relay's poll is one look-up in one transaction; ANALYZE and VACUUM count none.
+pub const OUTBOX_LOOKUPS: &str = "
+SELECT (COALESCE(seq_scan, 0) + COALESCE(idx_scan, 0))::bigint
+  FROM pg_stat_user_tables WHERE relid = 'outbox'::regclass";
+
 /// Sessions of this database waiting for the lock a notifying COMMIT takes (a lock on database
 /// object 0, held until the commit ends): notifying commits go one at a time.
 pub const WAITING_TO_NOTIFY: &str = "
