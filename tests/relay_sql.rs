@@ -1,6 +1,6 @@
 //! The relay's SQL statements run on their own against a fresh outbox: the partition filter
-//! for every aggregate id, and `requeue` (dead letters only, never a row under retry or a row
-//! a relay holds).
+//! for every aggregate id, `requeue` (dead letters only, never a row under retry or a row a
+//! relay holds), and a failed delivery unmarked after the lock design's early mark.
 
 mod common;
 
@@ -150,5 +150,55 @@ fn requeue_skips_locked_dead_letters_without_waiting() {
             attempts,
             vec![("held".to_string(), 5), ("free".to_string(), 0)]
         );
+    });
+}
+
+/// The lock design marks its batch beside the send and unmarks a failed delivery in the same
+/// transaction: the row ends as MARK_FAILED alone leaves it (unpublished, one attempt more, the
+/// same backoff, the error), so an early mark never shows.
+#[test]
+fn a_failed_delivery_unmarked_ends_as_if_never_marked() {
+    let db = create_database("relay_sql_unmark_failed", schema::CREATE_OUTBOX);
+    block_on(async {
+        let client = db.connect().await.unwrap();
+        client
+            .batch_execute(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, attempts)
+                 VALUES ('orders', '1', 'OrderCreated', '{}', 3), ('orders', '2', 'OrderCreated', '{}', 3)",
+            )
+            .await
+            .unwrap();
+        let (base_ms, max_ms) = (200.0f64, 1_000_000.0f64);
+        // Row 1 the article's way, row 2 marked first and unmarked.
+        client
+            .execute(sql::MARK_FAILED, &[&1i64, &"refused", &base_ms, &max_ms])
+            .await
+            .unwrap();
+        client.batch_execute("BEGIN").await.unwrap();
+        client
+            .execute(sql::MARK_PUBLISHED, &[&vec![2i64]])
+            .await
+            .unwrap();
+        client
+            .execute(sql::UNMARK_FAILED, &[&2i64, &"refused", &base_ms, &max_ms])
+            .await
+            .unwrap();
+        client.batch_execute("COMMIT").await.unwrap();
+        let rows = client
+            .query(
+                "SELECT published_at IS NULL, attempts, last_error,
+                        round(EXTRACT(EPOCH FROM next_attempt_at - clock_timestamp()))::int
+                   FROM outbox ORDER BY id",
+                &[],
+            )
+            .await
+            .unwrap();
+        let rows: Vec<(bool, i32, String, i32)> = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+            .collect();
+        // 200 ms * 2^3 = 1.6 s from now, rounded.
+        let expected = (true, 4, "refused".to_string(), 2);
+        assert_eq!(rows, vec![expected.clone(), expected]);
     });
 }

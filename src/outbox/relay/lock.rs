@@ -15,6 +15,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row, Statement};
 
 use super::polling::{deliver_rows, Relay};
+use super::sql::{MARK_FAILED, UNMARK_FAILED};
 use super::{BatchClock, Pass, RelayConfig};
 use crate::outbox::crash::{self, CrashPoint};
 use crate::outbox::phases::{self, RelayMoment};
@@ -30,6 +31,13 @@ impl Relay {
         delivered
     }
 
+    /// The mark goes out beside the send, not after it: the UPDATE of every fetched row runs in
+    /// the open transaction while the sink answers, a failed delivery is unmarked again
+    /// ([`UNMARK_FAILED`]), and the COMMIT waits for both. What commits is what the article's
+    /// order commits (a row published only once its delivery was acknowledged; a crash before
+    /// the COMMIT rolls every mark back), and the mark's round trip and its row versions no
+    /// longer follow the sink's. At batch 100 with 2 workers, Redis went from 0.76 of the
+    /// database's ceiling to 0.80-0.83, NATS JetStream from 0.50 to 0.56 (batch-throughput).
     async fn locked_batch(&mut self) -> Result<Pass> {
         let started = Instant::now();
         let rows = begin_and_fetch(&self.client, &self.fetch, &self.config).await?;
@@ -37,11 +45,30 @@ impl Relay {
         if self.config.log_phases && !rows.is_empty() {
             phases::relay_moment(RelayMoment::Fetched, &[]);
         }
-        let (outcome, delivered) =
-            deliver_rows(&self.sink, &self.config, &self.name, &self.client, &rows).await?;
-        let sent = Instant::now();
-        if !delivered.is_empty() {
-            self.client.execute(&self.mark, &[&delivered]).await?;
+        let ids: Vec<i64> = rows.iter().map(|row| row.get("id")).collect();
+        // The mark is polled first, so it reaches the connection before any failure's record.
+        let mark = async {
+            match ids.is_empty() {
+                true => Ok(0),
+                false => self.client.execute(&self.mark, &[&ids]).await,
+            }
+        };
+        let send = async {
+            let delivered = deliver_rows(
+                &self.sink,
+                &self.config,
+                &self.name,
+                &self.client,
+                &rows,
+                UNMARK_FAILED,
+            )
+            .await;
+            (delivered, Instant::now())
+        };
+        let (marked, (delivered, sent)) = tokio::join!(mark, send);
+        marked?;
+        let (outcome, _) = delivered?;
+        if outcome.sent > 0 {
             crash::point(CrashPoint::RelayAfterMarkBeforeCommit);
         }
         let marked = Instant::now();
@@ -72,8 +99,15 @@ impl Relay {
             crash::point(CrashPoint::RelayAfterMarkBeforeSend);
         }
         // A failed send is recorded (attempts, last_error) on a row already marked published.
-        let (outcome, _) =
-            deliver_rows(&self.sink, &self.config, &self.name, &self.client, &rows).await?;
+        let (outcome, _) = deliver_rows(
+            &self.sink,
+            &self.config,
+            &self.name,
+            &self.client,
+            &rows,
+            MARK_FAILED,
+        )
+        .await?;
         Ok(outcome)
     }
 }

@@ -13,7 +13,7 @@ use tokio_postgres::{Client, GenericClient, Notification, Row, Statement};
 use tracing::info;
 
 use super::sql::{
-    fetch_statement, CLAIM_BATCH, CLAIM_BATCH_FENCED, MARK_CLAIMED_PUBLISHED, MARK_FAILED,
+    fetch_statement, CLAIM_BATCH, CLAIM_BATCH_FENCED, MARK_CLAIMED_PUBLISHED,
     MARK_FENCED_PUBLISHED, MARK_PUBLISHED, PENDING, PENDING_GUARDED,
 };
 use super::{
@@ -338,7 +338,8 @@ pub(super) async fn open_connection(
 }
 
 /// Sends the fetched rows through the sink; a failure is recorded (with its backoff) through
-/// `db`. Returns the ids delivered, for the mark. With `log_attempts`, every event is logged
+/// `db` by `record_failure` ([`MARK_FAILED`](super::sql::MARK_FAILED), or
+/// [`UNMARK_FAILED`](super::sql::UNMARK_FAILED) for rows already marked in the open transaction). Returns the ids delivered, for the mark. With `log_attempts`, every event is logged
 /// `sending` before the batch goes out and `sent` as soon as it is known delivered: an event
 /// left without an answer when the relay dies is one whose outcome it never learned.
 pub(super) async fn deliver_rows(
@@ -347,6 +348,7 @@ pub(super) async fn deliver_rows(
     name: &str,
     db: &impl GenericClient,
     rows: &[Row],
+    record_failure: &str,
 ) -> Result<(Pass, Vec<i64>)> {
     let mut outcome = Pass {
         fetched: rows.len(),
@@ -386,7 +388,7 @@ pub(super) async fn deliver_rows(
                 info!(relay = %name, "outbox id={id} failed: {error}");
                 let base_ms = config.backoff_base.as_secs_f64() * 1000.0;
                 let max_ms = config.backoff_max.as_secs_f64() * 1000.0;
-                db.execute(MARK_FAILED, &[&id, &error, &base_ms, &max_ms])
+                db.execute(record_failure, &[&id, &error, &base_ms, &max_ms])
                     .await?;
                 outcome.failed += 1;
             }

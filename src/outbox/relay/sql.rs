@@ -59,6 +59,17 @@ UPDATE outbox
                          + LEAST($3::float8 * (2 ^ attempts), $4::float8) * interval '1 millisecond'
  WHERE id = $1";
 
+/// [`MARK_FAILED`] for a row the lock design marked published beside its send, in the same open
+/// transaction: unmarked again, its attempt already counted by that mark.
+pub const UNMARK_FAILED: &str = "
+UPDATE outbox
+   SET published_at = NULL,
+       last_error = $2,
+       next_attempt_at = clock_timestamp()
+                         + LEAST($3::float8 * (2 ^ (attempts - 1)), $4::float8)
+                           * interval '1 millisecond'
+ WHERE id = $1";
+
 /// The rows a claim may take: due, undelivered, and covered by no live lease ($1 max attempts,
 /// $2 batch, $4 lease in ms); written once for [`CLAIM_BATCH`] and [`CLAIM_BATCH_FENCED`].
 macro_rules! claimable_ids {
