@@ -1,4 +1,5 @@
-//! The statistics of a figure measured in several rounds: its median and its spread.
+//! The statistics of a figure measured in several rounds: its median and its spread; and how a
+//! figure is rounded for the table.
 
 /// The median of a figure measured in several rounds (0 for none): one slow round on a shared
 /// machine does not move it.
@@ -20,4 +21,14 @@ pub fn min_max(values: &[f64]) -> (f64, f64) {
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| {
             (lo.min(v), hi.max(v))
         })
+}
+
+/// Milliseconds to 0.1 ms.
+pub fn round_ms(ms: f64) -> f64 {
+    round_to(ms, 10.0)
+}
+
+/// `value` to the nearest 1 / `steps_per_unit`.
+pub fn round_to(value: f64, steps_per_unit: f64) -> f64 {
+    (value * steps_per_unit).round() / steps_per_unit
 }

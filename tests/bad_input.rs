@@ -257,6 +257,24 @@ fn relay_sink_with_an_unknown_scheme() {
     }
 }
 
+/// A flag for another kind of sink would be silently ignored: refused, without the URL (it
+/// may hold a password).
+#[test]
+fn relay_flags_of_another_sink() {
+    let redis = "redis://:s3cret@127.0.0.1:1";
+    for extra in [
+        ["--in-flight", "4"],
+        ["--http-body", "array"],
+        ["--no-publish-acks", "--name=x"],
+    ] {
+        let run = relay(&[&["--sink", redis][..], &extra[..]].concat());
+        assert_usage_error(&run, "leave");
+        assert!(!run.stderr.contains("s3cret"), "{}", run.stderr);
+    }
+    let run = relay(&["--no-publish-acks"]);
+    assert_usage_error(&run, "--no-publish-acks is for nats:// and amqp:// sinks");
+}
+
 /// `scenario all` applies a parameter to the scenarios that have it; one that none has is a
 /// typo, refused before anything starts (the missing server binaries are never looked for).
 #[test]

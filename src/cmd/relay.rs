@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 
 use crate::error::exit;
@@ -78,6 +78,7 @@ pub struct RelayArgs {
 }
 
 pub async fn run(args: RelayArgs) -> Result<ExitCode> {
+    sink_flags_fit(&args)?;
     logging::init(args.log_format);
     let interval = Duration::from_millis(args.interval_ms);
     let relay = RelayOptions {
@@ -105,6 +106,19 @@ pub async fn run(args: RelayArgs) -> Result<ExitCode> {
     };
     standalone::run_relay(&args.database_url, relay, args.metrics_listen, shutdown).await?;
     Ok(ExitCode::from(exit::OK))
+}
+
+/// A flag for one kind of sink given with another would be silently ignored: refused instead
+/// (the URL is not repeated: it may hold a password).
+fn sink_flags_fit(args: &RelayArgs) -> Result<()> {
+    let http = args.sink.starts_with("http://");
+    if !http && (args.in_flight != 1 || args.http_body != HttpBody::Event) {
+        bail!("--in-flight and --http-body are for http:// sinks, and --sink is not one: leave them out");
+    }
+    if args.no_publish_acks && !(sink::is_nats(&args.sink) || sink::is_amqp(&args.sink)) {
+        bail!("--no-publish-acks is for nats:// and amqp:// sinks, and --sink is neither: leave it out");
+    }
+    Ok(())
 }
 
 /// `--sink`: a URL the relay can deliver to ([`sink::check_url`]), refused before it starts.

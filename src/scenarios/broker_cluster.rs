@@ -32,6 +32,7 @@ use crate::harness::nats_server::CLUSTER_NODES;
 use crate::judge::latency;
 use crate::report::plots::Plot;
 use crate::report::{decimals, Report, Table};
+use crate::stats::round_ms;
 use probe::Probe;
 
 #[derive(Debug, Deserialize)]
@@ -149,7 +150,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         );
         m.set(format!("{name}.lost"), measured.lost);
         if case == Case::Acked {
-            m.set("failover_ms", round(failover_ms));
+            m.set("failover_ms", round_ms(failover_ms));
         }
         let failures = measured.probes.iter().filter(|p| !p.acked).count();
         summary.push(vec![
@@ -225,8 +226,4 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         params.probe_every_ms
     ));
     Ok(outcome)
-}
-
-fn round(ms: f64) -> f64 {
-    (ms * 10.0).round() / 10.0
 }

@@ -33,6 +33,7 @@ use crate::outbox::relay::{RelayConfig, Wakeup, RELAY_APPLICATION_NAME};
 use crate::outbox::schema;
 use crate::outbox::writer::{event_type, Ending, INSERT_OUTBOX};
 use crate::report::Table;
+use crate::stats::round_ms;
 use crate::wait;
 
 #[derive(Debug, Deserialize)]
@@ -292,8 +293,8 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         m.set(format!("{name}.received"), received);
         m.set(format!("{name}.lost"), lost);
         m.set(format!("{name}.duplicates"), duplicates);
-        m.set(format!("{name}.p50_ms"), round(p50_ms));
-        m.set(format!("{name}.p99_ms"), round(p99_ms));
+        m.set(format!("{name}.p50_ms"), round_ms(p50_ms));
+        m.set(format!("{name}.p99_ms"), round_ms(p99_ms));
         m.set(format!("{name}.idle_xacts"), idle_xacts);
         m.set(format!("{name}.gap_order"), gap_order.clone());
         comparison.push(vec![
@@ -433,9 +434,4 @@ async fn wait_until(client: &Client, sql: &str, params: &[&(dyn ToSql + Sync)]) 
     })
     .await?;
     Ok(answer.is_some())
-}
-
-/// Milliseconds to 0.1 ms.
-fn round(ms: f64) -> f64 {
-    (ms * 10.0).round() / 10.0
 }

@@ -21,6 +21,7 @@ use crate::outbox::relay::{RelayConfig, RelayDesign, RELAY_APPLICATION_NAME};
 use crate::outbox::schema;
 use crate::outbox::writer::Ending;
 use crate::report::{Metrics, Table};
+use crate::stats::{round_ms, round_to};
 use crate::wait;
 
 #[derive(Debug, Deserialize)]
@@ -155,7 +156,10 @@ async fn crash_mid_batch(
         )
         .await?;
     let m = &mut outcome.metrics;
-    m.set(format!("{name}.recovery_ms"), round(row.get("recovery_ms")));
+    m.set(
+        format!("{name}.recovery_ms"),
+        round_ms(row.get("recovery_ms")),
+    );
     m.set(
         format!("{name}.redelivered"),
         row.get::<_, i64>("redelivered"),
@@ -210,7 +214,7 @@ async fn slow_sink(
     wait_until_relays_gone(&client, &relays).await?;
     let updates: i64 = client.query_one(counts::OUTBOX_UPDATES, &[]).await?.get(0);
     let m = &mut outcome.metrics;
-    m.set(format!("{name}.max_xact_ms"), round(max_xact_ms));
+    m.set(format!("{name}.max_xact_ms"), round_ms(max_xact_ms));
     m.set(format!("{name}.backend_xmin_held_share"), share(xmin_held));
     m.set(format!("{name}.backend_xid_held_share"), share(xid_held));
     m.set(format!("{name}.sessions_sampled"), samples);
@@ -258,15 +262,6 @@ async fn wait_until_relays_gone(client: &Client, relays: &str) -> Result<()> {
         },
     )
     .await
-}
-
-/// Milliseconds to 0.1 ms.
-fn round(ms: f64) -> f64 {
-    round_to(ms, 10.0)
-}
-
-fn round_to(value: f64, steps_per_unit: f64) -> f64 {
-    (value * steps_per_unit).round() / steps_per_unit
 }
 
 /// The trade-off the article alludes to, measured.

@@ -18,19 +18,10 @@ use crate::outbox::event::Event;
 
 /// What an HTTP request carries (`relay --http-body`).
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
 )]
 pub enum HttpBody {
     /// One event, as the article's relay posts them: the consumer commits once per event.
-    #[default]
     Event,
     /// The batch as a JSON array, in batch order: the consumer applies it in one transaction
     /// (idempotent per event) and the answer covers every event in it.
