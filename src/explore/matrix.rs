@@ -12,6 +12,7 @@ use super::schedule::Schedule;
 use super::Plan;
 use crate::judge::expectations::CheckResult;
 use crate::report::{Environment, Metrics, Report, Table};
+use crate::stats::round_to;
 
 /// One design's runs, summarised per invariant.
 pub struct DesignResult {
@@ -221,7 +222,7 @@ pub fn report(
     // Every run counts for the rate, the second runs of the reproducers too.
     let runs_total: usize = results.iter().map(|r| r.runs.len()).sum();
     let per_s = runs_total as f64 / elapsed.as_secs_f64().max(0.001);
-    metrics.set("schedules_per_s", (per_s * 100.0).round() / 100.0);
+    metrics.set("schedules_per_s", round_to(per_s, 100.0));
     let mut notes = vec![format!(
         "{total} schedules and {} second runs in {:.1} s ({per_s:.2} schedules/s); workload: {} \
          orders x {} events, written by two overlapping sessions",

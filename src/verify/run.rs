@@ -10,6 +10,7 @@ use tokio_postgres::Client;
 use crate::explore::history::History;
 use crate::explore::lab::Lab;
 use crate::explore::schedule::Schedule;
+use crate::stats::round_to;
 
 /// The width of a bucket of the delivery timeline.
 const TIMELINE_BUCKET_MS: i64 = 100;
@@ -158,7 +159,7 @@ async fn measure(client: &Client) -> Result<Figures> {
         .await?;
     let delivered: i64 = latency.get("delivered");
     let span_s: Option<f64> = latency.get("span_s");
-    let round = |v: Option<f64>| (v.unwrap_or(0.0) * 100.0).round() / 100.0;
+    let round = |v: Option<f64>| round_to(v.unwrap_or(0.0), 100.0);
     let timeline = client
         .query(TIMELINE, &[&TIMELINE_BUCKET_MS])
         .await?

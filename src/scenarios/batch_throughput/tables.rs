@@ -9,7 +9,7 @@ use super::{Outcome, Params, SinkKind};
 use crate::outbox::relay::BatchTimings;
 use crate::report::plots::{self, Axes, Plot};
 use crate::report::{Report, Table};
-use crate::stats::{median, min_max};
+use crate::stats::{median, min_max, round_to};
 
 /// A cell's runs, round after round.
 #[derive(Clone, Default)]
@@ -100,7 +100,7 @@ pub(super) fn outcome(params: &Params, cells: &[Cell], runs: &[Runs]) -> Outcome
             Some(ceiling) => {
                 let ceiling_rates = &rates_by_cell[ceiling];
                 let fraction = rate / median(ceiling_rates);
-                let fraction = (fraction * 100.0).round() / 100.0;
+                let fraction = round_to(fraction, 100.0);
                 outcome.metrics.set(format!("{name}.of_ceiling"), fraction);
                 let by_round: Vec<f64> = rates
                     .iter()
