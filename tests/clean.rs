@@ -7,6 +7,7 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,11 +31,18 @@ fn dead_process() -> ProcessId {
 
 /// A `sleep` standing in for a server, working in `cwd`.
 fn victim(cwd: &Path) -> Child {
-    Command::new("sleep")
-        .arg("300")
-        .current_dir(cwd)
-        .spawn()
-        .unwrap()
+    let mut sleep = Command::new("sleep");
+    sleep.arg("300").current_dir(cwd);
+    // SIGINT as a server takes it, whatever this test inherited: a shell without job control
+    // starts its background jobs with SIGINT ignored, and `sleep` would outlive clean's stop.
+    unsafe {
+        sleep.pre_exec(|| {
+            nix::sys::signal::signal(Signal::SIGINT, nix::sys::signal::SigHandler::SigDfl)
+                .map(drop)
+                .map_err(std::io::Error::from)
+        });
+    }
+    sleep.spawn().unwrap()
 }
 
 /// A directory named like ours with `marker` in it (as raw JSON), owned by `owner`.

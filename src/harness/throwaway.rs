@@ -90,7 +90,10 @@ impl ProcessId {
         let _ = kill(pid, signal);
         wait_gone(self);
         if self.is_running() {
-            let _ = killpg(pid, Signal::SIGKILL);
+            // A process that leads no group (one that ignored the signal) is killed alone.
+            if killpg(pid, Signal::SIGKILL).is_err() && self.is_running() {
+                let _ = kill(pid, Signal::SIGKILL);
+            }
             wait_gone(self);
         }
     }
