@@ -253,10 +253,23 @@ async fn event_ids(stream: &stream::Stream, probe_subject: &str) -> Result<Vec<u
         return Ok(ids);
     }
     for seq in state.first_sequence..=state.last_sequence {
-        let message = stream
-            .get_raw_message(seq)
-            .await
-            .map_err(|e| anyhow!("cannot read message {seq} of the stream: {e}"))?;
+        // The stream may lose its leader again while it is read (the restarted node catching up
+        // under load answered 503, "JetStream system temporarily unavailable"): a read is tried
+        // again for as long as a failover may take.
+        let mut failed = String::new();
+        let message = wait::up_to(
+            FAILOVER_LIMIT,
+            Duration::from_millis(100),
+            async || match stream.get_raw_message(seq).await {
+                Ok(message) => Ok(Some(message)),
+                Err(e) => {
+                    failed = e.to_string();
+                    Ok(None)
+                }
+            },
+        )
+        .await?
+        .ok_or_else(|| anyhow!("cannot read message {seq} of the stream: {failed}"))?;
         if message.subject.as_str() == probe_subject {
             continue;
         }
