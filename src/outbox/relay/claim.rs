@@ -7,7 +7,7 @@
 use anyhow::Result;
 use tokio_postgres::types::ToSql;
 
-use super::polling::{deliver_rows, Relay};
+use super::polling::Relay;
 use super::sql::MARK_FAILED;
 use super::{Pass, RelayDesign};
 
@@ -25,15 +25,7 @@ impl Relay {
         // UPDATE ... RETURNING has no order; deliver oldest first, as the lock design does.
         rows.sort_by_key(|row| row.get::<_, i64>("id"));
         // A failed row keeps its claim: it is retried once both its backoff and the lease ran out.
-        let (outcome, delivered) = deliver_rows(
-            &self.sink,
-            &self.config,
-            &self.name,
-            &self.client,
-            &rows,
-            MARK_FAILED,
-        )
-        .await?;
+        let (outcome, delivered) = self.deliver(&rows, MARK_FAILED).await?;
         if !delivered.is_empty() {
             match self.config.design {
                 RelayDesign::FencedClaim => {

@@ -14,7 +14,7 @@ use anyhow::Result;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row, Statement};
 
-use super::polling::{deliver_rows, Relay};
+use super::polling::Relay;
 use super::sql::{MARK_FAILED, UNMARK_FAILED};
 use super::{BatchClock, Pass, RelayConfig};
 use crate::outbox::crash::{self, CrashPoint};
@@ -54,15 +54,7 @@ impl Relay {
             }
         };
         let send = async {
-            let delivered = deliver_rows(
-                &self.sink,
-                &self.config,
-                &self.name,
-                &self.client,
-                &rows,
-                UNMARK_FAILED,
-            )
-            .await;
+            let delivered = self.deliver(&rows, UNMARK_FAILED).await;
             (delivered, Instant::now())
         };
         let (marked, (delivered, sent)) = tokio::join!(mark, send);
@@ -99,15 +91,7 @@ impl Relay {
             crash::point(CrashPoint::RelayAfterMarkBeforeSend);
         }
         // A failed send is recorded (attempts, last_error) on a row already marked published.
-        let (outcome, _) = deliver_rows(
-            &self.sink,
-            &self.config,
-            &self.name,
-            &self.client,
-            &rows,
-            MARK_FAILED,
-        )
-        .await?;
+        let (outcome, _) = self.deliver(&rows, MARK_FAILED).await?;
         Ok(outcome)
     }
 }

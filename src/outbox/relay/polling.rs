@@ -337,12 +337,24 @@ pub(super) async fn open_connection(
     Ok((client, Some(notifications)))
 }
 
+impl Relay {
+    /// [`deliver_rows`] through this relay's sink, on its connection.
+    pub(super) async fn deliver(
+        &self,
+        rows: &[Row],
+        record_failure: &str,
+    ) -> Result<(Pass, Vec<i64>)> {
+        let (sink, config, name) = (&self.sink, &self.config, &self.name);
+        deliver_rows(sink, config, name, &self.client, rows, record_failure).await
+    }
+}
+
 /// Sends the fetched rows through the sink; a failure is recorded (with its backoff) through
 /// `db` by `record_failure` ([`MARK_FAILED`](super::sql::MARK_FAILED), or
 /// [`UNMARK_FAILED`](super::sql::UNMARK_FAILED) for rows already marked in the open transaction). Returns the ids delivered, for the mark. With `log_attempts`, every event is logged
 /// `sending` before the batch goes out and `sent` as soon as it is known delivered: an event
 /// left without an answer when the relay dies is one whose outcome it never learned.
-pub(super) async fn deliver_rows(
+async fn deliver_rows(
     sink: &Sink,
     config: &RelayConfig,
     name: &str,
