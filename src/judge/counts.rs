@@ -183,12 +183,14 @@ SELECT (EXTRACT(EPOCH FROM back.at - crash.at) * 1000)::float8 AS recovery_ms,
 
 /// The relays' sessions right now (relay children name them, see `RELAY_APPLICATION_NAME`): the
 /// age of their open transactions, and whether they hold back the vacuum horizon, with a
-/// snapshot (`backend_xmin`) or a transaction id (`backend_xid`).
+/// snapshot (`backend_xmin`) or a transaction id (`backend_xid`), either of which does.
 pub const RELAY_SESSIONS: &str = "
 SELECT COALESCE(max(EXTRACT(EPOCH FROM clock_timestamp() - xact_start) * 1000), 0)::float8
          AS xact_ms,
        COALESCE(bool_or(backend_xmin IS NOT NULL), false) AS xmin_held,
        COALESCE(bool_or(backend_xid IS NOT NULL), false) AS xid_held,
+       COALESCE(bool_or(backend_xmin IS NOT NULL OR backend_xid IS NOT NULL), false)
+         AS horizon_held,
        count(*) AS sessions
   FROM pg_stat_activity
  WHERE datname = current_database() AND application_name LIKE $1";

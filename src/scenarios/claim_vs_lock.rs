@@ -46,6 +46,7 @@ impl Experiment for Params {
             "redelivered",
             "overtaken",
             "max_xact_ms",
+            "horizon_held_share",
             "backend_xmin_held_share",
             "backend_xid_held_share",
             "sessions_sampled",
@@ -193,12 +194,13 @@ async fn slow_sink(
     let relays = format!("{RELAY_APPLICATION_NAME}%");
     let mut max_xact_ms = 0.0f64;
     // Samples taken while the relay's session existed, and in how many it held the horizon.
-    let (mut samples, mut xmin_held, mut xid_held) = (0u32, 0u32, 0u32);
+    let (mut samples, mut horizon_held, mut xmin_held, mut xid_held) = (0u32, 0u32, 0u32, 0u32);
     while !relay.is_finished() {
         let row = client.query_one(counts::RELAY_SESSIONS, &[&relays]).await?;
         if row.get::<_, i64>("sessions") > 0 {
             samples += 1;
             max_xact_ms = max_xact_ms.max(row.get("xact_ms"));
+            horizon_held += u32::from(row.get::<_, bool>("horizon_held"));
             xmin_held += u32::from(row.get::<_, bool>("xmin_held"));
             xid_held += u32::from(row.get::<_, bool>("xid_held"));
         }
@@ -215,6 +217,7 @@ async fn slow_sink(
     let updates: i64 = client.query_one(counts::OUTBOX_UPDATES, &[]).await?.get(0);
     let m = &mut outcome.metrics;
     m.set(format!("{name}.max_xact_ms"), round_ms(max_xact_ms));
+    m.set(format!("{name}.horizon_held_share"), share(horizon_held));
     m.set(format!("{name}.backend_xmin_held_share"), share(xmin_held));
     m.set(format!("{name}.backend_xid_held_share"), share(xid_held));
     m.set(format!("{name}.sessions_sampled"), samples);
@@ -301,12 +304,17 @@ fn trade_offs(params: &Params, metrics: &Metrics) -> Table {
             false,
         ),
         (
-            "time a snapshot held back vacuum (backend_xmin set)".into(),
+            "time it held back vacuum (a snapshot or a transaction id)".into(),
+            "horizon_held_share",
+            true,
+        ),
+        (
+            "... by a snapshot (backend_xmin set)".into(),
             "backend_xmin_held_share",
             true,
         ),
         (
-            "time a transaction id held back vacuum (backend_xid set)".into(),
+            "... by a transaction id (backend_xid set)".into(),
             "backend_xid_held_share",
             true,
         ),
