@@ -25,7 +25,8 @@ pub struct BatchTimings {
     pub fetch: Duration,
     /// The sink's deliveries (and the record of any failure).
     pub send: Duration,
-    /// The UPDATE that marks the delivered rows published.
+    /// The UPDATE that marks the rows published: what it took beyond the sink's answers (it
+    /// runs beside the send).
     pub mark: Duration,
     pub commit: Duration,
 }

@@ -161,11 +161,10 @@ pub(super) fn outcome(params: &Params, cells: &[Cell], runs: &[Runs]) -> Outcome
              shares of all their time): {}. fetch: BEGIN and the SELECT ... FOR UPDATE SKIP \
              LOCKED, which locks each row (a partitioned worker also reads and skips the other \
              partitions' rows); send: the events built and (Redis) the pipeline of XADDs \
-             answered; mark: the UPDATE \
-             of published_at, a new row version and a primary-key entry per row (never a HOT \
+             answered; mark: what the UPDATE of published_at took beyond the send, beside \
+             which it runs (a new row version and a primary-key entry per row, never a HOT \
              update: published_at is in the partial index's predicate); commit: the WAL flush. \
-             With one worker the phases follow one another and the relay waits on PostgreSQL \
-             or Redis in each; with workers one worker's flush and round trips overlap \
+             With one worker the relay waits on PostgreSQL or Redis in each phase; with workers one worker's flush and round trips overlap \
              another's work, and the figure is then bounded by the CPU that PostgreSQL (fetch \
              and mark), Redis and the relay share on this machine.",
             ceiling_and_redis_phases.join("; ")
