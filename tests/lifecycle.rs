@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{outbox_lab, run_tracked, scratch_dir, throwaway_dirs_of};
+use common::{long_run, outbox_lab, run_tracked, scratch_dir, throwaway_dirs_of};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use outbox_lab::harness::throwaway::ProcessId;
@@ -48,15 +48,7 @@ fn start_long_run() -> (Child, PathBuf, i32) {
 #[allow(clippy::zombie_processes)] // returned to the caller, which waits for it
 fn start_long_run_with(stderr: Stdio) -> (Child, PathBuf, i32) {
     let results = scratch_dir("lifecycle-long");
-    let mut child = outbox_lab()
-        .args([
-            "scenario",
-            "retry-backoff",
-            "--format",
-            "json",
-            "--results-dir",
-        ])
-        .arg(&results)
+    let mut child = long_run(&results)
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use common::host::{as_nobody, tcp_listen_addresses};
 use common::{
-    assert_passed, block_on, one_at_a_time, outbox_lab, run_tracked, run_with_servers_up,
-    scratch_dir, sigkill, throwaway_dirs_of,
+    assert_ended, assert_passed, block_on, one_at_a_time, outbox_lab, run_tracked,
+    run_with_servers_up, scratch_dir, sigkill, throwaway_dirs_of,
 };
 use nix::unistd::geteuid;
 use outbox_lab::harness::nats_server::Nats;
@@ -141,14 +141,7 @@ fn broker_dedup_counts_and_no_nats_server_left_behind() {
     ]
     .map(|metric| run.metric(metric));
     assert_eq!(counts, [5, 5, 8, 8], "{}", run.stdout);
-    let gone = wait::blocking_up_to(Duration::from_secs(10), Duration::from_millis(20), || {
-        !server.is_running()
-    });
-    assert!(
-        gone.is_some(),
-        "nats-server {} of the killed run still runs",
-        server.pid
-    );
+    assert_ended("nats-server", &[server]);
     assert!(!dir.exists(), "{} left behind", dir.display());
     let own: Vec<PathBuf> = throwaway_dirs_of("nats", pid);
     assert!(own.is_empty(), "the passing run left {own:?}");
@@ -264,14 +257,7 @@ fn broker_cluster_loses_nothing_with_acks_and_no_node_left_behind() {
         );
     }
     for (dir, server) in &nodes {
-        let gone = wait::blocking_up_to(Duration::from_secs(10), Duration::from_millis(20), || {
-            !server.is_running()
-        });
-        assert!(
-            gone.is_some(),
-            "nats-server {} of the killed run still runs",
-            server.pid
-        );
+        assert_ended("nats-server", &[*server]);
         assert!(!dir.exists(), "{} left behind", dir.display());
     }
     let own: Vec<PathBuf> = throwaway_dirs_of("nats-cluster", pid);

@@ -7,9 +7,7 @@ mod common;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{
-    assert_passed, outbox_lab, processes_whose, run_json, scratch_dir, throwaway_dirs_of,
-};
+use common::{assert_passed, long_run, processes_whose, run_json, scratch_dir, throwaway_dirs_of};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use outbox_lab::wait;
@@ -105,15 +103,7 @@ fn what_a_foreign_relay_started_goes_with_it() {
 /// returns it with those children's pids.
 #[allow(clippy::zombie_processes)] // returned to the caller, which waits for it
 fn start_run_with_children() -> (Child, Vec<i32>) {
-    let mut run = outbox_lab()
-        .args([
-            "scenario",
-            "retry-backoff",
-            "--format",
-            "json",
-            "--results-dir",
-        ])
-        .arg(scratch_dir("processes-own"))
+    let mut run = long_run(&scratch_dir("processes-own"))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

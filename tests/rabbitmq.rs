@@ -12,15 +12,14 @@ use std::time::Duration;
 
 use common::host::{as_nobody, tcp_listen_addresses};
 use common::{
-    assert_passed, block_on, one_at_a_time, outbox_lab, run_tracked, run_with_servers_up,
-    scratch_dir, sigkill, throwaway_dirs_of,
+    assert_ended, assert_passed, block_on, one_at_a_time, outbox_lab, run_tracked,
+    run_with_servers_up, scratch_dir, sigkill, throwaway_dirs_of,
 };
 use nix::unistd::geteuid;
 use outbox_lab::harness::rabbitmq_server::Amqp;
 use outbox_lab::harness::throwaway::ProcessId;
 use outbox_lab::outbox::event::Event;
 use outbox_lab::outbox::sink::SinkOptions;
-use outbox_lab::wait;
 
 /// The processes working in `dir` (their cwd under it): a throwaway server and what it started.
 fn processes_in(dir: &Path) -> Vec<i32> {
@@ -133,13 +132,7 @@ fn broker_confirms_loses_nothing_and_no_rabbitmq_left_behind() {
     for gone in [&dir, &epmd_dir] {
         assert!(!gone.exists(), "{} left behind", gone.display());
     }
-    let still = wait::blocking_up_to(Duration::from_secs(10), Duration::from_millis(20), || {
-        left.iter().all(|p| !p.is_running()).then_some(())
-    });
-    assert!(
-        still.is_some(),
-        "processes of the killed run still run: {left:?}"
-    );
+    assert_ended("rabbitmq-server and epmd", &left);
     for kind in ["rabbitmq", "epmd"] {
         let own = throwaway_dirs_of(kind, pid);
         assert!(own.is_empty(), "the passing run left {own:?}");

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::host::{command_lines_with, is_root, walk};
-use common::{one_at_a_time, outbox_lab, scratch_dir, server_url};
+use common::{long_run, one_at_a_time, outbox_lab, scratch_dir, server_url};
 
 /// How many processes `parent` has right now.
 fn children_of(parent: u32) -> usize {
@@ -67,15 +67,7 @@ fn children_never_show_a_password() {
     let url = server_url().replacen("postgres@", &format!("postgres:{secret}@"), 1);
     assert!(url.contains(secret));
     let results = scratch_dir("security-argv");
-    let mut child = outbox_lab()
-        .args([
-            "scenario",
-            "retry-backoff",
-            "--format",
-            "json",
-            "--results-dir",
-        ])
-        .arg(&results)
+    let mut child = long_run(&results)
         .env("OUTBOX_LAB_DATABASE_URL", &url)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

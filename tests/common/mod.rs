@@ -15,7 +15,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use outbox_lab::harness::cluster::{Cluster, PgBinaries};
 use outbox_lab::harness::db::Database;
-use outbox_lab::harness::throwaway::Marker;
+use outbox_lab::harness::throwaway::{Marker, ProcessId};
 use outbox_lab::outbox::writer::{self, Ending};
 use outbox_lab::wait;
 use serde_json::Value;
@@ -73,6 +73,32 @@ pub fn one_at_a_time() -> std::fs::File {
 
 pub fn outbox_lab() -> Command {
     Command::new(env!("CARGO_BIN_EXE_outbox-lab"))
+}
+
+/// `scenario retry-backoff`, JSON results under `results`: a run long enough (its backoffs take
+/// seconds) to be seen, signalled or killed while it runs. The caller sets its output and spawns.
+pub fn long_run(results: &Path) -> Command {
+    let mut run = outbox_lab();
+    run.args([
+        "scenario",
+        "retry-backoff",
+        "--format",
+        "json",
+        "--results-dir",
+    ])
+    .arg(results);
+    run
+}
+
+/// `what` (the servers a SIGKILLed run left behind) has ended within 10 s: the next run reaped it.
+pub fn assert_ended(what: &str, processes: &[ProcessId]) {
+    let ended = wait::blocking_up_to(Duration::from_secs(10), Duration::from_millis(20), || {
+        processes.iter().all(|p| !p.is_running())
+    });
+    assert!(
+        ended.is_some(),
+        "{what} of the killed run still running: {processes:?}"
+    );
 }
 
 /// A directory of this test run's own.
