@@ -72,14 +72,31 @@ impl FaultLog {
             *outcome = FaultOutcome::Fired {
                 process: process.to_string(),
                 at_ms,
+                in_flight: Vec::new(),
             };
         }
     }
 
     /// Nemesis `index` of the schedule struck `process` at `at`.
     pub fn struck(&self, index: usize, process: String, at: Instant) {
+        self.struck_in_flight(index, process, at, Vec::new());
+    }
+
+    /// Nemesis `index` struck `process` at `at` while the events `in_flight` were being
+    /// delivered.
+    pub fn struck_in_flight(
+        &self,
+        index: usize,
+        process: String,
+        at: Instant,
+        in_flight: Vec<String>,
+    ) {
         let at_ms = self.ms(at);
-        self.nemeses.lock().expect("not poisoned")[index] = FaultOutcome::Fired { process, at_ms };
+        self.nemeses.lock().expect("not poisoned")[index] = FaultOutcome::Fired {
+            process,
+            at_ms,
+            in_flight,
+        };
     }
 
     /// When the last fault fired, crash point or nemesis, if any did.

@@ -10,18 +10,21 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use nix::sys::signal::Signal;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::designs::Design;
 use super::faults::FaultLog;
-use super::schedule::{Nemesis, Role, Schedule};
+use super::schedule::{DeliveryStrike, Nemesis, Role, Schedule};
 use crate::connect;
 use crate::harness::db::{Database, PgServer};
+use crate::harness::foreign::relay_name;
 use crate::harness::nemesis::{terminate_backends, OwnChild, Sessions};
-use crate::harness::proxy::{FaultPlan, Proxy, ProxyFaults};
+use crate::harness::proxy::{DeliveryWatch, FaultPlan, Proxy, ProxyFaults, WatchedDelivery};
 use crate::outbox::consumer::CONSUMER_APPLICATION_NAME;
 use crate::outbox::crash::CrashPlan;
+use crate::outbox::relay::RELAY_APPLICATION_NAME;
 
 /// The nemesis schedules of the default run: all of them for the design that claims everything.
 const DEFAULT_SCHEDULES: [&str; 12] = [
@@ -64,9 +67,13 @@ pub fn default_schedules(design: &Design, throwaway_cluster: bool) -> Vec<Schedu
         .collect()
 }
 
-/// The proxy's plan for the schedule's network nemeses; `None` when there are none (the relays
-/// then talk to the consumer directly).
-pub fn proxy_faults(schedule: &Schedule) -> Option<ProxyFaults> {
+/// The proxy's plan for the schedule's network nemeses and the deliveries its nemeses strike
+/// on (told through `tell`); `None` when there are none (the relays then talk to the consumer
+/// directly).
+pub fn proxy_faults(
+    schedule: &Schedule,
+    tell: mpsc::UnboundedSender<WatchedDelivery>,
+) -> Option<ProxyFaults> {
     let plans: Vec<FaultPlan> = schedule
         .nemeses
         .iter()
@@ -75,10 +82,30 @@ pub fn proxy_faults(schedule: &Schedule) -> Option<ProxyFaults> {
             _ => None,
         })
         .collect();
-    (!plans.is_empty()).then_some(ProxyFaults {
+    let watched: Vec<_> = on_delivery(schedule)
+        .map(|(_, strike, number)| (number, strike.moment()))
+        .collect();
+    let watch = (!watched.is_empty()).then_some(DeliveryWatch { watched, tell });
+    (!plans.is_empty() || watch.is_some()).then_some(ProxyFaults {
         latency: Duration::ZERO,
         plans,
+        watch,
     })
+}
+
+/// The schedule's nemeses on a delivery: their index, what they do, on which delivery.
+fn on_delivery(schedule: &Schedule) -> impl Iterator<Item = (usize, DeliveryStrike, u32)> + '_ {
+    schedule
+        .nemeses
+        .iter()
+        .enumerate()
+        .filter_map(|(i, n)| match *n {
+            Nemesis::OnDelivery {
+                strike,
+                on_delivery,
+            } => Some((i, strike, on_delivery)),
+            _ => None,
+        })
 }
 
 /// Where the role's first process stops itself, for a `pause:ROLE:STEP@N+FOR` nemesis.
@@ -90,37 +117,81 @@ pub fn pause_point(schedule: &Schedule, role: Role) -> Option<CrashPlan> {
 }
 
 /// The process of each role a nemesis may hit now: the one the supervisor started last, until
-/// it ends (relay 0 for `relay`).
+/// it ends; relays by their index (a timed nemesis on `relay` hits relay 0, one on a delivery
+/// the relay that sent it).
 #[derive(Default)]
 pub struct LiveProcesses {
-    running: Mutex<BTreeMap<Role, (String, OwnChild)>>,
+    running: Mutex<BTreeMap<(Role, u32), (String, OwnChild)>>,
 }
 
 impl LiveProcesses {
-    /// The supervisor started `label` (`relay0#2`) as `pid`.
-    pub fn started(&self, role: Role, label: &str, pid: Option<u32>) {
-        self.started_own(role, label, pid.and_then(OwnChild::spawned));
+    /// The supervisor started `label` (`relay0#2`) as `pid`: the role's process `index` (0 for
+    /// the writer and the consumer).
+    pub fn started(&self, role: Role, index: u32, label: &str, pid: Option<u32>) {
+        self.started_own(role, index, label, pid.and_then(OwnChild::spawned));
     }
 
     /// The supervisor started `label`, proven ours already.
-    pub fn started_own(&self, role: Role, label: &str, child: Option<OwnChild>) {
+    pub fn started_own(&self, role: Role, index: u32, label: &str, child: Option<OwnChild>) {
         if let Some(child) = child {
             let mut running = self.running.lock().expect("not poisoned");
-            running.insert(role, (label.to_string(), child));
+            running.insert((role, index), (label.to_string(), child));
         }
     }
 
-    /// `label` ended: nothing of its role to hit until the next one starts.
-    pub fn ended(&self, role: Role, label: &str) {
+    /// `label` ended: nothing of its role and index to hit until the next one starts.
+    pub fn ended(&self, role: Role, index: u32, label: &str) {
         let mut running = self.running.lock().expect("not poisoned");
-        if running.get(&role).is_some_and(|(l, _)| l == label) {
-            running.remove(&role);
+        if running.get(&(role, index)).is_some_and(|(l, _)| l == label) {
+            running.remove(&(role, index));
         }
     }
 
-    fn now(&self, role: Role) -> Option<(String, OwnChild)> {
+    fn now(&self, role: Role, index: u32) -> Option<(String, OwnChild)> {
         let running = self.running.lock().expect("not poisoned");
-        running.get(&role).cloned()
+        running.get(&(role, index)).cloned()
+    }
+}
+
+/// Whose database sessions are a relay's.
+#[derive(Debug, Clone)]
+pub enum RelaySessions {
+    /// Ours: named `outbox-lab relay rN`.
+    Ours,
+    /// The user's `relays` relays: `relay-N` by the application name they are given (or one
+    /// ending in their name), else, for one relay, every session not named one of `ours`.
+    Foreign {
+        relays: u32,
+        ours: Vec<&'static str>,
+    },
+}
+
+impl RelaySessions {
+    /// Relay `index`'s sessions, best first: by name, then (for one relay of the user's) every
+    /// session not ours.
+    fn of(&self, index: u32) -> Vec<Sessions> {
+        match self {
+            RelaySessions::Ours => {
+                vec![Sessions::Named(format!(
+                    "{RELAY_APPLICATION_NAME} r{index}"
+                ))]
+            }
+            RelaySessions::Foreign { relays, ours } => {
+                let mut sessions = vec![Sessions::Relay(relay_name(index))];
+                if *relays == 1 {
+                    sessions.push(Sessions::AllBut(ours.clone()));
+                }
+                sessions
+            }
+        }
+    }
+
+    /// Every relay's, for a timed nemesis.
+    fn all(&self) -> Sessions {
+        match self {
+            RelaySessions::Ours => Sessions::Named(format!("{RELAY_APPLICATION_NAME} r0")),
+            RelaySessions::Foreign { ours, .. } => Sessions::AllBut(ours.clone()),
+        }
     }
 }
 
@@ -135,9 +206,15 @@ pub struct Arena<'a> {
     pub server: &'a PgServer,
     pub db: &'a Database,
     /// The relays' sessions, for db-kill-backend.
-    pub relay_sessions: Sessions,
+    pub relay_sessions: RelaySessions,
     /// Set when the supervisor is done: a nemesis not yet due is then not reached.
     pub over: watch::Receiver<bool>,
+    /// The deliveries the proxy holds for a nemesis.
+    pub deliveries: Mutex<Option<mpsc::UnboundedReceiver<WatchedDelivery>>>,
+    /// Set when every timed nemesis has struck and no relay is held by one on a delivery: a
+    /// relay of the user's is not drained before (those on a delivery not yet made may never
+    /// come).
+    pub done: &'a watch::Sender<bool>,
 }
 
 impl Arena<'_> {
@@ -146,7 +223,7 @@ impl Arena<'_> {
     /// restarted one, and says when); None if the run ended first.
     async fn up(&self, role: Role) -> Option<(String, OwnChild)> {
         loop {
-            if let Some(found) = self.live.now(role) {
+            if let Some(found) = self.live.now(role, 0) {
                 return Some(found);
             }
             if *self.over.borrow() {
@@ -170,6 +247,37 @@ impl Arena<'_> {
 /// Strikes every nemesis of `schedule` (the network ones are the proxy's: see [`settle`]);
 /// each says in the fault log when it struck.
 pub async fn strike(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
+    let holding = Holding {
+        state: Mutex::new((true, 0)),
+        done: arena.done,
+    };
+    let timed = async {
+        let struck = strike_timed(schedule, arena).await;
+        holding.change(|(timed_left, _)| *timed_left = false);
+        struck
+    };
+    let (timed, on_delivery) = tokio::join!(timed, strike_on_delivery(schedule, arena, &holding));
+    timed.and(on_delivery)
+}
+
+/// What keeps a relay of the user's from counting as drained: timed nemeses still to strike,
+/// relays held paused by a nemesis on a delivery.
+struct Holding<'a> {
+    /// (timed nemeses left, relays held)
+    state: Mutex<(bool, u32)>,
+    done: &'a watch::Sender<bool>,
+}
+
+impl Holding<'_> {
+    fn change(&self, change: impl FnOnce(&mut (bool, u32))) {
+        let mut state = self.state.lock().expect("not poisoned");
+        change(&mut state);
+        self.done.send_replace(*state == (false, 0));
+    }
+}
+
+/// Strikes the nemeses of `schedule` that are not on a delivery.
+async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
     let fire = |i: usize, process: String| arena.faults.struck(i, process, Instant::now());
     let strikes = schedule.nemeses.iter().enumerate().map(|(i, nemesis)| {
         let fire = &fire;
@@ -214,7 +322,7 @@ pub async fn strike(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                             Role::Consumer => {
                                 Sessions::Named(CONSUMER_APPLICATION_NAME.to_string())
                             }
-                            _ => arena.relay_sessions.clone(),
+                            _ => arena.relay_sessions.all(),
                         };
                         // Patiently: the database may be coming back from a restart.
                         let client = connect::patiently(connect::RECONNECT_PATIENCE, async || {
@@ -225,7 +333,7 @@ pub async fn strike(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                         // it has one again, as a process between two is.
                         loop {
                             if terminate_backends(&client, &sessions).await? > 0 {
-                                let label = arena.live.now(role).map(|(l, _)| l);
+                                let label = arena.live.now(role, 0).map(|(l, _)| l);
                                 let label = label.unwrap_or_else(|| role.name().to_string());
                                 fire(i, format!("{label} (its sessions)"));
                                 break;
@@ -237,7 +345,7 @@ pub async fn strike(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                         }
                     }
                 }
-                Nemesis::Net(_) => {}
+                Nemesis::Net(_) | Nemesis::OnDelivery { .. } => {}
             }
             anyhow::Ok(())
         }
@@ -245,6 +353,82 @@ pub async fn strike(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
     for result in join_all(strikes).await {
         result?;
     }
+    Ok(())
+}
+
+/// Strikes the nemeses on a delivery as the proxy tells of each, on the relay that sent it;
+/// the proxy holds the delivery until it is done.
+async fn strike_on_delivery(
+    schedule: &Schedule,
+    arena: &Arena<'_>,
+    holding: &Holding<'_>,
+) -> Result<()> {
+    let mut left: Vec<_> = on_delivery(schedule).collect();
+    let taken = arena.deliveries.lock().expect("not poisoned").take();
+    let (Some(mut deliveries), false) = (taken, left.is_empty()) else {
+        return Ok(());
+    };
+    let mut over = arena.over.clone();
+    let mut resumes = FuturesUnordered::new();
+    while !left.is_empty() {
+        let delivery = tokio::select! {
+            Some(delivery) = deliveries.recv() => delivery,
+            Some(()) = resumes.next() => continue,
+            _ = over.wait_for(|over| *over) => break,
+        };
+        let Some(k) = left.iter().position(|&(_, strike, number)| {
+            number == delivery.number && strike.moment() == delivery.moment
+        }) else {
+            continue;
+        };
+        let (i, strike, _) = left.remove(k);
+        let Some(index) = delivery.relay else {
+            continue; // not a relay's: nothing to strike
+        };
+        let at = Instant::now();
+        let in_flight = delivery.event_ids.clone();
+        let fired = |process: String| {
+            let process = format!("{process} (delivery {})", delivery.number);
+            arena
+                .faults
+                .struck_in_flight(i, process, at, in_flight.clone());
+        };
+        match strike {
+            DeliveryStrike::Kill => {
+                if let Some((label, child)) = arena.live.now(Role::Relay, index) {
+                    if child.signal(Signal::SIGKILL) {
+                        fired(label);
+                    }
+                }
+            }
+            DeliveryStrike::Pause(hold) => {
+                if let Some((label, child)) = arena.live.now(Role::Relay, index) {
+                    if child.signal(Signal::SIGSTOP) {
+                        fired(label);
+                        holding.change(|(_, held)| *held += 1);
+                        resumes.push(async move {
+                            child.resume_after(hold).await;
+                            holding.change(|(_, held)| *held -= 1);
+                        });
+                    }
+                }
+            }
+            DeliveryStrike::DbKillBackend => {
+                let client = arena.db.connect().await?;
+                for sessions in arena.relay_sessions.of(index) {
+                    if terminate_backends(&client, &sessions).await? > 0 {
+                        let label = arena.live.now(Role::Relay, index).map(|(l, _)| l);
+                        let label = label.unwrap_or_else(|| relay_name(index));
+                        fired(format!("{label}'s sessions"));
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = delivery.done.send(());
+    }
+    // Every relay paused is let go before the run goes on.
+    while resumes.next().await.is_some() {}
     Ok(())
 }
 
@@ -271,6 +455,9 @@ mod tests {
             "pause:relay@1.5s+3s",
             "db:restart@1.5s",
             "kill:consumer@2s",
+            "kill:relay:on-delivery@3",
+            "pause:relay:on-delivery@3+2.5s",
+            "db:kill-backend:relay:on-delivery@7",
         ]) {
             let nemesis: Nemesis = text.parse().unwrap();
             assert_eq!(

@@ -29,6 +29,14 @@ SELECT count(pg_terminate_backend(pid))
    AND application_name = $1
    AND pid <> pg_backend_pid()";
 
+/// Ends the sessions of one relay of the user's, named `relay-N` or ending in ` relay-N`.
+const TERMINATE_RELAY_BACKENDS: &str = "
+SELECT count(pg_terminate_backend(pid))
+  FROM pg_stat_activity
+ WHERE datname = current_database()
+   AND (application_name = $1 OR application_name LIKE '% ' || $1)
+   AND pid <> pg_backend_pid()";
+
 /// The sessions in the current database that are none of ours (`application_name` not one of
 /// `$1`): a relay of the user's, whatever it calls itself.
 macro_rules! foreign_sessions {
@@ -59,8 +67,14 @@ const STOPPED_POLL: Duration = Duration::from_millis(2);
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum FaultOutcome {
-    /// It hit `process` (`relay0#1`), `at_ms` after the run started.
-    Fired { process: String, at_ms: u64 },
+    /// It hit `process` (`relay0#1`), `at_ms` after the run started; for a nemesis on a
+    /// delivery, the event ids that delivery carried.
+    Fired {
+        process: String,
+        at_ms: u64,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        in_flight: Vec<String>,
+    },
     /// The run ended without it (or its target was not running at that moment): the schedule
     /// ran without this fault, and tested nothing of it.
     NotReached,
@@ -120,12 +134,16 @@ pub enum Sessions {
     Named(String),
     /// Every session but those named so: the user's relays, whatever they call themselves.
     AllBut(Vec<&'static str>),
+    /// A relay of the user's, `relay-N`: sessions named so, or with a name that ends in it
+    /// (`outbox-lab-example relay-1`), as a relay names itself after its `{name}`.
+    Relay(String),
 }
 
 /// Terminates `sessions` in `client`'s database; how many.
 pub async fn terminate_backends(client: &Client, sessions: &Sessions) -> Result<i64> {
     let row = match sessions {
         Sessions::Named(name) => client.query_one(TERMINATE_BACKENDS, &[name]).await?,
+        Sessions::Relay(name) => client.query_one(TERMINATE_RELAY_BACKENDS, &[name]).await?,
         Sessions::AllBut(ours) => {
             client
                 .query_one(TERMINATE_FOREIGN_SESSIONS, &[ours])

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
 
 use crate::harness::nemesis::{format_duration, parse_duration};
 
@@ -107,12 +108,103 @@ impl TryFrom<String> for FaultPlan {
     }
 }
 
+/// Where in a delivery's passage a nemesis is told of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryMoment {
+    /// It has arrived from the relay and is not passed on yet: it is in flight.
+    Sent,
+    /// The consumer has applied and committed it and answered; the answer is not passed back
+    /// yet: the relay cannot know it was delivered.
+    Answered,
+}
+
+/// A watched delivery, told to the nemeses; the proxy holds it until `done` is answered (or
+/// dropped).
+#[derive(Debug)]
+pub struct WatchedDelivery {
+    /// Its number in the run, from 1, counted over every relay.
+    pub number: u32,
+    pub moment: DeliveryMoment,
+    /// The relay that sent it (the port it came through); `None` for any other sender.
+    pub relay: Option<u32>,
+    /// The event ids seen in it so far (every uuid in its bytes).
+    pub event_ids: Vec<String>,
+    pub done: oneshot::Sender<()>,
+}
+
+/// Which deliveries the nemeses watch, and where they are told.
+#[derive(Debug, Clone)]
+pub struct DeliveryWatch {
+    pub watched: Vec<(u32, DeliveryMoment)>,
+    pub tell: mpsc::UnboundedSender<WatchedDelivery>,
+}
+
+impl DeliveryWatch {
+    /// Tells the nemeses of delivery `number` at `moment` if they watch it, and waits until
+    /// they have struck (at most [`HOLD_LIMIT`]).
+    pub async fn hold(
+        &self,
+        number: u32,
+        moment: DeliveryMoment,
+        relay: Option<u32>,
+        bytes: &[u8],
+    ) {
+        if !self.watched.contains(&(number, moment)) {
+            return;
+        }
+        let (done, struck) = oneshot::channel();
+        let delivery = WatchedDelivery {
+            number,
+            moment,
+            relay,
+            event_ids: uuids_in(bytes),
+            done,
+        };
+        if self.tell.send(delivery).is_ok() {
+            let _ = tokio::time::timeout(HOLD_LIMIT, struck).await;
+        }
+    }
+}
+
+/// Every uuid written in `bytes` (as text: 8-4-4-4-12 hex digits), in order, once each.
+pub fn uuids_in(bytes: &[u8]) -> Vec<String> {
+    const SHAPE: [usize; 5] = [8, 4, 4, 4, 12];
+    let is_hex = |b: &u8| b.is_ascii_hexdigit();
+    let mut found: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i + 36 <= bytes.len() {
+        let candidate = &bytes[i..i + 36];
+        let mut at = 0;
+        let shaped = SHAPE.iter().enumerate().all(|(k, &len)| {
+            let group = candidate[at..at + len].iter().all(is_hex);
+            at += len;
+            let dash = k == SHAPE.len() - 1 || candidate[at] == b'-';
+            at += 1;
+            group && dash
+        });
+        let bounded = (i == 0 || !is_hex(&bytes[i - 1]))
+            && bytes.get(i + 36).is_none_or(|b| !is_hex(b) && *b != b'-');
+        if shaped && bounded {
+            let id = String::from_utf8_lossy(candidate).to_lowercase();
+            if !found.contains(&id) {
+                found.push(id);
+            }
+            i += 36;
+        } else {
+            i += 1;
+        }
+    }
+    found
+}
+
 /// Everything the proxy does to the traffic.
 #[derive(Debug, Clone, Default)]
 pub struct ProxyFaults {
     /// Every request waits this long before it is passed on.
     pub latency: Duration,
     pub plans: Vec<FaultPlan>,
+    /// The deliveries nemeses strike on.
+    pub watch: Option<DeliveryWatch>,
 }
 
 impl ProxyFaults {
@@ -144,16 +236,19 @@ pub struct ProxyCounts {
 
 /// A running proxy; it stops (with every connection through it) when stopped or dropped.
 pub struct Proxy {
-    /// Where relays send to instead of the consumer, e.g. `http://127.0.0.1:41234`.
+    /// Where senders send to instead of the consumer, e.g. `http://127.0.0.1:41234`.
     pub url: String,
+    /// Relay `i`'s own way in, so that its requests are known to be its.
+    relay_urls: Vec<String>,
     counters: Arc<Counters>,
-    task: JoinHandle<()>,
+    /// The listeners' tasks; the connections end with them.
+    tasks: JoinSet<()>,
 }
 
 impl Proxy {
-    /// Listens on a free loopback port and passes connections on to `upstream_url`
-    /// (`http://host:port`).
-    pub async fn start(upstream_url: &str, faults: ProxyFaults) -> Result<Proxy> {
+    /// Listens on free loopback ports — one for any sender, and one for each of `relays`
+    /// relays — and passes connections on to `upstream_url` (`http://host:port`).
+    pub async fn start(upstream_url: &str, faults: ProxyFaults, relays: u32) -> Result<Proxy> {
         let authority = upstream_url
             .parse::<hyper::Uri>()
             .ok()
@@ -163,15 +258,33 @@ impl Proxy {
             .await?
             .next()
             .with_context(|| format!("cannot resolve {authority}"))?;
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}", listener.local_addr()?);
         let counters = Arc::new(Counters::default());
-        let task = tokio::spawn(accept(listener, upstream, faults, counters.clone()));
+        let faults = Arc::new(faults);
+        let mut tasks = JoinSet::new();
+        let mut urls = Vec::new();
+        for sender in std::iter::once(None).chain((0..relays).map(Some)) {
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            urls.push(format!("http://{}", listener.local_addr()?));
+            let way_in = WayIn {
+                upstream,
+                sender,
+                faults: faults.clone(),
+                counters: counters.clone(),
+            };
+            tasks.spawn(accept(listener, way_in));
+        }
+        let url = urls.remove(0);
         Ok(Proxy {
             url,
+            relay_urls: urls,
             counters,
-            task,
+            tasks,
         })
+    }
+
+    /// Where relay `index` sends (the common way in when it has none of its own).
+    pub fn relay_url(&self, index: u32) -> &str {
+        self.relay_urls.get(index as usize).unwrap_or(&self.url)
     }
 
     /// When the fault planned for request `on_request` struck (`None`: not reached).
@@ -191,23 +304,27 @@ impl Proxy {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        // The connections live in the accept task's JoinSet: they end with it.
-        self.task.abort();
+        // The connections live in the accept tasks' JoinSets: they end with them.
+        self.tasks.abort_all();
     }
 }
 
-async fn accept(
-    listener: TcpListener,
+/// One listener of the proxy: where it passes on to, whose requests come through it, and what
+/// is done to them.
+#[derive(Clone)]
+struct WayIn {
     upstream: SocketAddr,
-    faults: ProxyFaults,
+    sender: Option<u32>,
+    faults: Arc<ProxyFaults>,
     counters: Arc<Counters>,
-) {
-    let faults = Arc::new(faults);
+}
+
+async fn accept(listener: TcpListener, way_in: WayIn) {
     let mut connections = JoinSet::new();
     while let Ok((client, _)) = listener.accept().await {
         // Finished connections are reaped as new ones come, so the set stays small.
         while connections.try_join_next().is_some() {}
-        connections.spawn(pass_on(client, upstream, faults.clone(), counters.clone()));
+        connections.spawn(pass_on(client, way_in.clone()));
     }
 }
 
@@ -222,20 +339,15 @@ enum Ending {
 }
 
 /// One connection: the relay's side to the consumer and back, with the planned faults.
-async fn pass_on(
-    mut client: TcpStream,
-    upstream: SocketAddr,
-    faults: Arc<ProxyFaults>,
-    counters: Arc<Counters>,
-) {
-    let Ok(mut server) = TcpStream::connect(upstream).await else {
+async fn pass_on(mut client: TcpStream, way_in: WayIn) {
+    let Ok(mut server) = TcpStream::connect(way_in.upstream).await else {
         return; // the relay sees its connection close, as if the consumer were down
     };
     // Each turn is passed on at once: Nagle's algorithm would hold a small write back for the
     // other side's delayed ACK (40 ms a request, here).
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    match forward(&mut client, &mut server, &faults, &counters).await {
+    match forward(&mut client, &mut server, &way_in).await {
         Ending::Closed => {}
         Ending::Reset => {
             // SO_LINGER 0 makes the close an RST: the relay reads "connection reset by peer".
@@ -252,23 +364,34 @@ async fn pass_on(
     }
 }
 
-async fn forward(
-    client: &mut TcpStream,
-    server: &mut TcpStream,
-    faults: &ProxyFaults,
-    counters: &Counters,
-) -> Ending {
+/// Bytes of a request kept for the event ids a nemesis is told of.
+const REQUEST_KEPT: usize = 64 * 1024;
+
+async fn forward(client: &mut TcpStream, server: &mut TcpStream, way_in: &WayIn) -> Ending {
+    let WayIn {
+        faults, counters, ..
+    } = way_in;
     let mut from_client = [0u8; 16 * 1024];
     let mut from_server = [0u8; 16 * 1024];
     let mut awaiting_request = true;
     let mut fault = None;
+    // The request being passed on: its number and its first bytes.
+    let mut request = (0, Vec::new());
     loop {
         tokio::select! {
             read = client.read(&mut from_client) => {
                 let Ok(n @ 1..) = read else { return Ending::Closed };
+                if !awaiting_request && request.1.len() < REQUEST_KEPT {
+                    request.1.extend_from_slice(&from_client[..n]);
+                }
                 if awaiting_request {
                     awaiting_request = false;
                     let number = counters.requests.fetch_add(1, Ordering::SeqCst) + 1;
+                    request = (number, from_client[..n].to_vec());
+                    if let Some(watch) = &faults.watch {
+                        let moment = DeliveryMoment::Sent;
+                        watch.hold(number, moment, way_in.sender, &request.1).await;
+                    }
                     fault = faults.on_request(number);
                     if fault.is_some() {
                         let mut struck = counters.struck.lock().expect("not poisoned");
@@ -290,6 +413,12 @@ async fn forward(
             }
             read = server.read(&mut from_server) => {
                 let Ok(n @ 1..) = read else { return Ending::Closed };
+                if !awaiting_request {
+                    if let Some(watch) = &faults.watch {
+                        let moment = DeliveryMoment::Answered;
+                        watch.hold(request.0, moment, way_in.sender, &request.1).await;
+                    }
+                }
                 awaiting_request = true;
                 if fault == Some(NetworkFault::ReplyLost) {
                     counters.replies_lost.fetch_add(1, Ordering::SeqCst);
@@ -326,5 +455,22 @@ mod tests {
         assert!("reset@0".parse::<FaultPlan>().is_err());
         assert!("delay@2".parse::<FaultPlan>().is_err());
         assert!("reset@2+1s".parse::<FaultPlan>().is_err());
+    }
+
+    /// The event ids a nemesis is told of: every uuid in a request, once, and nothing that
+    /// only looks like part of one.
+    #[test]
+    fn uuids_are_found_in_a_request() {
+        let a = "f59c3291-6609-4aa2-8fa0-a65c4876af75";
+        let b = "4AAE9ED1-26C6-455A-9141-70E5AC065D64";
+        let body = format!(
+            "POST /events HTTP/1.1\r\n\r\n[{{\"event_id\":\"{a}\"}},{{\"event_id\":\"{b}\"}},\
+             {{\"event_id\":\"{a}\"}},\"0{a}\",\"{}\"]",
+            &a[..35]
+        );
+        assert_eq!(
+            uuids_in(body.as_bytes()),
+            vec![a.to_string(), b.to_lowercase()]
+        );
     }
 }

@@ -77,6 +77,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let faults = ProxyFaults {
         latency: Duration::from_millis(params.latency_ms),
         plans: params.faults.clone(),
+        watch: None,
     };
     let config = RelayConfig {
         request_timeout: Duration::from_millis(params.request_timeout_ms),
@@ -88,7 +89,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         let db = ctx.database(name).await?;
         let client = db.connect().await?;
         let consumer = ctx.start_consumer(&db, kind, &Faults::default()).await?;
-        let proxy = Proxy::start(&consumer.url, faults.clone()).await?;
+        let proxy = Proxy::start(&consumer.url, faults.clone(), 0).await?;
         ctx.run_writer(&db, params.events, Ending::Commit, None)
             .await?
             .expect(|e| *e == ChildEnd::Ok, "the writer")?;

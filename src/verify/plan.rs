@@ -28,10 +28,10 @@ const NEMESIS_SPACING: Duration = Duration::from_millis(250);
 /// long to drain after the last fault.
 const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
 
-/// The nemeses `--nemesis` names, and the schedule item each one makes (`{at}`: its moment).
-/// In this order on the clock: a database restart last, so that the sessions the nemesis
-/// before it ends are there to end.
-const NEMESES: [(&str, &str); 7] = [
+/// The nemeses `--nemesis` names, and the schedule item each one makes (`{at}`: its moment;
+/// `{n}`: its delivery). In this order on the clock: a database restart last, so that the
+/// sessions the nemesis before it ends are there to end.
+const NEMESES: [(&str, &str); 10] = [
     ("kill", "kill:relay@{at}"),
     ("pause", "pause:relay@{at}+500ms"),
     ("db-kill-backend", "db:kill-backend:relay@{at}"),
@@ -39,7 +39,16 @@ const NEMESES: [(&str, &str); 7] = [
     ("net-reset", "net:reset@5"),
     ("net-reply-lost", "net:reply-lost@10"),
     ("net-delay", "net:delay@15+700ms"),
+    ("kill-on-delivery", "kill:relay:on-delivery@{n}"),
+    ("pause-on-delivery", "pause:relay:on-delivery@{n}+500ms"),
+    (
+        "db-kill-backend-on-delivery",
+        "db:kill-backend:relay:on-delivery@{n}",
+    ),
 ];
+
+/// The deliveries the network nemeses strike (a nemesis on a delivery takes another).
+const NET_REQUESTS: [u32; 3] = [5, 10, 15];
 
 /// The claims made when `--claims` is not given: order only holds for some relay designs
 /// (one relay, or relays partitioned by aggregate), so it is asked for, not assumed.
@@ -90,6 +99,12 @@ pub enum VerifySink {
 impl VerifySink {
     /// The network nemeses stand between a relay and the HTTP consumer only.
     pub(super) fn behind_the_proxy(self) -> bool {
+        self == VerifySink::Http
+    }
+
+    /// Where outbox-lab sees each delivery exactly as it passes (the proxy holds it), so that
+    /// a nemesis can strike on it.
+    pub(super) fn sees_deliveries(self) -> bool {
         self == VerifySink::Http
     }
 
@@ -150,10 +165,7 @@ impl Plan {
                     .map_err(|e| anyhow!("invalid --schedule: {e}"))?,
                 true,
             ),
-            None => (
-                schedule_of(&options.nemeses, options.external_server, options.sink)?,
-                false,
-            ),
+            None => (schedule_of(options)?, false),
         };
         check_schedule(&schedule, options.external_server, options.sink)?;
         let design: &'static Design = Box::leak(Box::new(Design {
@@ -219,9 +231,12 @@ impl Plan {
 }
 
 /// The schedule `--nemesis` asks for: each kind once, in [`NEMESES`]' order, the timed ones
-/// [`NEMESIS_SPACING`] apart; `all` on the user's server is all but the database restart
-/// (only a throwaway cluster is restarted).
-fn schedule_of(kinds: &[String], external_server: bool, sink: VerifySink) -> Result<Schedule> {
+/// [`NEMESIS_SPACING`] apart, those on a delivery a tenth of the events apart; `all` on the
+/// user's server is all but the database restart (only a throwaway cluster is restarted), and
+/// with a broker all but those that need the proxy.
+fn schedule_of(options: &Options) -> Result<Schedule> {
+    let (kinds, external_server, sink) =
+        (&options.nemeses[..], options.external_server, options.sink);
     let everything = matches!(kinds, []) || matches!(kinds, [one] if one == "all");
     let nothing = matches!(kinds, [one] if one == "none");
     if let Some(unknown) = kinds
@@ -238,14 +253,25 @@ fn schedule_of(kinds: &[String], external_server: bool, sink: VerifySink) -> Res
     let chosen = NEMESES.iter().filter(|(kind, _)| match everything {
         true => {
             !(external_server && *kind == "db-restart"
-                || !sink.behind_the_proxy() && kind.starts_with("net-"))
+                || !sink.behind_the_proxy() && kind.starts_with("net-")
+                || !sink.sees_deliveries() && kind.ends_with("-on-delivery"))
         }
         false => kinds.iter().any(|k| k.trim() == *kind),
     });
+    // Within the first third of a relay that delivers an event at a time, however fast.
+    let spacing = (options.events / 10).max(2);
+    let mut delivery = 0;
     let mut items = Vec::new();
     for (n, (_, item)) in chosen.enumerate() {
         let at = NEMESIS_SPACING * (n as u32 + 1);
-        items.push(item.replace("{at}", &format_duration(at)));
+        if item.contains("{n}") {
+            delivery += spacing;
+            while NET_REQUESTS.contains(&delivery) {
+                delivery += 1;
+            }
+        }
+        let item = item.replace("{at}", &format_duration(at));
+        items.push(item.replace("{n}", &delivery.to_string()));
     }
     match items.is_empty() {
         true => Ok(Schedule::default()),
@@ -273,6 +299,13 @@ fn check_schedule(schedule: &Schedule, external_server: bool, sink: VerifySink) 
             bail!(
                 "'{nemesis}': the network nemeses stand between a relay and the HTTP consumer; \
                  with --sink {}, use kill, pause, db-kill-backend and db-restart",
+                sink.name()
+            );
+        }
+        if !sink.sees_deliveries() && matches!(nemesis, Nemesis::OnDelivery { .. }) {
+            bail!(
+                "'{nemesis}': outbox-lab sees each delivery exactly only through its HTTP proxy; \
+                 with --sink {}, strike on a clock (kill:relay@AT, pause:relay@AT+FOR)",
                 sink.name()
             );
         }

@@ -249,7 +249,17 @@ fn faults_table(history: &History) -> Table {
     );
     for fault in &history.faults {
         let (outcome, process, at) = match &fault.outcome {
-            FaultOutcome::Fired { process, at_ms } => ("fired", process.clone(), at_ms.to_string()),
+            FaultOutcome::Fired {
+                process,
+                at_ms,
+                in_flight,
+            } => {
+                let process = match in_flight.as_slice() {
+                    [] => process.clone(),
+                    ids => format!("{process}, delivering {}", ids.join(" ")),
+                };
+                ("fired", process, at_ms.to_string())
+            }
             FaultOutcome::NotReached => ("NOT REACHED", "-".into(), "-".into()),
         };
         faults.push(vec![fault.fault.clone(), outcome.into(), process, at]);

@@ -13,7 +13,7 @@ use super::database::OUR_SESSIONS;
 use super::delivery::{Backlog, Delivery};
 use super::{Lab, Relays, Stage};
 use crate::error;
-use crate::harness::foreign::{Endpoints, RelayTemplate};
+use crate::harness::foreign::{relay_name, Endpoints, RelayTemplate};
 use crate::harness::nemesis::COUNT_FOREIGN_SESSIONS;
 use crate::judge::invariants::pending;
 
@@ -127,9 +127,10 @@ impl Lab<'_> {
         }
     }
 
-    /// What the user's relay is told: the database (as a URL, as libpq keywords, as libpq's
-    /// variables) and where to deliver.
-    pub(super) fn endpoints(&self, sink: &str) -> Result<Endpoints> {
+    /// What the user's relay `index` is told: the database (as a URL, as libpq keywords, as
+    /// libpq's variables) and where to deliver. Its sessions are named `relay-N` in all three,
+    /// so that a nemesis on its delivery finds them.
+    pub(super) fn endpoints(&self, sink: &str, index: u32) -> Result<Endpoints> {
         let config = self.db.config()?;
         let host = match config.get_hosts().first() {
             Some(Host::Unix(dir)) => dir.to_string_lossy().into_owned(),
@@ -152,14 +153,15 @@ impl Lab<'_> {
             Some(p) => format!("{}:{}", encode(&user), encode(p)),
             None => encode(&user),
         };
+        let application_name = relay_name(index);
         let database_url = format!(
-            "postgresql://{credentials}@{}:{port}/{}",
+            "postgresql://{credentials}@{}:{port}/{}?application_name={application_name}",
             encode(&host),
             encode(&dbname)
         );
         let quote = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
         let mut dsn = format!(
-            "host={} port={port} user={} dbname={}",
+            "host={} port={port} user={} dbname={} application_name={application_name}",
             quote(&host),
             quote(&user),
             quote(&dbname)
@@ -169,6 +171,7 @@ impl Lab<'_> {
             ("PGPORT".to_string(), port),
             ("PGUSER".to_string(), user),
             ("PGDATABASE".to_string(), dbname),
+            ("PGAPPNAME".to_string(), application_name),
         ];
         if let Some(p) = password {
             dsn.push_str(&format!(" password={}", quote(&p)));

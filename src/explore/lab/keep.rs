@@ -100,9 +100,9 @@ impl Lab<'_> {
                 .crash_at(plan)
                 .pause_at(nemeses::pause_point(stage.schedule, Role::Writer).filter(|_| n == 1))
                 .spawn()?;
-            stage.live.started(Role::Writer, &label, writer.pid());
+            stage.live.started(Role::Writer, 0, &label, writer.pid());
             let run = writer.finish(self.bounds.child).await?;
-            stage.live.ended(Role::Writer, &label);
+            stage.live.ended(Role::Writer, 0, &label);
             record(history, &label, plan, &run);
             match run.end {
                 ChildEnd::Ok => {
@@ -139,13 +139,11 @@ impl Lab<'_> {
             let pause = nemeses::pause_point(stage.schedule, Role::Relay);
             let label = format!("relay{index}#{n}");
             let mut relay = self
-                .relay_command(index, &stage.sink)
+                .relay_command(index, &stage.relay_sinks[index as usize])
                 .crash_at(plan)
                 .pause_at(pause.filter(|_| index == 0 && n == 1))
                 .spawn()?;
-            if index == 0 {
-                stage.live.started(Role::Relay, &label, relay.pid());
-            }
+            stage.live.started(Role::Relay, index, &label, relay.pid());
             let mut done = writer_done.subscribe();
             tokio::select! {
                 _ = relay.exited() => {}
@@ -153,7 +151,7 @@ impl Lab<'_> {
             }
             relay.close_stdin();
             let run = relay.finish(self.bounds.child).await?;
-            stage.live.ended(Role::Relay, &label);
+            stage.live.ended(Role::Relay, index, &label);
             record(history, &label, plan, &run);
             match run.end {
                 ChildEnd::Ok => return Ok(None),
@@ -176,14 +174,16 @@ impl Lab<'_> {
         history: &Mutex<History>,
         stage: &Stage<'_>,
     ) -> Result<Option<String>> {
-        let endpoints = self.endpoints(&stage.sink)?;
+        let endpoints = self.endpoints(&stage.relay_sinks[index as usize], index)?;
         let name = relay_name(index);
         let mut quick_exits = 0;
         for n in 1..=MAX_PROCESSES_PER_ROLE {
             let label = format!("{name}#{n}");
             let mut relay = template.spawn(&endpoints, index)?;
+            stage
+                .live
+                .started_own(Role::Relay, index, &label, relay.own());
             if index == 0 {
-                stage.live.started_own(Role::Relay, &label, relay.own());
                 *stage.relay_tail.lock().expect("not poisoned") = relay.tail();
             }
             let mut drained = stage.drained.subscribe();
@@ -191,9 +191,7 @@ impl Lab<'_> {
                 status = relay.exited() => Some(status?),
                 _ = drained.wait_for(|drained| *drained) => None,
             };
-            if index == 0 {
-                stage.live.ended(Role::Relay, &label);
-            }
+            stage.live.ended(Role::Relay, index, &label);
             let tail = relay.tail();
             let Some(status) = ended else {
                 let status = relay.stop(FOREIGN_STOP_GRACE).await?;
@@ -251,7 +249,7 @@ impl Lab<'_> {
             tokio::select! {
                 end = consumer.ended() => {
                     let end = end?;
-                    stage.live.ended(Role::Consumer, &label);
+                    stage.live.ended(Role::Consumer, 0, &label);
                     record_end(history, &label, plan, &end);
                     if matches!(end, ChildEnd::Crashed { .. }) {
                         faults.crashed(Role::Consumer, &label);
@@ -266,7 +264,9 @@ impl Lab<'_> {
             plan = faults.next(Role::Consumer);
             consumer = self.consumer_command(plan).spawn_consumer().await?;
             let label = format!("consumer#{}", n + 1);
-            stage.live.started(Role::Consumer, &label, consumer.pid());
+            stage
+                .live
+                .started(Role::Consumer, 0, &label, consumer.pid());
         }
         consumer.stop().await?;
         Ok(Some(format!(

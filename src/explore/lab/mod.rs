@@ -29,15 +29,13 @@ use super::checker;
 use super::designs::Design;
 use super::faults::FaultLog;
 use super::history::History;
-use super::nemeses::{self, Arena, LiveProcesses};
+use super::nemeses::{self, Arena, LiveProcesses, RelaySessions};
 use super::schedule::{Role, Schedule};
 use super::watchdog::LIVENESS_BOUND;
 use crate::harness::db::{Database, PgServer};
 use crate::harness::foreign::Tail;
-use crate::harness::nemesis::Sessions;
 use crate::harness::proxy::Proxy;
 use crate::judge::record;
-use crate::outbox::relay::RELAY_APPLICATION_NAME;
 
 pub use database::OUR_SESSIONS;
 pub use delivery::Delivery;
@@ -117,6 +115,9 @@ struct Stage<'r> {
     live: LiveProcesses,
     /// The consumer's URL, or the proxy's in front of it.
     sink: String,
+    /// Each relay's way to the consumer: through a port of the proxy's of its own, so that the
+    /// proxy knows who sent what.
+    relay_sinks: Vec<String>,
     /// The writer has finished.
     writer_done: watch::Sender<bool>,
     /// The user's relays are done: nothing pending, nothing more arriving.
@@ -149,8 +150,10 @@ impl<'s> Lab<'s> {
             ..History::default()
         });
         let mut faults = FaultLog::new(schedule);
-        let proxy = match nemeses::proxy_faults(schedule) {
-            Some(faults) => Some(Proxy::start(&self.sink_url(), faults).await?),
+        let (tell, deliveries) = tokio::sync::mpsc::unbounded_channel();
+        let relays = self.design.relays;
+        let proxy = match nemeses::proxy_faults(schedule, tell) {
+            Some(faults) => Some(Proxy::start(&self.sink_url(), faults, relays).await?),
             None => None,
         };
         let stage = Stage {
@@ -159,6 +162,13 @@ impl<'s> Lab<'s> {
             sink: proxy
                 .as_ref()
                 .map_or_else(|| self.sink_url(), |p| p.url.clone()),
+            relay_sinks: (0..relays)
+                .map(|i| {
+                    proxy
+                        .as_ref()
+                        .map_or_else(|| self.sink_url(), |p| p.relay_url(i).to_string())
+                })
+                .collect(),
             writer_done: watch::channel(false).0,
             drained: watch::channel(false).0,
             relay_tail: Mutex::new(Tail::default()),
@@ -174,7 +184,7 @@ impl<'s> Lab<'s> {
             .await?;
         stage
             .live
-            .started(Role::Consumer, "consumer#1", first_consumer.pid());
+            .started(Role::Consumer, 0, "consumer#1", first_consumer.pid());
         faults.start();
         let arena = Arena {
             faults: &faults,
@@ -182,10 +192,15 @@ impl<'s> Lab<'s> {
             server: self.server,
             db: &self.db,
             relay_sessions: match self.relays {
-                Relays::Ours => Sessions::Named(format!("{RELAY_APPLICATION_NAME} r0")),
-                Relays::Foreign(_) => Sessions::AllBut(OUR_SESSIONS.to_vec()),
+                Relays::Ours => RelaySessions::Ours,
+                Relays::Foreign(_) => RelaySessions::Foreign {
+                    relays,
+                    ours: OUR_SESSIONS.to_vec(),
+                },
             },
             over: over_seen,
+            deliveries: Mutex::new(Some(deliveries)),
+            done: &stage.nemeses_done,
         };
         let supervised = async {
             let stuck = self

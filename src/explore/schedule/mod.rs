@@ -21,7 +21,7 @@
 
 mod nemesis;
 
-pub use nemesis::{Nemesis, KINDS};
+pub use nemesis::{DeliveryStrike, Nemesis, KINDS};
 
 use std::fmt;
 use std::str::FromStr;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{Fault, Role};
 use crate::harness::nemesis::{format_duration, parse_duration};
-use crate::harness::proxy::{FaultPlan, NetworkFault};
+use crate::harness::proxy::{DeliveryMoment, FaultPlan, NetworkFault};
 use crate::outbox::crash::CrashPoint;
 
 /// One nemesis of a schedule.
@@ -28,10 +28,39 @@ pub enum Nemesis {
     DbKillBackend { role: Role, at: Duration },
     /// A planned network fault on the relay-to-consumer traffic.
     Net(FaultPlan),
+    /// Struck on the relay that sent the N-th delivery of the run (from whichever relay), as
+    /// the delivery passes the proxy.
+    OnDelivery {
+        strike: DeliveryStrike,
+        on_delivery: u32,
+    },
+}
+
+/// What a nemesis does to the relay whose delivery it watched for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryStrike {
+    /// SIGKILL once the consumer has applied and committed the delivery, before its answer
+    /// reaches the relay: sent, not marked.
+    Kill,
+    /// SIGSTOP while the delivery is in flight, SIGCONT after this long.
+    Pause(Duration),
+    /// Its database sessions terminated once the delivery is applied, before the answer
+    /// reaches it (its open transaction rolls back).
+    DbKillBackend,
+}
+
+impl DeliveryStrike {
+    /// When in the delivery's passage it strikes.
+    pub fn moment(self) -> DeliveryMoment {
+        match self {
+            DeliveryStrike::Pause(_) => DeliveryMoment::Sent,
+            DeliveryStrike::Kill | DeliveryStrike::DbKillBackend => DeliveryMoment::Answered,
+        }
+    }
 }
 
 /// Every kind, as `--list-nemeses` shows it: name, form, what it does.
-pub const KINDS: [(&str, &str, &str); 7] = [
+pub const KINDS: [(&str, &str, &str); 10] = [
     (
         "pause",
         "pause:ROLE@AT+FOR | pause:ROLE:STEP@N+FOR",
@@ -69,7 +98,28 @@ pub const KINDS: [(&str, &str, &str); 7] = [
         "net:delay@N+FOR",
         "the N-th request is held FOR before it is passed on (past the sender's timeout)",
     ),
+    (
+        "kill-on-delivery",
+        "kill:relay:on-delivery@N",
+        "SIGKILL the relay that sent the run's N-th delivery, once the consumer has applied \
+         and committed it and before its answer reaches the relay: sent, not marked",
+    ),
+    (
+        "pause-on-delivery",
+        "pause:relay:on-delivery@N+FOR",
+        "SIGSTOP the relay that sent the N-th delivery while it is in flight, SIGCONT after \
+         FOR: a relay that outlives its lease mid-batch",
+    ),
+    (
+        "db-kill-backend-on-delivery",
+        "db:kill-backend:relay:on-delivery@N",
+        "pg_terminate_backend of the sessions of the relay that sent the N-th delivery, once \
+         it is applied and before the answer reaches the relay",
+    ),
 ];
+
+/// How a nemesis on a delivery is written, after its kind: `relay:on-delivery@N`.
+const ON_DELIVERY: &str = "relay:on-delivery@";
 
 impl Nemesis {
     /// Whether a schedule's item is a nemesis (else it is a crash fault).
@@ -91,6 +141,11 @@ impl Nemesis {
                 NetworkFault::ReplyLost => "net-reply-lost",
                 NetworkFault::Delay(_) => "net-delay",
             },
+            Nemesis::OnDelivery { strike, .. } => match strike {
+                DeliveryStrike::Kill => "kill-on-delivery",
+                DeliveryStrike::Pause(_) => "pause-on-delivery",
+                DeliveryStrike::DbKillBackend => "db-kill-backend-on-delivery",
+            },
         }
     }
 
@@ -110,7 +165,7 @@ impl Nemesis {
             Nemesis::Kill { at, .. }
             | Nemesis::DbRestart { at }
             | Nemesis::DbKillBackend { at, .. } => Some(at),
-            Nemesis::PauseAtPoint { .. } | Nemesis::Net(_) => None,
+            Nemesis::PauseAtPoint { .. } | Nemesis::Net(_) | Nemesis::OnDelivery { .. } => None,
         }
     }
 
@@ -144,6 +199,20 @@ impl fmt::Display for Nemesis {
                 format_duration(*at)
             ),
             Nemesis::Net(plan) => write!(f, "net:{plan}"),
+            Nemesis::OnDelivery {
+                strike,
+                on_delivery,
+            } => match strike {
+                DeliveryStrike::Kill => write!(f, "kill:{ON_DELIVERY}{on_delivery}"),
+                DeliveryStrike::Pause(hold) => write!(
+                    f,
+                    "pause:{ON_DELIVERY}{on_delivery}+{}",
+                    format_duration(*hold)
+                ),
+                DeliveryStrike::DbKillBackend => {
+                    write!(f, "db:kill-backend:{ON_DELIVERY}{on_delivery}")
+                }
+            },
         }
     }
 }
@@ -153,6 +222,27 @@ fn role_named(name: &str, item: &str) -> Result<Role, String> {
         .into_iter()
         .find(|r| r.name() == name)
         .ok_or_else(|| format!("unknown role '{name}' in '{item}' (writer, relay or consumer)"))
+}
+
+/// `N` of `...:relay:on-delivery@N`, when `spec` (what follows the kind) is written so; an
+/// `on-delivery` of another role is an error.
+fn on_delivery(spec: &str, item: &str) -> Result<Option<u32>, String> {
+    if let Some(number) = spec.strip_prefix(ON_DELIVERY) {
+        return number
+            .parse()
+            .ok()
+            .filter(|n| *n >= 1)
+            .map(Some)
+            .ok_or_else(|| {
+                format!("'{number}' in '{item}' is not a delivery number of 1 or more")
+            });
+    }
+    match spec.contains(":on-delivery") {
+        true => Err(format!(
+            "'{item}': on-delivery strikes the relay that sent the delivery ({ON_DELIVERY}N)"
+        )),
+        false => Ok(None),
+    }
 }
 
 /// `ROLE@AT` of a timed nemesis.
@@ -179,6 +269,12 @@ impl FromStr for Nemesis {
                         "'{item}': a pause of 0 ms pauses nothing: give FOR above 0 (+500ms)"
                     ));
                 }
+                if let Some(on_delivery) = on_delivery(what, item)? {
+                    return Ok(Nemesis::OnDelivery {
+                        strike: DeliveryStrike::Pause(hold),
+                        on_delivery,
+                    });
+                }
                 if what.contains(':') {
                     let fault: Fault = what.parse()?;
                     return Ok(Nemesis::PauseAtPoint { fault, hold });
@@ -187,6 +283,13 @@ impl FromStr for Nemesis {
                 Ok(Nemesis::Pause { role, at, hold })
             }
             "kill" => {
+                if let Some(on_delivery) = on_delivery(spec, item)? {
+                    let strike = DeliveryStrike::Kill;
+                    return Ok(Nemesis::OnDelivery {
+                        strike,
+                        on_delivery,
+                    });
+                }
                 let (role, at) = role_at(spec, item)?;
                 Ok(Nemesis::Kill { role, at })
             }
@@ -201,6 +304,13 @@ impl FromStr for Nemesis {
                         "unknown database nemesis '{item}' (db:restart@AT, db:kill-backend:ROLE@AT)"
                     ));
                 };
+                if let Some(on_delivery) = on_delivery(target, item)? {
+                    let strike = DeliveryStrike::DbKillBackend;
+                    return Ok(Nemesis::OnDelivery {
+                        strike,
+                        on_delivery,
+                    });
+                }
                 let (role, at) = role_at(target, item)?;
                 if role == Role::Writer {
                     return Err(format!(
@@ -235,5 +345,9 @@ mod tests {
         assert!(err("db:kill-backend:writer@1s").contains("relay's or the consumer's"));
         assert!(err("net:delay@2").contains("needs how long"));
         assert!(err("freeze:relay@1s").contains("unknown nemesis"));
+        assert!(err("kill:relay:on-delivery@0").contains("delivery number"));
+        assert!(err("kill:consumer:on-delivery@2").contains("relay that sent"));
+        assert!(err("pause:relay:on-delivery@2").contains("needs how long"));
+        assert!(err("db:kill-backend:writer:on-delivery@2").contains("relay that sent"));
     }
 }
