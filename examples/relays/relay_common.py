@@ -118,9 +118,11 @@ class Stopping:
             self._waiting = False
 
 
-def parse_args(description):
+def parse_args(description, extend=None):
     env = os.environ.get
     p = argparse.ArgumentParser(description=description)
+    if extend:
+        extend(p)  # a relay's own options
     p.add_argument("--dsn", default=env("OUTBOX_LAB_DATABASE_URL", ""),
                    help="libpq conninfo or postgres:// URL (default: $OUTBOX_LAB_DATABASE_URL, "
                         "else libpq's PGHOST/PGPORT/PGUSER/PGDATABASE)")
@@ -153,9 +155,10 @@ def parse_args(description):
 
 
 def event_fields(row):
-    """The event as it goes on the wire: the outbox row's columns by their names."""
-    return {
-        "id": row["id"],
+    """The event as it goes on the wire: the outbox row's columns by their names (the outbox
+    id only from the article's table: another table's row number is not it)."""
+    fields = {"id": row["id"]} if "id" in row else {}
+    return fields | {
         "event_id": str(row["event_id"]),
         "aggregate_type": row["aggregate_type"],
         "aggregate_id": row["aggregate_id"],
@@ -251,13 +254,13 @@ def close_quietly(conn):
             pass
 
 
-def run(one_batch, design, description):
+def run(one_batch, design, description, extend=None):
     """Runs `one_batch(conn, cursor, sink, args, stopping)` for ever: it fetches and handles
     one batch in its transaction and returns how many rows it fetched. After an empty batch,
     waits (poll or notify); after a database error, reconnects with a backoff. Never
     returns: once stopped by SIGTERM, the process exits with status 0."""
     global _name
-    args = parse_args(description)
+    args = parse_args(description, extend)
     _name = args.name
     stopping = Stopping()
     sink = open_sink(args.sink)

@@ -103,6 +103,12 @@ pub struct VerifyArgs {
     /// published_at (default: outbox rows with published_at IS NULL).
     #[arg(long, value_name = "SQL")]
     pending_sql: Option<String>,
+    /// The statement the writer runs in its business transaction instead of the article's
+    /// outbox insert, for a relay with a table of its own (with --pending-sql): $1 the event
+    /// id (uuid), $2 the aggregate id, $3 the aggregate type, $4 the event type (text), $5 the
+    /// payload (jsonb).
+    #[arg(long, value_name = "SQL", requires = "pending_sql")]
+    insert_sql: Option<String>,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -137,6 +143,7 @@ impl VerifyArgs {
             claims: self.claims.clone(),
             schema,
             pending_sql: self.pending_sql.clone(),
+            insert_sql: self.insert_sql.clone(),
             external_server: self.run.database_url.is_some(),
             sink: self.sink,
         })

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use serde_json::json;
+use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
@@ -22,6 +23,11 @@ pub const INSERT_OUTBOX: &str = "
 INSERT INTO outbox(aggregate_type, aggregate_id, event_type, payload)
 VALUES ('orders', $1, $2, $3)
 RETURNING id, event_id";
+
+/// The types of the parameters of a user's insert (`verify --insert-sql`): the event id, the
+/// aggregate id, the aggregate type, the event type, the payload.
+pub const INSERT_SQL_TYPES: [Type; 5] =
+    [Type::UUID, Type::TEXT, Type::TEXT, Type::TEXT, Type::JSONB];
 
 /// The Debezium-style outbox: the rows go again in the transaction that wrote them; only the
 /// WAL (and so a log-tailing relay) ever carries them.
@@ -92,35 +98,58 @@ pub async fn create_order_with_events(
     delete_outbox: bool,
 ) -> Result<i64> {
     let tx = client.transaction().await?;
-    let order_id =
-        insert_order_with_events(&tx, customer_id, events_per_order, delete_outbox).await?;
+    let outbox = match delete_outbox {
+        true => EventsTo::OutboxDeleted,
+        false => EventsTo::Outbox,
+    };
+    let order_id = insert_order_with_events(&tx, customer_id, events_per_order, &outbox).await?;
     crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
     end(tx, ending).await?;
     Ok(order_id)
 }
 
-/// The order and its outbox rows, in the caller's transaction (deleted again with
-/// `delete_outbox`).
+/// Where an order's events are written.
+pub enum EventsTo {
+    /// The article's outbox.
+    Outbox,
+    /// The article's outbox, the rows deleted again in the same transaction (Debezium-style).
+    OutboxDeleted,
+    /// The user's statement (`verify --insert-sql`), with [`INSERT_SQL_TYPES`]; the article's
+    /// outbox row is written and deleted again beside it, so that the judge's record of writes
+    /// (a trigger on it) has the event: no relay ever sees that row.
+    Statement(String),
+}
+
+/// The order and its events, in the caller's transaction, where `to` says.
 pub async fn insert_order_with_events(
     tx: &Transaction<'_>,
     customer_id: i64,
     events_per_order: u32,
-    delete_outbox: bool,
+    to: &EventsTo,
 ) -> Result<i64> {
     let order_id: i64 = tx.query_one(INSERT_ORDER, &[&customer_id]).await?.get(0);
+    let aggregate_id = order_id.to_string();
+    let theirs = match to {
+        EventsTo::Statement(sql) => Some(tx.prepare_typed(sql, &INSERT_SQL_TYPES).await?),
+        _ => None,
+    };
     let mut outbox_ids: Vec<i64> = Vec::with_capacity(events_per_order as usize);
     for n in 1..=events_per_order {
         let mut payload = order_payload(order_id);
         payload["seq"] = n.into();
+        let event_type = event_type(n);
         let row = tx
-            .query_one(
-                INSERT_OUTBOX,
-                &[&order_id.to_string(), &event_type(n), &payload],
-            )
+            .query_one(INSERT_OUTBOX, &[&aggregate_id, &event_type, &payload])
             .await?;
         outbox_ids.push(row.get("id"));
+        if let Some(statement) = &theirs {
+            let event_id: Uuid = row.get("event_id");
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+                [&event_id, &aggregate_id, &"orders", &event_type, &payload];
+            tx.execute(statement, &params).await?;
+        }
     }
-    if delete_outbox {
+    if !matches!(to, EventsTo::Outbox) {
         tx.execute(DELETE_OUTBOX_ROWS, &[&outbox_ids]).await?;
     }
     Ok(order_id)
@@ -134,16 +163,17 @@ pub async fn write_overlapping_pairs(
     fast: &mut Client,
     customers: &[i64],
     events_per_order: u32,
+    to: &EventsTo,
     overlap: Duration,
     pace: Duration,
 ) -> Result<()> {
     for pair in customers.chunks(2) {
         let paced = tokio::time::sleep(pace);
         let slow_tx = slow.transaction().await?;
-        insert_order_with_events(&slow_tx, pair[0], events_per_order, false).await?;
+        insert_order_with_events(&slow_tx, pair[0], events_per_order, to).await?;
         if let Some(&second) = pair.get(1) {
             let fast_tx = fast.transaction().await?;
-            insert_order_with_events(&fast_tx, second, events_per_order, false).await?;
+            insert_order_with_events(&fast_tx, second, events_per_order, to).await?;
             crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
             fast_tx.commit().await?;
             tokio::time::sleep(overlap).await;

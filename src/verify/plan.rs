@@ -76,6 +76,8 @@ pub struct Options {
     pub schema: Option<(String, String)>,
     /// `--pending-sql`'s statement.
     pub pending_sql: Option<String>,
+    /// `--insert-sql`'s statement.
+    pub insert_sql: Option<String>,
     /// The server is the user's: it is never restarted.
     pub external_server: bool,
     /// Where deliveries go.
@@ -131,6 +133,7 @@ pub struct Plan {
     pub(super) time_limit: Duration,
     pub(super) schema: Option<(String, String)>,
     pub(super) pending_sql: Option<String>,
+    pub(super) insert_sql: Option<String>,
     pub(super) events: u32,
     pub(super) sink: VerifySink,
 }
@@ -199,6 +202,7 @@ impl Plan {
             time_limit: options.time_limit,
             schema: options.schema.clone(),
             pending_sql: options.pending_sql.clone(),
+            insert_sql: options.insert_sql.clone(),
             sink: options.sink,
             events: options.events,
         })
@@ -226,6 +230,7 @@ impl Plan {
                 .clone()
                 .unwrap_or_else(|| COUNT_PENDING.to_string()),
             schema: self.schema.as_ref().map(|(_, ddl)| ddl.clone()),
+            insert_sql: self.insert_sql.clone(),
         }
     }
 }

@@ -238,6 +238,9 @@ fn replay_line(plan: &Plan, schedule: &str) -> String {
     if let Some(sql) = &plan.pending_sql {
         line.push_str(&format!(" --pending-sql {}", quote(sql)));
     }
+    if let Some(sql) = &plan.insert_sql {
+        line.push_str(&format!(" --insert-sql {}", quote(sql)));
+    }
     line
 }
 
@@ -356,6 +359,7 @@ fn params(plan: &Plan) -> serde_json::Value {
         "time_limit_s": plan.time_limit.as_secs_f64(),
         "schema": plan.schema.as_ref().map(|(path, _)| path.clone()),
         "pending_sql": plan.pending_sql,
+        "insert_sql": plan.insert_sql,
     })
 }
 

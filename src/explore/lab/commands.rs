@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::Lab;
+use super::{Lab, Relays};
 use crate::explore::designs::{RelayVariant, Writer};
 use crate::explore::schedule::Schedule;
 use crate::harness::child::role::{ExploreRelayRole, ExploreWriterRole};
@@ -49,6 +49,10 @@ impl Lab<'_> {
             dual_write: match self.design.writer {
                 Writer::Outbox => None,
                 Writer::DualWrite(order) => Some((order, sink.to_string())),
+            },
+            insert_sql: match &self.relays {
+                Relays::Foreign(foreign) => foreign.insert_sql.clone(),
+                Relays::Ours => None,
             },
         };
         ChildCommand::new(&self.db, role)

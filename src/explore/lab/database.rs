@@ -16,7 +16,7 @@ use crate::harness::throwaway;
 use crate::judge::record;
 use crate::outbox::consumer::CONSUMER_APPLICATION_NAME;
 use crate::outbox::schema;
-use crate::outbox::writer::WRITER_APPLICATION_NAME;
+use crate::outbox::writer::{self, WRITER_APPLICATION_NAME};
 
 /// The lab names its own sessions so (`application_name`).
 const LAB_APPLICATION_NAME: &str = "outbox-lab supervisor";
@@ -62,6 +62,7 @@ impl<'s> Lab<'s> {
         let lab = Lab::open(server, design, workload, Relays::Foreign(foreign), bounds).await?;
         lab.reset().await?;
         lab.try_pending_sql().await?;
+        lab.try_insert_sql().await?;
         Ok(lab)
     }
 
@@ -83,6 +84,24 @@ impl<'s> Lab<'s> {
                 "--pending-sql must return one bigint: the count still to be delivered"
             ))
         })?;
+        Ok(())
+    }
+
+    /// Prepares the user's insert on the fresh schema: one that does not prepare is bad input,
+    /// found before any run.
+    async fn try_insert_sql(&self) -> Result<()> {
+        let Relays::Foreign(ForeignRelays {
+            insert_sql: Some(sql),
+            ..
+        }) = &self.relays
+        else {
+            return Ok(());
+        };
+        let client = self.client().await?;
+        client
+            .prepare_typed(sql, &writer::INSERT_SQL_TYPES)
+            .await
+            .map_err(|e| self.user_sql_failed("--insert-sql does not prepare on your schema", e))?;
         Ok(())
     }
 
@@ -136,6 +155,8 @@ impl<'s> Lab<'s> {
                 client.batch_execute(schema::RECREATE).await?;
                 schema::create(&client).await?;
                 client.batch_execute(schema::NOTIFY_TRIGGER).await?;
+                // Before the user's DDL, so that the check below finds the record's tables.
+                client.batch_execute(record::RECORD_WRITES).await?;
                 if let Some(ddl) = &foreign.schema {
                     client
                         .batch_execute(ddl)
@@ -150,7 +171,6 @@ impl<'s> Lab<'s> {
                         .into());
                     }
                 }
-                client.batch_execute(record::RECORD_WRITES).await?;
             }
         }
         Ok(())

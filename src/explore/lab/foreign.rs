@@ -38,6 +38,9 @@ pub struct ForeignRelays {
     pub pending_sql: String,
     /// The user's DDL, run after the article's tables in every run's fresh schema.
     pub schema: Option<String>,
+    /// The user's insert of an event, run by the writer instead of the article's (see
+    /// [`writer::INSERT_SQL_TYPES`](crate::outbox::writer::INSERT_SQL_TYPES)).
+    pub insert_sql: Option<String>,
 }
 
 /// A run of the user's relay ended before it could be judged, for a reason that is the input's

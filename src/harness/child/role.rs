@@ -201,6 +201,8 @@ pub struct ExploreWriterRole {
     /// Be the naive app instead: write the order and POST its event (one per order) itself,
     /// in this order, to this sink.
     pub dual_write: Option<(DualWriteOrder, String)>,
+    /// Insert each event with this statement of the user's instead (`--insert-sql`).
+    pub insert_sql: Option<String>,
 }
 
 /// explore's relay: until its outbox is drained and stdin is closed ("the writer is done").

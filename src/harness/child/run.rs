@@ -240,6 +240,10 @@ async fn explore_writer(db: &Database, args: ExploreWriterRole) -> Result<()> {
         .await
     };
     let Some((order, sink)) = args.dual_write else {
+        let to = match args.insert_sql {
+            Some(sql) => writer::EventsTo::Statement(sql),
+            None => writer::EventsTo::Outbox,
+        };
         for _ in 0..WRITER_RECONNECTS {
             let (mut first, mut second) = (connect().await?, connect().await?);
             let written = async {
@@ -249,6 +253,7 @@ async fn explore_writer(db: &Database, args: ExploreWriterRole) -> Result<()> {
                     &mut second,
                     &todo,
                     args.events_per_order,
+                    &to,
                     args.overlap,
                     args.pace,
                 )
