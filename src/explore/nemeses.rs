@@ -335,7 +335,7 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                             if terminate_backends(&client, &sessions).await? > 0 {
                                 let label = arena.live.now(role, 0).map(|(l, _)| l);
                                 let label = label.unwrap_or_else(|| role.name().to_string());
-                                fire(i, format!("{label} (its sessions)"));
+                                fire(i, format!("{label}'s sessions"));
                                 break;
                             }
                             if *arena.over.borrow() {

@@ -18,6 +18,7 @@ pub mod on_demand;
 pub mod process_group;
 pub mod proxy;
 pub mod rabbitmq_server;
+pub mod redis_proxy;
 pub mod redis_server;
 pub mod run;
 pub mod server;

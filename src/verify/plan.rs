@@ -107,7 +107,7 @@ impl VerifySink {
     /// Where outbox-lab sees each delivery exactly as it passes (the proxy holds it), so that
     /// a nemesis can strike on it.
     pub(super) fn sees_deliveries(self) -> bool {
-        self == VerifySink::Http
+        matches!(self, VerifySink::Http | VerifySink::Redis)
     }
 
     pub(super) fn name(self) -> &'static str {
@@ -309,8 +309,8 @@ fn check_schedule(schedule: &Schedule, external_server: bool, sink: VerifySink) 
         }
         if !sink.sees_deliveries() && matches!(nemesis, Nemesis::OnDelivery { .. }) {
             bail!(
-                "'{nemesis}': outbox-lab sees each delivery exactly only through its HTTP proxy; \
-                 with --sink {}, strike on a clock (kill:relay@AT, pause:relay@AT+FOR)",
+                "'{nemesis}': outbox-lab sees each delivery exactly only through its HTTP and Redis \
+                 proxies; with --sink {}, strike on a clock (kill:relay@AT, pause:relay@AT+FOR)",
                 sink.name()
             );
         }

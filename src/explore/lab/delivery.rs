@@ -9,6 +9,8 @@ use crate::harness::child::role::{
     AmqpWorkerRole, ConsumerRole, JetStreamWorkerRole, Role as ChildRole, StreamWorkerRole,
 };
 use crate::harness::child::ChildCommand;
+use crate::harness::proxy::{Proxy, ProxyFaults};
+use crate::harness::redis_proxy::RedisProxy;
 use crate::outbox::consumer::Faults;
 use crate::outbox::crash::CrashPlan;
 use crate::outbox::jetstream_consumer;
@@ -151,7 +153,52 @@ impl Delivery {
     }
 }
 
+/// What stands between the relays and where they deliver, when the schedule strikes on the
+/// way: the fault proxy in front of our HTTP consumer, the Redis proxy in front of Redis.
+pub(super) enum Middle {
+    Http(Proxy),
+    Redis(RedisProxy),
+}
+
+impl Middle {
+    /// Where relay `index` sends through it.
+    pub(super) fn relay_url(&self, index: u32) -> String {
+        match self {
+            Middle::Http(proxy) => proxy.relay_url(index).to_string(),
+            Middle::Redis(proxy) => proxy.relay_url(index).to_string(),
+        }
+    }
+
+    /// The HTTP proxy (the network faults are its).
+    pub(super) fn http(&self) -> Option<&Proxy> {
+        match self {
+            Middle::Http(proxy) => Some(proxy),
+            Middle::Redis(_) => None,
+        }
+    }
+}
+
 impl Lab<'_> {
+    /// The proxy that does `faults` to the relays' deliveries, in front of where they go.
+    pub(super) async fn stand_between(&self, faults: ProxyFaults) -> Result<Middle> {
+        let relays = self.design.relays;
+        match (self.delivery(), faults.watch) {
+            (Delivery::Http, watch) => {
+                let faults = ProxyFaults { watch, ..faults };
+                Ok(Middle::Http(
+                    Proxy::start(&self.sink_url(), faults, relays).await?,
+                ))
+            }
+            (Delivery::Redis { url, .. }, Some(watch)) if faults.plans.is_empty() => {
+                Ok(Middle::Redis(RedisProxy::start(&url, watch, relays)?))
+            }
+            // verify's plan refuses them before a run.
+            (delivery, _) => Err(anyhow!(
+                "no proxy for these faults in front of {delivery:?}"
+            )),
+        }
+    }
+
     /// Where the relays deliver: our HTTP consumer, or the broker.
     pub(super) fn sink_url(&self) -> String {
         match self.delivery() {

@@ -183,9 +183,10 @@ impl Lab<'_> {
         let none = String::new;
         let (http_url, redis_url, nats_url, amqp_url) = match self.delivery() {
             Delivery::Http => (sink.to_string(), none(), none(), none()),
-            Delivery::Redis { url, .. } => (none(), url, none(), none()),
-            Delivery::Nats { url } => (none(), none(), url, none()),
-            Delivery::Amqp { url, .. } => (none(), none(), none(), url),
+            // `sink`: the broker's, or the proxy's in front of it.
+            Delivery::Redis { .. } => (none(), sink.to_string(), none(), none()),
+            Delivery::Nats { .. } => (none(), none(), sink.to_string(), none()),
+            Delivery::Amqp { .. } => (none(), none(), none(), sink.to_string()),
         };
         Ok(Endpoints {
             database_url,

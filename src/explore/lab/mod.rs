@@ -34,11 +34,11 @@ use super::schedule::{Role, Schedule};
 use super::watchdog::LIVENESS_BOUND;
 use crate::harness::db::{Database, PgServer};
 use crate::harness::foreign::Tail;
-use crate::harness::proxy::Proxy;
 use crate::judge::record;
 
 pub use database::OUR_SESSIONS;
 pub use delivery::Delivery;
+use delivery::Middle;
 pub use foreign::{ForeignRelayError, ForeignRelays, COUNT_PENDING};
 
 /// Fills in what a relay of the user's may leave out of a delivery (the outbox id, the event
@@ -152,21 +152,21 @@ impl<'s> Lab<'s> {
         let mut faults = FaultLog::new(schedule);
         let (tell, deliveries) = tokio::sync::mpsc::unbounded_channel();
         let relays = self.design.relays;
-        let proxy = match nemeses::proxy_faults(schedule, tell) {
-            Some(faults) => Some(Proxy::start(&self.sink_url(), faults, relays).await?),
+        let middle = match nemeses::proxy_faults(schedule, tell) {
+            Some(faults) => Some(self.stand_between(faults).await?),
             None => None,
         };
         let stage = Stage {
             schedule,
             live: LiveProcesses::default(),
-            sink: proxy
-                .as_ref()
-                .map_or_else(|| self.sink_url(), |p| p.url.clone()),
+            sink: match middle.as_ref().and_then(Middle::http) {
+                Some(proxy) => proxy.url.clone(),
+                None => self.sink_url(),
+            },
             relay_sinks: (0..relays)
-                .map(|i| {
-                    proxy
-                        .as_ref()
-                        .map_or_else(|| self.sink_url(), |p| p.relay_url(i).to_string())
+                .map(|i| match &middle {
+                    Some(middle) => middle.relay_url(i),
+                    None => self.sink_url(),
                 })
                 .collect(),
             writer_done: watch::channel(false).0,
@@ -236,7 +236,7 @@ impl<'s> Lab<'s> {
                 }
             }
         };
-        nemeses::settle(schedule, proxy.as_ref(), &faults);
+        nemeses::settle(schedule, middle.as_ref().and_then(Middle::http), &faults);
         let client = self.client().await?;
         if let Relays::Foreign(_) = self.relays {
             // The rows the relay deleted once published come back, and what it left out of
