@@ -30,6 +30,44 @@ fn a_relay_command_that_is_not_there_is_bad_input() {
         "net:reset@5",
     ]);
     assert_usage_error(&run, "with --sink redis, use kill");
+    // A nemesis on a delivery needs outbox-lab in the path: never an approximate trigger.
+    for sink in ["nats", "amqp"] {
+        let run = verify(&[
+            "--relay-cmd",
+            "sh",
+            "--sink",
+            sink,
+            "--schedule",
+            "kill:relay:on-delivery@3",
+        ]);
+        assert_usage_error(&run, "exactly only through its HTTP and Redis proxies");
+    }
+    let run = verify(&[
+        "--relay-cmd",
+        "sh",
+        "--schedule",
+        "kill:writer:on-delivery@3",
+    ]);
+    assert_usage_error(&run, "on-delivery strikes the relay that sent the delivery");
+    // --insert-sql goes with a count of what the relay owes in its own table.
+    let run = verify(&["--relay-cmd", "sh", "--insert-sql", "SELECT 1"]);
+    assert_usage_error(&run, "--pending-sql");
+}
+
+/// An insert of the user's that does not prepare on their schema is bad input naming
+/// --insert-sql, found before any run.
+#[test]
+fn an_insert_that_does_not_prepare_is_bad_input() {
+    let run = verify(&[
+        "--relay-cmd",
+        "sh",
+        "--pending-sql",
+        "SELECT 0::bigint",
+        "--insert-sql",
+        "INSERT INTO no_such_table VALUES ($1)",
+    ]);
+    assert_usage_error(&run, "--insert-sql does not prepare on your schema");
+    assert!(run.stderr.contains("no_such_table"), "{}", run.stderr);
 }
 
 /// A relay that exits at once, before any fault, is bad input with its last lines; the

@@ -233,6 +233,19 @@ impl Arena<'_> {
         }
     }
 
+    /// Sends `signal` to the role's process once one is up ([`Arena::up`]); one that has just
+    /// ended, and is not yet known to have (a kill 10 ms after another), is passed over for the
+    /// next. The process signalled; None if the run ended first.
+    async fn signal_up(&self, role: Role, signal: Signal) -> Option<(String, OwnChild)> {
+        loop {
+            let (label, child) = self.up(role).await?;
+            if child.signal(signal) {
+                return Some((label, child));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     /// Sleeps until `at` after the start; false if the run was over first.
     async fn until(&self, at: Duration) -> bool {
         let mut over = self.over.clone();
@@ -285,11 +298,9 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
             match *nemesis {
                 Nemesis::Pause { role, at, hold } => {
                     if arena.until(at).await {
-                        if let Some((label, child)) = arena.up(role).await {
-                            if child.signal(Signal::SIGSTOP) {
-                                fire(i, label);
-                                child.resume_after(hold).await;
-                            }
+                        if let Some((label, child)) = arena.signal_up(role, Signal::SIGSTOP).await {
+                            fire(i, label);
+                            child.resume_after(hold).await;
                         }
                     }
                 }
@@ -303,10 +314,10 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                 }
                 Nemesis::Kill { role, at } => {
                     if arena.until(at).await {
-                        if let Some((label, child)) = arena.up(role).await {
-                            if child.signal(Signal::SIGKILL) {
-                                fire(i, label);
-                            }
+                        if let Some((label, _)) = arena.signal_up(role, Signal::SIGKILL).await {
+                            // Dying, it is no target any more (a kill 10 ms later hits the next).
+                            arena.live.ended(role, 0, &label);
+                            fire(i, label);
                         }
                     }
                 }
@@ -397,6 +408,7 @@ async fn strike_on_delivery(
             DeliveryStrike::Kill => {
                 if let Some((label, child)) = arena.live.now(Role::Relay, index) {
                     if child.signal(Signal::SIGKILL) {
+                        arena.live.ended(Role::Relay, index, &label);
                         fired(label);
                     }
                 }

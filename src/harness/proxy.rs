@@ -140,6 +140,11 @@ pub struct DeliveryWatch {
 }
 
 impl DeliveryWatch {
+    /// Whether a nemesis waits for delivery `number` at `moment`.
+    pub fn watches(&self, number: u32, moment: DeliveryMoment) -> bool {
+        self.watched.contains(&(number, moment))
+    }
+
     /// Tells the nemeses of delivery `number` at `moment` if they watch it, and waits until
     /// they have struck (at most [`HOLD_LIMIT`]).
     pub async fn hold(
@@ -149,7 +154,7 @@ impl DeliveryWatch {
         relay: Option<u32>,
         bytes: &[u8],
     ) {
-        if !self.watched.contains(&(number, moment)) {
+        if !self.watches(number, moment) {
             return;
         }
         let (done, struck) = oneshot::channel();
@@ -366,6 +371,35 @@ async fn pass_on(mut client: TcpStream, way_in: WayIn) {
 
 /// Bytes of a request kept for the event ids a nemesis is told of.
 const REQUEST_KEPT: usize = 64 * 1024;
+/// How long a watched request's rest (its body) is waited for before the nemesis is told.
+const REQUEST_REST: Duration = Duration::from_millis(100);
+
+/// Reads on until `request` holds an HTTP request's headers and its `Content-Length` body, or
+/// [`REQUEST_REST`] has passed (a sender may write its headers and body apart).
+async fn read_whole_request(client: &mut TcpStream, request: &mut Vec<u8>) {
+    let whole = |request: &[u8]| {
+        let Some(headers) = request.windows(4).position(|w| w == b"\r\n\r\n") else {
+            return false;
+        };
+        let text = String::from_utf8_lossy(&request[..headers]).to_ascii_lowercase();
+        let length = text
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length:"))
+            .and_then(|value| value.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        request.len() >= headers + 4 + length
+    };
+    let mut chunk = [0u8; 16 * 1024];
+    let _ = tokio::time::timeout(REQUEST_REST, async {
+        while !whole(request) && request.len() < REQUEST_KEPT {
+            match client.read(&mut chunk).await {
+                Ok(n @ 1..) => request.extend_from_slice(&chunk[..n]),
+                _ => break,
+            }
+        }
+    })
+    .await;
+}
 
 async fn forward(client: &mut TcpStream, server: &mut TcpStream, way_in: &WayIn) -> Ending {
     let WayIn {
@@ -381,17 +415,22 @@ async fn forward(client: &mut TcpStream, server: &mut TcpStream, way_in: &WayIn)
         tokio::select! {
             read = client.read(&mut from_client) => {
                 let Ok(n @ 1..) = read else { return Ending::Closed };
+                let mut passing = from_client[..n].to_vec();
                 if !awaiting_request && request.1.len() < REQUEST_KEPT {
-                    request.1.extend_from_slice(&from_client[..n]);
+                    request.1.extend_from_slice(&passing);
                 }
                 if awaiting_request {
                     awaiting_request = false;
                     let number = counters.requests.fetch_add(1, Ordering::SeqCst) + 1;
-                    request = (number, from_client[..n].to_vec());
                     if let Some(watch) = &faults.watch {
                         let moment = DeliveryMoment::Sent;
-                        watch.hold(number, moment, way_in.sender, &request.1).await;
+                        if watch.watches(number, moment) {
+                            // The nemesis is told what the request carries: all of it.
+                            read_whole_request(client, &mut passing).await;
+                        }
+                        watch.hold(number, moment, way_in.sender, &passing).await;
                     }
+                    request = (number, passing.clone());
                     fault = faults.on_request(number);
                     if fault.is_some() {
                         let mut struck = counters.struck.lock().expect("not poisoned");
@@ -407,7 +446,7 @@ async fn forward(client: &mut TcpStream, server: &mut TcpStream, way_in: &WayIn)
                     }
                 }
                 tokio::time::sleep(faults.latency).await;
-                if server.write_all(&from_client[..n]).await.is_err() {
+                if server.write_all(&passing).await.is_err() {
                     return Ending::Closed;
                 }
             }

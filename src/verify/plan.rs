@@ -28,9 +28,13 @@ const NEMESIS_SPACING: Duration = Duration::from_millis(250);
 /// long to drain after the last fault.
 const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
 
-/// The nemeses `--nemesis` names, and the schedule item each one makes (`{at}`: its moment;
-/// `{n}`: its delivery). In this order on the clock: a database restart last, so that the
-/// sessions the nemesis before it ends are there to end.
+/// The nemeses `--nemesis` names, and the schedule item each one makes (`{at}`: its moment).
+/// In this order on the clock: a database restart last, so that the sessions the nemesis
+/// before it ends are there to end. Those on a delivery take the first ones, before the
+/// requests the network nemeses take: they come within the run's first moments however few
+/// deliveries a relay makes (a batch per request), and before the database restart, while the
+/// relay is connected (a relay sending a batch fetched before the restart has no session to
+/// end).
 const NEMESES: [(&str, &str); 10] = [
     ("kill", "kill:relay@{at}"),
     ("pause", "pause:relay@{at}+500ms"),
@@ -39,16 +43,13 @@ const NEMESES: [(&str, &str); 10] = [
     ("net-reset", "net:reset@5"),
     ("net-reply-lost", "net:reply-lost@10"),
     ("net-delay", "net:delay@15+700ms"),
-    ("kill-on-delivery", "kill:relay:on-delivery@{n}"),
-    ("pause-on-delivery", "pause:relay:on-delivery@{n}+500ms"),
+    ("kill-on-delivery", "kill:relay:on-delivery@2"),
+    ("pause-on-delivery", "pause:relay:on-delivery@3+500ms"),
     (
         "db-kill-backend-on-delivery",
-        "db:kill-backend:relay:on-delivery@{n}",
+        "db:kill-backend:relay:on-delivery@4",
     ),
 ];
-
-/// The deliveries the network nemeses strike (a nemesis on a delivery takes another).
-const NET_REQUESTS: [u32; 3] = [5, 10, 15];
 
 /// The claims made when `--claims` is not given: order only holds for some relay designs
 /// (one relay, or relays partitioned by aggregate), so it is asked for, not assumed.
@@ -168,7 +169,10 @@ impl Plan {
                     .map_err(|e| anyhow!("invalid --schedule: {e}"))?,
                 true,
             ),
-            None => (schedule_of(options)?, false),
+            None => (
+                schedule_of(&options.nemeses, options.external_server, options.sink)?,
+                false,
+            ),
         };
         check_schedule(&schedule, options.external_server, options.sink)?;
         let design: &'static Design = Box::leak(Box::new(Design {
@@ -236,12 +240,10 @@ impl Plan {
 }
 
 /// The schedule `--nemesis` asks for: each kind once, in [`NEMESES`]' order, the timed ones
-/// [`NEMESIS_SPACING`] apart, those on a delivery a tenth of the events apart; `all` on the
+/// [`NEMESIS_SPACING`] apart; `all` on the
 /// user's server is all but the database restart (only a throwaway cluster is restarted), and
 /// with a broker all but those that need the proxy.
-fn schedule_of(options: &Options) -> Result<Schedule> {
-    let (kinds, external_server, sink) =
-        (&options.nemeses[..], options.external_server, options.sink);
+fn schedule_of(kinds: &[String], external_server: bool, sink: VerifySink) -> Result<Schedule> {
     let everything = matches!(kinds, []) || matches!(kinds, [one] if one == "all");
     let nothing = matches!(kinds, [one] if one == "none");
     if let Some(unknown) = kinds
@@ -263,20 +265,10 @@ fn schedule_of(options: &Options) -> Result<Schedule> {
         }
         false => kinds.iter().any(|k| k.trim() == *kind),
     });
-    // Within the first third of a relay that delivers an event at a time, however fast.
-    let spacing = (options.events / 10).max(2);
-    let mut delivery = 0;
     let mut items = Vec::new();
     for (n, (_, item)) in chosen.enumerate() {
         let at = NEMESIS_SPACING * (n as u32 + 1);
-        if item.contains("{n}") {
-            delivery += spacing;
-            while NET_REQUESTS.contains(&delivery) {
-                delivery += 1;
-            }
-        }
-        let item = item.replace("{at}", &format_duration(at));
-        items.push(item.replace("{n}", &delivery.to_string()));
+        items.push(item.replace("{at}", &format_duration(at)));
     }
     match items.is_empty() {
         true => Ok(Schedule::default()),
