@@ -31,6 +31,12 @@ Examples:
   outbox-lab verify --relay-cmd 'outbox-lab relay --database-url {database_url} \\
       --sink {sink_url} --mode notify --name {name}' --claims lost,duplicate,order
   outbox-lab verify --relay-cmd '...' --schedule 'kill:relay@250ms'   # replay one schedule
+  outbox-lab verify --relay-cmd '...' --consumer naive --schedule 'kill:relay:on-delivery@10'
+  outbox-lab verify --relay-cmd 'examples/relays/lease.py' --relays 2 --consumer naive \
+      --schema examples/relays/lease_schema.sql --insert-sql 'INSERT INTO lease_outbox \
+      (message_id, aggregate_id, aggregate_type, event_type, payload) VALUES ($1, $2, $3, $4, $5)' \
+      --pending-sql 'SELECT count(*) FROM lease_outbox WHERE processed_at IS NULL' \
+      --schedule 'pause:relay:on-delivery@3+2500ms'
   outbox-lab verify --database-url postgres://user@host/postgres --relay-cmd '...'
 
 The relay is started N times (--relays) from the command, with these placeholders filled in
@@ -43,12 +49,16 @@ aggregate_id (id, event_type, payload... by their column names) to any path of {
 takes a 2xx answer as received, and sets published_at. It is killed, paused, cut off from the
 database and the consumer (--nemesis), started again whenever it ends, and stopped with
 SIGTERM once the outbox is drained. The consumer, the writer and the judge are outbox-lab's.
+With --sink http or redis, a nemesis may strike on a delivery (kill:relay:on-delivery@N): the
+relay that sent the run's N-th delivery, as outbox-lab holds it on its way (`outbox-lab explore
+--list-nemeses`). A relay with a table of its own gets its events from --insert-sql.
 
 Exit status: 0 every claimed invariant held and every nemesis fired; 1 one broke (the
 offending ids and the smallest schedule that reproduced it are printed) or a nemesis was not
 reached; 2 bad input (the command not found, a relay that exits at once or never connects to
 the database, a --schema that does not apply or breaks outbox-lab's tables, --pending-sql that
-does not count or takes too long: every statement is bounded by a quarter of --time-limit);
+does not count, --insert-sql that does not prepare, or either taking too long: every statement
+is bounded by a quarter of --time-limit; a nemesis on a delivery with --sink nats or amqp);
 3 the harness failed mid-run; 4 inconclusive: --time-limit cut the run short before the
 relays drained, and no safety invariant broke meanwhile.";
 

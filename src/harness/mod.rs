@@ -3,7 +3,8 @@
 //! directories; the last three [`on_demand`]: the user's or a private one started on first use), the
 //! [`db`] server and databases of a run, the [`run`]'s life around them (its id, Ctrl-C), [`child`]
 //! processes that die for real, a [`foreign`] relay (the user's command), each leading a
-//! [`process_group`] that goes with it, the network [`proxy`] between relay and consumer, the
+//! [`process_group`] that goes with it, the network [`proxy`] between relay and consumer (and the
+//! [`redis_proxy`] in front of Redis, where deliveries are watched), the
 //! [`nemesis`] machinery (signals to our own children, backends terminated), bulk [`load`]ing
 //! with COPY.
 

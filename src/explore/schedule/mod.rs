@@ -15,6 +15,9 @@
 //! - `db:kill-backend:ROLE@AT`: `pg_terminate_backend` of the relay's or consumer's sessions.
 //! - `net:reset@N`, `net:reply-lost@N`, `net:delay@N+FOR`: the N-th request from the relays to
 //!   the consumer, through the proxy.
+//! - `kill:relay:on-delivery@N`, `pause:relay:on-delivery@N+FOR`,
+//!   `db:kill-backend:relay:on-delivery@N`: the relay that sent the run's N-th delivery, struck
+//!   as the proxy holds that delivery (pause: in flight; the others: applied, not answered).
 //!
 //! ROLE is writer, relay or consumer; `relay` is relay 0, as for crash points. Striking them
 //! is [`super::nemeses`]'; their text form is [`nemesis`]'s.
