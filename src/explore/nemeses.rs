@@ -27,7 +27,7 @@ use crate::outbox::crash::CrashPlan;
 use crate::outbox::relay::RELAY_APPLICATION_NAME;
 
 /// The nemesis schedules of the default run: all of them for the design that claims everything.
-const DEFAULT_SCHEDULES: [&str; 12] = [
+const DEFAULT_SCHEDULES: [&str; 15] = [
     "pause:relay@60ms+300ms",
     LEASE_OUTLIVED,
     "pause:consumer@60ms+300ms",
@@ -40,6 +40,9 @@ const DEFAULT_SCHEDULES: [&str; 12] = [
     "net:reset@2",
     "net:reply-lost@2",
     "net:delay@2+700ms",
+    "kill:relay:on-delivery@2",
+    "pause:relay:on-delivery@2+300ms",
+    "db:kill-backend:relay:on-delivery@2",
 ];
 
 /// Relay 0 stops right after its first claim, before sending, for longer than the claim
