@@ -8,15 +8,19 @@ use common::verify::{example, our_relay, verify, verify_alone};
 use common::{assert_passed, scratch_dir, Run};
 use serde_json::Value;
 
+/// The table of `run`'s JSON whose title starts with `title`.
+fn table(run: &Run, title: &str) -> Value {
+    let json = run.json();
+    let tables = json["tables"].as_array().unwrap();
+    let found = tables
+        .iter()
+        .find(|t| t["title"].as_str().unwrap().starts_with(title));
+    found.unwrap_or_else(|| panic!("no {title} table")).clone()
+}
+
 /// The replay command of the violations table's row for `invariant`.
 fn replay_of(run: &Run, invariant: &str) -> String {
-    let json = run.json();
-    let table = json["tables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["title"].as_str().unwrap().starts_with("violations"))
-        .expect("a violations table");
+    let table = table(run, "violations");
     let row = table["rows"]
         .as_array()
         .unwrap()
@@ -142,13 +146,7 @@ fn a_nemesis_due_between_two_processes_strikes_the_next() {
     ]);
     assert_passed(&run);
     assert_eq!(run.metric("verify.faults_fired"), 2);
-    let json = run.json();
-    let faults = json["tables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["title"].as_str().unwrap().starts_with("faults"))
-        .expect("a faults table");
+    let faults = table(&run, "faults");
     let second = &faults["rows"][1];
     assert_eq!(second[2], "relay-0#2", "{faults}");
 }
@@ -302,14 +300,7 @@ fn a_nemesis_that_never_comes_is_not_reached_and_fails() {
 
 /// The row a fault left in the faults table: its outcome and the process it hit.
 fn fault_row(run: &Run, fault: &str) -> Value {
-    let json = run.json();
-    let faults = json["tables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["title"].as_str().unwrap().starts_with("faults"))
-        .expect("a faults table")
-        .clone();
+    let faults = table(run, "faults");
     let rows = faults["rows"].as_array().unwrap();
     rows.iter()
         .find(|r| r[0] == fault)
