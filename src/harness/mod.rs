@@ -24,3 +24,4 @@ pub mod redis_server;
 pub mod run;
 pub mod server;
 pub mod throwaway;
+pub mod watch;

@@ -17,8 +17,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 
-use super::proxy::{DeliveryMoment, DeliveryWatch};
 use super::throwaway::RunDir;
+use super::watch::{DeliveryMoment, DeliveryWatch};
 
 /// A running Redis proxy; it stops (with every connection through it) and its directory goes
 /// when it is dropped.

@@ -3,10 +3,11 @@
 //! with the schedule's crash points, keeps every role running — restarting each process that
 //! dies, as production would ([`keep`]) — until the writer is done and the outbox drained, and
 //! hands the database to the checker. Beside the processes the schedule's [`nemeses`] strike
-//! (told which process of each role runs now), with the relays talking to the consumer through
-//! a [`Proxy`] when the schedule has network faults; the [`FaultLog`] records every fault on
-//! one clock, and the [`watchdog`](super::watchdog) makes a run that does not drain a liveness
-//! failure, not a hang. Every wait is bounded.
+//! (told which process of each role runs now), with the relays talking to the consumer (or
+//! Redis) through a proxy when the schedule has network faults or nemeses on a delivery
+//! ([`delivery::Middle`]); the [`FaultLog`] records every fault on one clock, and the
+//! [`watchdog`](super::watchdog) makes a run that does not drain a liveness failure, not a
+//! hang. Every wait is bounded.
 //!
 //! Its rooms: [`database`] (the design's database, reset between runs), [`delivery`] (where
 //! the relays deliver and the consumer that reads it), [`commands`] (the children of our

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::{Fault, Role};
 use crate::harness::nemesis::{format_duration, parse_duration};
-use crate::harness::proxy::{DeliveryMoment, FaultPlan, NetworkFault};
+use crate::harness::proxy::{FaultPlan, NetworkFault};
+use crate::harness::watch::DeliveryMoment;
 use crate::outbox::crash::CrashPoint;
 
 /// One nemesis of a schedule.

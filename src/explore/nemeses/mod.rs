@@ -2,7 +2,10 @@
 //! is the schedule's ([`super::schedule::Nemesis`]); what each does to a process, the database
 //! or the network is the harness's ([`crate::harness::nemesis`], the cluster, the proxy). This
 //! module owns the nemesis schedules of the default run and striking them during a run: which
-//! process of each role is live, the clock they strike on, and what became of each.
+//! process of each role is live, the clock they strike on, and what became of each; those
+//! struck on a delivery are [`on_delivery`]'s.
+
+mod on_delivery;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -10,21 +13,22 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use futures_util::future::join_all;
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use nix::sys::signal::Signal;
 use tokio::sync::{mpsc, watch};
 
 use super::designs::Design;
 use super::faults::FaultLog;
-use super::schedule::{DeliveryStrike, Nemesis, Role, Schedule};
+use super::schedule::{Nemesis, Role, Schedule};
 use crate::connect;
 use crate::harness::db::{Database, PgServer};
 use crate::harness::foreign::relay_name;
 use crate::harness::nemesis::{terminate_backends, OwnChild, Sessions};
-use crate::harness::proxy::{DeliveryWatch, FaultPlan, Proxy, ProxyFaults, WatchedDelivery};
+use crate::harness::proxy::{FaultPlan, Proxy, ProxyFaults};
+use crate::harness::watch::{DeliveryWatch, WatchedDelivery};
 use crate::outbox::consumer::CONSUMER_APPLICATION_NAME;
 use crate::outbox::crash::CrashPlan;
 use crate::outbox::relay::RELAY_APPLICATION_NAME;
+use on_delivery::{on_delivery, strike_on_delivery, Holding};
 
 /// The nemesis schedules of the default run: all of them for the design that claims everything.
 const DEFAULT_SCHEDULES: [&str; 15] = [
@@ -94,21 +98,6 @@ pub fn proxy_faults(
         plans,
         watch,
     })
-}
-
-/// The schedule's nemeses on a delivery: their index, what they do, on which delivery.
-fn on_delivery(schedule: &Schedule) -> impl Iterator<Item = (usize, DeliveryStrike, u32)> + '_ {
-    schedule
-        .nemeses
-        .iter()
-        .enumerate()
-        .filter_map(|(i, n)| match *n {
-            Nemesis::OnDelivery {
-                strike,
-                on_delivery,
-            } => Some((i, strike, on_delivery)),
-            _ => None,
-        })
 }
 
 /// Where the role's first process stops itself, for a `pause:ROLE:STEP@N+FOR` nemesis.
@@ -276,22 +265,6 @@ pub async fn strike(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
     timed.and(on_delivery)
 }
 
-/// What keeps a relay of the user's from counting as drained: timed nemeses still to strike,
-/// relays held paused by a nemesis on a delivery.
-struct Holding<'a> {
-    /// (timed nemeses left, relays held)
-    state: Mutex<(bool, u32)>,
-    done: &'a watch::Sender<bool>,
-}
-
-impl Holding<'_> {
-    fn change(&self, change: impl FnOnce(&mut (bool, u32))) {
-        let mut state = self.state.lock().expect("not poisoned");
-        change(&mut state);
-        self.done.send_replace(*state == (false, 0));
-    }
-}
-
 /// Strikes the nemeses of `schedule` that are not on a delivery.
 async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
     let fire = |i: usize, process: String| arena.faults.struck(i, process, Instant::now());
@@ -367,83 +340,6 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
     for result in join_all(strikes).await {
         result?;
     }
-    Ok(())
-}
-
-/// Strikes the nemeses on a delivery as the proxy tells of each, on the relay that sent it;
-/// the proxy holds the delivery until it is done.
-async fn strike_on_delivery(
-    schedule: &Schedule,
-    arena: &Arena<'_>,
-    holding: &Holding<'_>,
-) -> Result<()> {
-    let mut left: Vec<_> = on_delivery(schedule).collect();
-    let taken = arena.deliveries.lock().expect("not poisoned").take();
-    let (Some(mut deliveries), false) = (taken, left.is_empty()) else {
-        return Ok(());
-    };
-    let mut over = arena.over.clone();
-    let mut resumes = FuturesUnordered::new();
-    while !left.is_empty() {
-        let delivery = tokio::select! {
-            Some(delivery) = deliveries.recv() => delivery,
-            Some(()) = resumes.next() => continue,
-            _ = over.wait_for(|over| *over) => break,
-        };
-        let Some(k) = left.iter().position(|&(_, strike, number)| {
-            number == delivery.number && strike.moment() == delivery.moment
-        }) else {
-            continue;
-        };
-        let (i, strike, _) = left.remove(k);
-        let Some(index) = delivery.relay else {
-            continue; // not a relay's: nothing to strike
-        };
-        let at = Instant::now();
-        let in_flight = delivery.event_ids.clone();
-        let fired = |process: String| {
-            let process = format!("{process} (delivery {})", delivery.number);
-            arena
-                .faults
-                .struck_in_flight(i, process, at, in_flight.clone());
-        };
-        match strike {
-            DeliveryStrike::Kill => {
-                if let Some((label, child)) = arena.live.now(Role::Relay, index) {
-                    if child.signal(Signal::SIGKILL) {
-                        arena.live.ended(Role::Relay, index, &label);
-                        fired(label);
-                    }
-                }
-            }
-            DeliveryStrike::Pause(hold) => {
-                if let Some((label, child)) = arena.live.now(Role::Relay, index) {
-                    if child.signal(Signal::SIGSTOP) {
-                        fired(label);
-                        holding.change(|(_, held)| *held += 1);
-                        resumes.push(async move {
-                            child.resume_after(hold).await;
-                            holding.change(|(_, held)| *held -= 1);
-                        });
-                    }
-                }
-            }
-            DeliveryStrike::DbKillBackend => {
-                let client = arena.db.connect().await?;
-                for sessions in arena.relay_sessions.of(index) {
-                    if terminate_backends(&client, &sessions).await? > 0 {
-                        let label = arena.live.now(Role::Relay, index).map(|(l, _)| l);
-                        let label = label.unwrap_or_else(|| relay_name(index));
-                        fired(format!("{label}'s sessions"));
-                        break;
-                    }
-                }
-            }
-        }
-        let _ = delivery.done.send(());
-    }
-    // Every relay paused is let go before the run goes on.
-    while resumes.next().await.is_some() {}
     Ok(())
 }
 

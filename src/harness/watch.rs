@@ -1,0 +1,127 @@
+//! Deliveries watched for a nemesis (`kill:relay:on-delivery@N`): which deliveries the
+//! nemeses wait for, and how a proxy that sees a delivery pass (the HTTP [`proxy`](super::proxy),
+//! the [`redis_proxy`](super::redis_proxy)) tells them of it and holds it until they have
+//! struck.
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+/// A proxy holds a delivery (or a lost reply's connection) this long at most.
+pub const HOLD_LIMIT: Duration = Duration::from_secs(60);
+
+/// Where in a delivery's passage a nemesis is told of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryMoment {
+    /// It has arrived from the relay and is not passed on yet: it is in flight.
+    Sent,
+    /// The consumer has applied and committed it and answered; the answer is not passed back
+    /// yet: the relay cannot know it was delivered.
+    Answered,
+}
+
+/// A watched delivery, told to the nemeses; the proxy holds it until `done` is answered (or
+/// dropped).
+#[derive(Debug)]
+pub struct WatchedDelivery {
+    /// Its number in the run, from 1, counted over every relay.
+    pub number: u32,
+    pub moment: DeliveryMoment,
+    /// The relay that sent it (the port it came through); `None` for any other sender.
+    pub relay: Option<u32>,
+    /// The event ids seen in it so far (every uuid in its bytes).
+    pub event_ids: Vec<String>,
+    pub done: oneshot::Sender<()>,
+}
+
+/// Which deliveries the nemeses watch, and where they are told.
+#[derive(Debug, Clone)]
+pub struct DeliveryWatch {
+    pub watched: Vec<(u32, DeliveryMoment)>,
+    pub tell: mpsc::UnboundedSender<WatchedDelivery>,
+}
+
+impl DeliveryWatch {
+    /// Whether a nemesis waits for delivery `number` at `moment`.
+    pub fn watches(&self, number: u32, moment: DeliveryMoment) -> bool {
+        self.watched.contains(&(number, moment))
+    }
+
+    /// Tells the nemeses of delivery `number` at `moment` if they watch it, and waits until
+    /// they have struck (at most [`HOLD_LIMIT`]).
+    pub async fn hold(
+        &self,
+        number: u32,
+        moment: DeliveryMoment,
+        relay: Option<u32>,
+        bytes: &[u8],
+    ) {
+        if !self.watches(number, moment) {
+            return;
+        }
+        let (done, struck) = oneshot::channel();
+        let delivery = WatchedDelivery {
+            number,
+            moment,
+            relay,
+            event_ids: uuids_in(bytes),
+            done,
+        };
+        if self.tell.send(delivery).is_ok() {
+            let _ = tokio::time::timeout(HOLD_LIMIT, struck).await;
+        }
+    }
+}
+
+/// Every uuid written in `bytes` (as text: 8-4-4-4-12 hex digits), in order, once each.
+pub fn uuids_in(bytes: &[u8]) -> Vec<String> {
+    const SHAPE: [usize; 5] = [8, 4, 4, 4, 12];
+    let is_hex = |b: &u8| b.is_ascii_hexdigit();
+    let mut found: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i + 36 <= bytes.len() {
+        let candidate = &bytes[i..i + 36];
+        let mut at = 0;
+        let shaped = SHAPE.iter().enumerate().all(|(k, &len)| {
+            let group = candidate[at..at + len].iter().all(is_hex);
+            at += len;
+            let dash = k == SHAPE.len() - 1 || candidate[at] == b'-';
+            at += 1;
+            group && dash
+        });
+        let bounded = (i == 0 || !is_hex(&bytes[i - 1]))
+            && bytes.get(i + 36).is_none_or(|b| !is_hex(b) && *b != b'-');
+        if shaped && bounded {
+            let id = String::from_utf8_lossy(candidate).to_lowercase();
+            if !found.contains(&id) {
+                found.push(id);
+            }
+            i += 36;
+        } else {
+            i += 1;
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The event ids a nemesis is told of: every uuid in a request, once, and nothing that
+    /// only looks like part of one.
+    #[test]
+    fn uuids_are_found_in_a_request() {
+        let a = "f59c3291-6609-4aa2-8fa0-a65c4876af75";
+        let b = "4AAE9ED1-26C6-455A-9141-70E5AC065D64";
+        let body = format!(
+            "POST /events HTTP/1.1\r\n\r\n[{{\"event_id\":\"{a}\"}},{{\"event_id\":\"{b}\"}},\
+             {{\"event_id\":\"{a}\"}},\"0{a}\",\"{}\"]",
+            &a[..35]
+        );
+        assert_eq!(
+            uuids_in(body.as_bytes()),
+            vec![a.to_string(), b.to_lowercase()]
+        );
+    }
+}
