@@ -1,8 +1,11 @@
 //! Deliveries watched for a nemesis (`kill:relay:on-delivery@N`): which deliveries the
 //! nemeses wait for, and how a proxy that sees a delivery pass (the HTTP [`proxy`](super::proxy),
 //! the [`redis_proxy`](super::redis_proxy)) tells them of it and holds it until they have
-//! struck.
+//! struck. A nemesis that cannot strike the N-th delivery (its relay was killed, or has no
+//! database session, since it sent it) waits for the next one, as a nemesis on the clock due
+//! while its target is between two processes strikes the next process.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -20,31 +23,56 @@ pub enum DeliveryMoment {
     Answered,
 }
 
-/// A watched delivery, told to the nemeses; the proxy holds it until `done` is answered (or
-/// dropped).
+/// A watched delivery, told to the nemeses; the proxy holds it until `done` is answered
+/// (`true`: struck) or dropped (not struck: the nemesis waits for the next).
 #[derive(Debug)]
 pub struct WatchedDelivery {
     /// Its number in the run, from 1, counted over every relay.
     pub number: u32,
+    /// The delivery the nemesis told of it waits for (`N` of `on-delivery@N`): this one, or
+    /// an earlier one it could not strike.
+    pub armed_at: u32,
     pub moment: DeliveryMoment,
     /// The relay that sent it (the port it came through); `None` for any other sender.
     pub relay: Option<u32>,
     /// The event ids seen in it so far (every uuid in its bytes).
     pub event_ids: Vec<String>,
-    pub done: oneshot::Sender<()>,
+    pub done: oneshot::Sender<bool>,
 }
 
 /// Which deliveries the nemeses watch, and where they are told.
 #[derive(Debug, Clone)]
 pub struct DeliveryWatch {
-    pub watched: Vec<(u32, DeliveryMoment)>,
-    pub tell: mpsc::UnboundedSender<WatchedDelivery>,
+    /// The nemeses not struck yet: their delivery `N` and moment.
+    waiting: Arc<Mutex<Vec<(u32, DeliveryMoment)>>>,
+    tell: mpsc::UnboundedSender<WatchedDelivery>,
 }
 
 impl DeliveryWatch {
+    /// Nemeses waiting for `watched` deliveries, told through `tell`.
+    pub fn new(
+        watched: Vec<(u32, DeliveryMoment)>,
+        tell: mpsc::UnboundedSender<WatchedDelivery>,
+    ) -> DeliveryWatch {
+        DeliveryWatch {
+            waiting: Arc::new(Mutex::new(watched)),
+            tell,
+        }
+    }
+
+    /// The delivery a nemesis waiting at `moment` is armed at, if delivery `number` is it or
+    /// comes after it (the earliest such nemesis).
+    fn armed_for(&self, number: u32, moment: DeliveryMoment) -> Option<u32> {
+        let waiting = self.waiting.lock().expect("not poisoned");
+        let armed = waiting
+            .iter()
+            .filter(|(at, m)| *m == moment && *at <= number);
+        armed.map(|(at, _)| *at).min()
+    }
+
     /// Whether a nemesis waits for delivery `number` at `moment`.
     pub fn watches(&self, number: u32, moment: DeliveryMoment) -> bool {
-        self.watched.contains(&(number, moment))
+        self.armed_for(number, moment).is_some()
     }
 
     /// Tells the nemeses of delivery `number` at `moment` if they watch it, and waits until
@@ -56,19 +84,23 @@ impl DeliveryWatch {
         relay: Option<u32>,
         bytes: &[u8],
     ) {
-        if !self.watches(number, moment) {
+        let Some(armed_at) = self.armed_for(number, moment) else {
             return;
-        }
+        };
         let (done, struck) = oneshot::channel();
         let delivery = WatchedDelivery {
             number,
+            armed_at,
             moment,
             relay,
             event_ids: uuids_in(bytes),
             done,
         };
         if self.tell.send(delivery).is_ok() {
-            let _ = tokio::time::timeout(HOLD_LIMIT, struck).await;
+            if let Ok(Ok(true)) = tokio::time::timeout(HOLD_LIMIT, struck).await {
+                let mut waiting = self.waiting.lock().expect("not poisoned");
+                waiting.retain(|&watched| watched != (armed_at, moment));
+            }
         }
     }
 }

@@ -34,9 +34,10 @@ const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
 /// requests the network nemeses take: they come within the run's first moments however few
 /// deliveries a relay makes (a batch per request), and before the database restart, while the
 /// relay is connected (a relay sending a batch fetched before the restart has no session to
-/// end). The kill last: a relay that sends a batch at once (a pipeline of XADDs) may make all
-/// three deliveries in one go, and once killed it is no target for the others (a paused one
-/// is).
+/// end): db-kill-backend first, since a relay whose session a nemesis on the clock has just
+/// ended has none to end until it is answered; the kill last, since a relay that sends a batch
+/// at once (a pipeline of XADDs) may make all three deliveries in one go, and once killed it is
+/// no target for the others (a paused one is).
 const NEMESES: [(&str, &str); 10] = [
     ("kill", "kill:relay@{at}"),
     ("pause", "pause:relay@{at}+500ms"),
@@ -45,11 +46,11 @@ const NEMESES: [(&str, &str); 10] = [
     ("net-reset", "net:reset@5"),
     ("net-reply-lost", "net:reply-lost@10"),
     ("net-delay", "net:delay@15+700ms"),
-    ("pause-on-delivery", "pause:relay:on-delivery@2+500ms"),
     (
         "db-kill-backend-on-delivery",
-        "db:kill-backend:relay:on-delivery@3",
+        "db:kill-backend:relay:on-delivery@2",
     ),
+    ("pause-on-delivery", "pause:relay:on-delivery@3+500ms"),
     ("kill-on-delivery", "kill:relay:on-delivery@4"),
 ];
 

@@ -92,7 +92,7 @@ pub fn proxy_faults(
     let watched: Vec<_> = on_delivery(schedule)
         .map(|(_, strike, number)| (number, strike.moment()))
         .collect();
-    let watch = (!watched.is_empty()).then_some(DeliveryWatch { watched, tell });
+    let watch = (!watched.is_empty()).then(|| DeliveryWatch::new(watched, tell));
     (!plans.is_empty() || watch.is_some()).then_some(ProxyFaults {
         latency: Duration::ZERO,
         plans,
@@ -311,19 +311,30 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                             }
                             _ => arena.relay_sessions.all(),
                         };
-                        // Patiently: the database may be coming back from a restart.
-                        let client = connect::patiently(connect::RECONNECT_PATIENCE, async || {
-                            arena.db.connect().await
-                        })
-                        .await?;
                         // A target between two sessions (reconnecting) is struck as soon as
                         // it has one again, as a process between two is.
+                        let mut client = None;
                         loop {
-                            if terminate_backends(&client, &sessions).await? > 0 {
-                                let label = arena.live.now(role, 0).map(|(l, _)| l);
-                                let label = label.unwrap_or_else(|| role.name().to_string());
-                                fire(i, format!("{label}'s sessions"));
-                                break;
+                            // Patiently, and again after a restart (a nemesis beside this one).
+                            let connected = match client.take() {
+                                Some(client) => client,
+                                None => {
+                                    connect::patiently(connect::RECONNECT_PATIENCE, async || {
+                                        arena.db.connect().await
+                                    })
+                                    .await?
+                                }
+                            };
+                            match terminate_backends(&connected, &sessions).await {
+                                Ok(0) => client = Some(connected),
+                                Ok(_) => {
+                                    let label = arena.live.now(role, 0).map(|(l, _)| l);
+                                    let label = label.unwrap_or_else(|| role.name().to_string());
+                                    fire(i, format!("{label}'s sessions"));
+                                    break;
+                                }
+                                Err(e) if connect::lost_connection(&e) => {}
+                                Err(e) => return Err(e),
                             }
                             if *arena.over.borrow() {
                                 break;

@@ -11,6 +11,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 
 use super::Arena;
+use crate::connect;
 use crate::explore::schedule::{DeliveryStrike, Nemesis, Role, Schedule};
 use crate::harness::foreign::relay_name;
 use crate::harness::nemesis::terminate_backends;
@@ -68,59 +69,77 @@ pub(super) async fn strike_on_delivery(
             Some(()) = resumes.next() => continue,
             _ = over.wait_for(|over| *over) => break,
         };
+        // A delivery nobody waits for any more (struck meanwhile through another), or not a
+        // relay's: dropped unanswered, it goes on, and the nemesis waits for the next.
         let Some(k) = left.iter().position(|&(_, strike, number)| {
-            number == delivery.number && strike.moment() == delivery.moment
+            number == delivery.armed_at && strike.moment() == delivery.moment
         }) else {
             continue;
         };
-        let (i, strike, _) = left.remove(k);
+        let (i, strike, _) = left[k];
         let Some(index) = delivery.relay else {
-            continue; // not a relay's: nothing to strike
+            continue;
         };
         let at = Instant::now();
-        let in_flight = delivery.event_ids.clone();
-        let fired = |process: String| {
-            let process = format!("{process} (delivery {})", delivery.number);
-            arena
-                .faults
-                .struck_in_flight(i, process, at, in_flight.clone());
-        };
-        match strike {
-            DeliveryStrike::Kill => {
-                if let Some((label, child)) = arena.live.now(Role::Relay, index) {
-                    if child.signal(Signal::SIGKILL) {
-                        arena.live.ended(Role::Relay, index, &label);
-                        fired(label);
+        let struck = match strike {
+            DeliveryStrike::Kill => arena
+                .live
+                .now(Role::Relay, index)
+                .filter(|(label, child)| {
+                    let killed = child.signal(Signal::SIGKILL);
+                    if killed {
+                        arena.live.ended(Role::Relay, index, label);
                     }
-                }
-            }
+                    killed
+                })
+                .map(|(label, _)| label),
             DeliveryStrike::Pause(hold) => {
-                if let Some((label, child)) = arena.live.now(Role::Relay, index) {
-                    if child.signal(Signal::SIGSTOP) {
-                        fired(label);
-                        holding.change(|(_, held)| *held += 1);
-                        resumes.push(async move {
-                            child.resume_after(hold).await;
-                            holding.change(|(_, held)| *held -= 1);
-                        });
-                    }
-                }
+                let paused = arena.live.now(Role::Relay, index);
+                let paused = paused.filter(|(_, child)| child.signal(Signal::SIGSTOP));
+                paused.map(|(label, child)| {
+                    holding.change(|(_, held)| *held += 1);
+                    resumes.push(async move {
+                        child.resume_after(hold).await;
+                        holding.change(|(_, held)| *held -= 1);
+                    });
+                    label
+                })
             }
             DeliveryStrike::DbKillBackend => {
-                let client = arena.db.connect().await?;
-                for sessions in arena.relay_sessions.of(index) {
-                    if terminate_backends(&client, &sessions).await? > 0 {
-                        let label = arena.live.now(Role::Relay, index).map(|(l, _)| l);
-                        let label = label.unwrap_or_else(|| relay_name(index));
-                        fired(format!("{label}'s sessions"));
-                        break;
-                    }
-                }
+                let ended = end_sessions(arena, index).await?;
+                ended.then(|| {
+                    let label = arena.live.now(Role::Relay, index).map(|(l, _)| l);
+                    let label = label.unwrap_or_else(|| relay_name(index));
+                    format!("{label}'s sessions")
+                })
             }
+        };
+        if let Some(label) = struck {
+            let process = format!("{label} (delivery {})", delivery.number);
+            let in_flight = delivery.event_ids.clone();
+            arena.faults.struck_in_flight(i, process, at, in_flight);
+            left.remove(k);
+            let _ = delivery.done.send(true);
         }
-        let _ = delivery.done.send(());
     }
     // Every relay paused is let go before the run goes on.
     while resumes.next().await.is_some() {}
     Ok(())
+}
+
+/// Ends relay `index`'s database sessions; whether it had any. A database that cannot be
+/// reached now (restarting) ends none.
+async fn end_sessions(arena: &Arena<'_>, index: u32) -> Result<bool> {
+    let Ok(client) = arena.db.connect().await else {
+        return Ok(false);
+    };
+    for sessions in arena.relay_sessions.of(index) {
+        match terminate_backends(&client, &sessions).await {
+            Ok(0) => {}
+            Ok(_) => return Ok(true),
+            Err(e) if connect::lost_connection(&e) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(false)
 }
