@@ -107,30 +107,26 @@ impl DeliveryWatch {
 
 /// Every uuid written in `bytes` (as text: 8-4-4-4-12 hex digits), in order, once each.
 pub fn uuids_in(bytes: &[u8]) -> Vec<String> {
-    const SHAPE: [usize; 5] = [8, 4, 4, 4, 12];
+    const TEXT_LEN: usize = 36;
     let is_hex = |b: &u8| b.is_ascii_hexdigit();
     let mut found: Vec<String> = Vec::new();
     let mut i = 0;
-    while i + 36 <= bytes.len() {
-        let candidate = &bytes[i..i + 36];
-        let mut at = 0;
-        let shaped = SHAPE.iter().enumerate().all(|(k, &len)| {
-            let group = candidate[at..at + len].iter().all(is_hex);
-            at += len;
-            let dash = k == SHAPE.len() - 1 || candidate[at] == b'-';
-            at += 1;
-            group && dash
-        });
+    while i + TEXT_LEN <= bytes.len() {
+        // Not a piece of a longer run of hex digits and dashes.
         let bounded = (i == 0 || !is_hex(&bytes[i - 1]))
-            && bytes.get(i + 36).is_none_or(|b| !is_hex(b) && *b != b'-');
-        if shaped && bounded {
-            let id = String::from_utf8_lossy(candidate).to_lowercase();
-            if !found.contains(&id) {
-                found.push(id);
+            && bytes
+                .get(i + TEXT_LEN)
+                .is_none_or(|b| !is_hex(b) && *b != b'-');
+        // A 36-byte slice parses only in the hyphenated form.
+        match uuid::Uuid::try_parse_ascii(&bytes[i..i + TEXT_LEN]) {
+            Ok(id) if bounded => {
+                let id = id.to_string();
+                if !found.contains(&id) {
+                    found.push(id);
+                }
+                i += TEXT_LEN;
             }
-            i += 36;
-        } else {
-            i += 1;
+            _ => i += 1,
         }
     }
     found
