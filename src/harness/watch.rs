@@ -142,9 +142,12 @@ mod tests {
     fn uuids_are_found_in_a_request() {
         let a = "f59c3291-6609-4aa2-8fa0-a65c4876af75";
         let b = "4AAE9ED1-26C6-455A-9141-70E5AC065D64";
+        // Only inside longer runs of hex digits and dashes: not ids.
+        let c = "0c0ffee0-1111-4222-8333-944445555666";
+        let d = "0d0ffee0-1111-4222-8333-944445555666";
         let body = format!(
             "POST /events HTTP/1.1\r\n\r\n[{{\"event_id\":\"{a}\"}},{{\"event_id\":\"{b}\"}},\
-             {{\"event_id\":\"{a}\"}},\"0{a}\",\"{}\"]",
+             {{\"event_id\":\"{a}\"}},\"0{a}\",\"{}\",\"7{c}\",\"{d}-9\"]",
             &a[..35]
         );
         assert_eq!(
