@@ -312,28 +312,30 @@ async fn forward(client: &mut TcpStream, server: &mut TcpStream, way_in: &WayIn)
     let mut from_server = [0u8; 16 * 1024];
     let mut awaiting_request = true;
     let mut fault = None;
-    // The request being passed on: its number and its first bytes.
+    // With nemeses on a delivery: the request being passed on, its number and its first bytes.
     let mut request = (0, Vec::new());
     loop {
         tokio::select! {
             read = client.read(&mut from_client) => {
                 let Ok(n @ 1..) = read else { return Ending::Closed };
-                let mut passing = from_client[..n].to_vec();
-                if !awaiting_request && request.1.len() < REQUEST_KEPT {
-                    request.1.extend_from_slice(&passing);
+                // This turn's bytes read so far are all in `request` (read on for a nemesis).
+                let mut whole_turn = false;
+                if !awaiting_request && faults.watch.is_some() && request.1.len() < REQUEST_KEPT {
+                    request.1.extend_from_slice(&from_client[..n]);
                 }
                 if awaiting_request {
                     awaiting_request = false;
                     let number = counters.requests.fetch_add(1, Ordering::SeqCst) + 1;
                     if let Some(watch) = &faults.watch {
+                        request = (number, from_client[..n].to_vec());
+                        whole_turn = true;
                         let moment = DeliveryMoment::Sent;
                         if watch.watches(number, moment) {
                             // The nemesis is told what the request carries: all of it.
-                            read_whole_request(client, &mut passing).await;
+                            read_whole_request(client, &mut request.1).await;
                         }
-                        watch.hold(number, moment, way_in.sender, &passing).await;
+                        watch.hold(number, moment, way_in.sender, &request.1).await;
                     }
-                    request = (number, passing.clone());
                     fault = faults.on_request(number);
                     if fault.is_some() {
                         let mut struck = counters.struck.lock().expect("not poisoned");
@@ -349,7 +351,8 @@ async fn forward(client: &mut TcpStream, server: &mut TcpStream, way_in: &WayIn)
                     }
                 }
                 tokio::time::sleep(faults.latency).await;
-                if server.write_all(&passing).await.is_err() {
+                let passing = if whole_turn { &request.1[..] } else { &from_client[..n] };
+                if server.write_all(passing).await.is_err() {
                     return Ending::Closed;
                 }
             }

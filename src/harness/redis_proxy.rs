@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use std::borrow::Cow;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 
@@ -101,11 +103,7 @@ async fn accept(listener: UnixListener, way_in: WayIn) {
 type Answers = Option<(Vec<u32>, Vec<u8>)>;
 
 /// One connection, both ways, until either side closes it.
-async fn pass_on<C, S>(mut client: C, mut server: S, way_in: &WayIn)
-where
-    C: AsyncRead + AsyncWrite + Unpin,
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+async fn pass_on(mut client: UnixStream, mut server: UnixStream, way_in: &WayIn) {
     let (mut from_client, mut from_server) = (Vec::new(), Vec::new());
     let mut chunk = [0u8; 16 * 1024];
     let mut reply_chunk = [0u8; 16 * 1024];
@@ -128,24 +126,32 @@ where
                         Err(()) => { lost_track = true; break }
                     };
                     let command = &from_client[passed..end];
-                    let answers = match (command_name(command).as_deref(), &mut queued) {
+                    let delivers = match (command_name(command).as_deref(), &mut queued) {
                         (Some("MULTI"), None) => { queued = Some(Vec::new()); None }
                         (Some("EXEC"), Some(_)) => {
                             let xadds = queued.take().unwrap_or_default();
-                            let numbers = xadds.iter().map(|_| way_in.next_delivery()).collect();
-                            Some((numbers, xadds.concat()))
+                            let numbers: Vec<u32> =
+                                xadds.iter().map(|_| way_in.next_delivery()).collect();
+                            Some((numbers, Cow::Owned(xadds.concat())))
                         }
                         (Some("DISCARD"), Some(_)) => { queued = None; None }
                         (Some("XADD"), Some(xadds)) => { xadds.push(command.to_vec()); None }
-                        (Some("XADD"), None) => Some((vec![way_in.next_delivery()], command.to_vec())),
+                        (Some("XADD"), None) => {
+                            Some((vec![way_in.next_delivery()], Cow::Borrowed(command)))
+                        }
                         _ => None,
                     };
-                    if let Some((numbers, bytes)) = &answers {
+                    if let Some((numbers, bytes)) = &delivers {
                         for &number in numbers {
                             way_in.hold(number, DeliveryMoment::Sent, bytes).await;
                         }
                     }
-                    awaiting.push_back(answers);
+                    // Its bytes are kept only while a nemesis may still wait for its answer.
+                    let answered = |n: &u32| way_in.watch.watches(*n, DeliveryMoment::Answered);
+                    let answers = delivers.filter(|(numbers, _)| numbers.iter().any(answered));
+                    awaiting.push_back(answers.map(|(numbers, bytes)| {
+                        (numbers, bytes.into_owned())
+                    }));
                     passed = end;
                 }
                 if lost_track {

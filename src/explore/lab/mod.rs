@@ -200,7 +200,6 @@ impl<'s> Lab<'s> {
                 },
             },
             over: over_seen,
-            deliveries: Mutex::new(Some(deliveries)),
             done: &stage.nemeses_done,
         };
         let supervised = async {
@@ -211,7 +210,7 @@ impl<'s> Lab<'s> {
             stuck
         };
         let striking = async {
-            let struck = nemeses::strike(schedule, &arena).await;
+            let struck = nemeses::strike(schedule, &arena, deliveries).await;
             stage.nemeses_done.send_replace(true);
             struck
         };

@@ -201,8 +201,6 @@ pub struct Arena<'a> {
     pub relay_sessions: RelaySessions,
     /// Set when the supervisor is done: a nemesis not yet due is then not reached.
     pub over: watch::Receiver<bool>,
-    /// The deliveries the proxy holds for a nemesis.
-    pub deliveries: Mutex<Option<mpsc::UnboundedReceiver<WatchedDelivery>>>,
     /// Set when every timed nemesis has struck and no relay is held by one on a delivery: a
     /// relay of the user's is not drained before (those on a delivery not yet made may never
     /// come).
@@ -249,9 +247,14 @@ impl Arena<'_> {
     }
 }
 
-/// Strikes every nemesis of `schedule` (the network ones are the proxy's: see [`settle`]);
-/// each says in the fault log when it struck.
-pub async fn strike(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
+/// Strikes every nemesis of `schedule` (the network ones are the proxy's: see [`settle`]), those
+/// on a delivery as the proxy tells of it through `deliveries`; each says in the fault log when
+/// it struck.
+pub async fn strike(
+    schedule: &Schedule,
+    arena: &Arena<'_>,
+    deliveries: mpsc::UnboundedReceiver<WatchedDelivery>,
+) -> Result<()> {
     let holding = Holding {
         state: Mutex::new((true, 0)),
         done: arena.done,
@@ -261,7 +264,10 @@ pub async fn strike(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
         holding.change(|(timed_left, _)| *timed_left = false);
         struck
     };
-    let (timed, on_delivery) = tokio::join!(timed, strike_on_delivery(schedule, arena, &holding));
+    let (timed, on_delivery) = tokio::join!(
+        timed,
+        strike_on_delivery(schedule, arena, deliveries, &holding)
+    );
     timed.and(on_delivery)
 }
 

@@ -8,13 +8,14 @@ use std::time::Instant;
 use anyhow::Result;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use nix::sys::signal::Signal;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::Arena;
 use crate::connect;
 use crate::explore::schedule::{DeliveryStrike, Nemesis, Role, Schedule};
 use crate::harness::foreign::relay_name;
 use crate::harness::nemesis::terminate_backends;
+use crate::harness::watch::WatchedDelivery;
 
 /// The schedule's nemeses on a delivery: their index, what they do, on which delivery.
 pub(super) fn on_delivery(
@@ -54,13 +55,10 @@ impl Holding<'_> {
 pub(super) async fn strike_on_delivery(
     schedule: &Schedule,
     arena: &Arena<'_>,
+    mut deliveries: mpsc::UnboundedReceiver<WatchedDelivery>,
     holding: &Holding<'_>,
 ) -> Result<()> {
     let mut left: Vec<_> = on_delivery(schedule).collect();
-    let taken = arena.deliveries.lock().expect("not poisoned").take();
-    let (Some(mut deliveries), false) = (taken, left.is_empty()) else {
-        return Ok(());
-    };
     let mut over = arena.over.clone();
     let mut resumes = FuturesUnordered::new();
     while !left.is_empty() {
