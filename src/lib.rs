@@ -9,6 +9,8 @@
 //!   article expects.
 //! - [`scenarios`]: the article's experiments, one file each, with their TOML files.
 //! - [`explore`]: every crash point against every design, judged by an invariant checker.
+//! - [`verify`]: anyone's relay under the same nemeses and checker; [`zoo`]: the outbox
+//!   libraries people install, each under verify, side by side.
 //! - [`report`]: tables, JSON/CSV, the report page and its plots, comparisons.
 //! - [`ops`]: the actors as long-running processes, and outbox housekeeping.
 //! - [`cmd`]: the command line, one file per subcommand.
@@ -37,3 +39,4 @@ pub mod secrets;
 pub mod stats;
 pub mod verify;
 pub mod wait;
+pub mod zoo;

@@ -1,5 +1,5 @@
-//! scripts/setup installs chromium only for the tests (`--test`), and CI runs the README's test
-//! command. Runs the script with stand-ins for apt-get and the programs it looks for, so that
+//! scripts/setup installs chromium only for the tests (`--test`), the zoo's libraries once per
+//! lock file (`--zoo`, and `--test`), and CI runs the README's test command. Runs the script with stand-ins for apt-get and the programs it looks for, so that
 //! nothing is installed.
 
 use std::path::{Path, PathBuf};
@@ -29,6 +29,7 @@ fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
         "useradd",
         "python3",
         "rabbitmq-server",
+        "node",
     ];
     if with_chromium {
         present.push("chromium");
@@ -45,8 +46,26 @@ fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
         c = chromium.display()
     );
     write_script(&bin.join("apt-get"), &apt_get);
+    // npm installs into the entry's node_modules.
+    let npm = format!(
+        "echo \"npm $*\" >> {}\nmkdir -p node_modules",
+        calls.display()
+    );
+    write_script(&bin.join("npm"), &npm);
     write_script(&bin.join("sudo"), "\"$@\"");
-    for tool in ["id", "sort", "tail", "bash", "env", "chmod"] {
+    for tool in [
+        "id",
+        "sort",
+        "tail",
+        "bash",
+        "env",
+        "chmod",
+        "mkdir",
+        "cat",
+        "cut",
+        "wc",
+        "sha256sum",
+    ] {
         let real = ["/usr/bin", "/bin"]
             .iter()
             .map(|d| Path::new(d).join(tool))
@@ -63,8 +82,17 @@ fn write_script(path: &Path, body: &str) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
-/// Runs scripts/setup with `args` on the stand-ins; what apt-get was asked.
+/// Runs scripts/setup with `args` on the stand-ins and an empty zoo; what apt-get was asked.
 fn setup(name: &str, args: &[&str], with_chromium: bool) -> String {
+    let zoo = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("setup-zoo-{name}"));
+    let _ = std::fs::remove_dir_all(&zoo);
+    std::fs::create_dir_all(&zoo).unwrap();
+    setup_with_zoo(name, args, with_chromium, &zoo)
+}
+
+/// Runs scripts/setup with `args` on the stand-ins and the zoo at `zoo`; what apt-get and npm
+/// were asked.
+fn setup_with_zoo(name: &str, args: &[&str], with_chromium: bool, zoo: &Path) -> String {
     let (bin, calls) = fake_path(name, with_chromium);
     let out = Command::new("/bin/bash")
         .arg(root().join("scripts/setup"))
@@ -78,6 +106,7 @@ fn setup(name: &str, args: &[&str], with_chromium: bool) -> String {
             "OUTBOX_LAB_SETUP_RABBITMQ_SERVER",
             bin.join("rabbitmq-server"),
         )
+        .env("OUTBOX_LAB_SETUP_ZOO", zoo)
         .output()
         .unwrap();
     assert!(
@@ -100,6 +129,34 @@ fn chromium_is_installed_only_for_the_tests() {
     // Idempotent: nothing missing, nothing installed.
     let calls = setup("again", &["--test"], true);
     assert!(calls.is_empty(), "scripts/setup --test asked: {calls}");
+}
+
+/// A zoo entry's library is installed once per lock file: again only when the lock changed.
+#[test]
+fn the_zoo_is_installed_once_per_lock_file() {
+    let zoo = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("setup-zoo-entries");
+    let _ = std::fs::remove_dir_all(&zoo);
+    let entry = zoo.join("some_library");
+    std::fs::create_dir_all(&entry).unwrap();
+    std::fs::write(entry.join("zoo.toml"), "").unwrap();
+    std::fs::write(entry.join("package-lock.json"), "{}").unwrap();
+    let calls = setup_with_zoo("zoo-first", &["--zoo"], false, &zoo);
+    assert!(
+        calls.contains("npm ci"),
+        "scripts/setup --zoo asked: {calls}"
+    );
+    assert!(
+        !calls.contains("chromium"),
+        "scripts/setup --zoo asked: {calls}"
+    );
+    let calls = setup_with_zoo("zoo-again", &["--zoo"], false, &zoo);
+    assert!(calls.is_empty(), "scripts/setup --zoo asked again: {calls}");
+    std::fs::write(entry.join("package-lock.json"), "{\"changed\": 1}").unwrap();
+    let calls = setup_with_zoo("zoo-changed", &["--zoo"], false, &zoo);
+    assert!(
+        calls.contains("npm ci"),
+        "a new lock file was not installed: {calls}"
+    );
 }
 
 /// CI runs exactly the README's test command (a line of its own), which installs chromium for

@@ -21,6 +21,7 @@ mod report;
 mod requeue;
 mod scenario;
 mod verify;
+mod zoo;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -61,6 +62,7 @@ Examples:
   outbox-lab compare results/20261202-153635-38f9 results/20261203-091500-1a2b
   outbox-lab explore
   outbox-lab verify --relay-cmd 'python3 examples/relays/article.py' --relays 2
+  outbox-lab zoo
   outbox-lab crash-points
   outbox-lab prune --database-url postgres://user@host/shop --older-than 3d --dry-run";
 
@@ -99,6 +101,9 @@ failed mid-run.")]
     /// Your relay (any command, any language) under the same nemeses and checker.
     #[command(after_help = verify::examples())]
     Verify(verify::VerifyArgs),
+    /// Outbox libraries nobody here wrote (examples/zoo), each under verify, side by side.
+    #[command(after_help = zoo::EXAMPLES)]
+    Zoo(zoo::ZooArgs),
     /// Print a saved run's tables again and rewrite its report.html, without rerunning anything.
     #[command(after_help = "Example:
   outbox-lab report results/20261202-153635-38f9
@@ -299,6 +304,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Scenario(args) => scenario::run(args).await,
         Command::Explore(args) => explore::run(args).await,
         Command::Verify(args) => verify::run(args).await,
+        Command::Zoo(args) => zoo::run(args).await,
         Command::Check {
             database_url,
             consumer_database_url,
@@ -352,6 +358,7 @@ fn plots(report: &Report) -> Result<Vec<Plot>> {
     match Scenario::find(&report.scenario) {
         Some(scenario) => scenario.plots(report),
         None if report.scenario == "verify" => crate::verify::plots::for_report(report),
+        None if report.scenario == "zoo" => Ok(Vec::new()),
         None => crate::explore::plots::for_report(report),
     }
 }

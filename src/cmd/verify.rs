@@ -13,10 +13,7 @@ use crate::error;
 use crate::explore::history;
 use crate::harness::db::{PgServer, ServerChoice};
 use crate::harness::foreign::PLACEHOLDERS;
-use crate::harness::nats_server::Nats;
 use crate::harness::nemesis::parse_duration;
-use crate::harness::rabbitmq_server::Amqp;
-use crate::harness::redis_server::Redis;
 use crate::harness::run::{new_run_id, on_server};
 use crate::outbox::consumer::ConsumerKind;
 use crate::report::{Environment, Report};
@@ -143,6 +140,7 @@ impl VerifyArgs {
             None => None,
         };
         Ok(Options {
+            label: "verify".into(),
             relay_cmd: self.relay_cmd.clone(),
             relays: self.relays,
             nemeses: self.nemesis.clone(),
@@ -173,27 +171,15 @@ pub async fn run(args: VerifyArgs) -> Result<ExitCode> {
         ..args.run.server_choice()
     };
     let (verification, version, kind) = on_server(&choice, &run_id, async |server: &PgServer| {
-        // A private Redis, NATS or RabbitMQ, started only for its --sink, gone with this run.
-        let redis = Redis::new(None, &run_id, args.run.keep);
-        let nats = Nats::new(None, &run_id, args.run.keep);
-        let amqp = Amqp::new(None, &run_id, args.run.keep);
-        let broker_url = match args.sink {
-            VerifySink::Redis => Some(redis.url().await?),
-            VerifySink::Nats => Some(nats.url().await?),
-            VerifySink::Amqp => Some(amqp.url().await?),
-            VerifySink::Http => None,
-        };
-        let verified = verify::verify(server, &plan, broker_url, text).await;
-        redis.close().await?;
-        nats.close().await?;
-        amqp.close().await?;
-        let verification = verified.map_err(|e| {
-            // The relay's own fault (exits at once, never connects) stays bad input.
-            match error::Error::find(&e) {
-                Some(_) => e,
-                None => error::harness(e),
-            }
-        })?;
+        let verification = verify::verify_with_sink(server, &plan, &run_id, args.run.keep, text)
+            .await
+            .map_err(|e| {
+                // The relay's own fault (exits at once, never connects) stays bad input.
+                match error::Error::find(&e) {
+                    Some(_) => e,
+                    None => error::harness(e),
+                }
+            })?;
         history::save(&results_dir, "verify", &verification.histories())?;
         Ok((verification, server.version.clone(), server.kind()))
     })

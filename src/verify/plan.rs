@@ -66,6 +66,8 @@ pub(super) const DEFAULT_CLAIMS: [Invariant; 4] = [
 /// `outbox-lab verify`'s options, as given.
 #[derive(Debug)]
 pub struct Options {
+    /// What the run's database is named after (`verify`; the zoo names its entry's runs).
+    pub label: String,
     pub relay_cmd: String,
     pub relays: u32,
     /// `--nemesis`: kinds by name (`all`, `none`).
@@ -179,7 +181,7 @@ impl Plan {
         };
         check_schedule(&schedule, options.external_server, options.sink)?;
         let design: &'static Design = Box::leak(Box::new(Design {
-            name: "verify",
+            name: Box::leak(options.label.clone().into_boxed_str()),
             summary: "the user's relay",
             writer: Writer::Outbox,
             relay: None,

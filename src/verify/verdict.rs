@@ -204,7 +204,7 @@ fn violations_table(plan: &Plan, verification: &Verification) -> Table {
 
 /// The runs that broke `invariant`, with every fault fired, fewest nemeses first: the main
 /// run's schedule is shown unless one nemesis alone reproduced it.
-fn smallest(verification: &Verification, invariant: Invariant) -> Option<&VerifyRun> {
+pub(crate) fn smallest(verification: &Verification, invariant: Invariant) -> Option<&VerifyRun> {
     let broke = |run: &&VerifyRun| {
         run.history.violations.contains_key(invariant.name()) && !run.history.faults_not_reached()
     };
@@ -216,7 +216,7 @@ fn smallest(verification: &Verification, invariant: Invariant) -> Option<&Verify
 }
 
 /// The command line that runs `schedule` again: every flag that shaped the run.
-fn replay_line(plan: &Plan, schedule: &str) -> String {
+pub(crate) fn replay_line(plan: &Plan, schedule: &str) -> String {
     let quote = |text: &str| format!("'{}'", text.replace('\'', "'\\''"));
     let mut line = format!(
         "outbox-lab verify --relay-cmd {} --relays {} --events {} --consumer {} --sink {} \

@@ -1,0 +1,143 @@
+//! `outbox-lab zoo`: its arguments, the run's server, and what it prints; the entries, their
+//! runs and the table are [`crate::zoo`].
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+use super::{outln, Format, RunArgs};
+use crate::explore::history;
+use crate::harness::db::{PgServer, ServerChoice};
+use crate::harness::nemesis::parse_duration;
+use crate::harness::run::{new_run_id, on_server};
+use crate::report::{Environment, Report};
+use crate::zoo::entry::{Entry, ZooRun, ZOO_DIR};
+use crate::zoo::{self, table, Outcome, Settings};
+
+pub const EXAMPLES: &str = "\
+Examples:
+  scripts/setup --zoo && outbox-lab zoo          # every entry of examples/zoo
+  outbox-lab zoo txoutbox pg_boss                # two of them
+  outbox-lab zoo --documented                    # each entry's documented run only (short)
+  outbox-lab zoo --list
+  outbox-lab zoo --format json > zoo.json
+
+Each entry (examples/zoo/<name>/zoo.toml) runs its library's own relay loop, unmodified, through
+`outbox-lab verify`: its documented run (one schedule, the verdict its entry wrote down), every
+nemesis its sink allows with the naive consumer and with the idempotent one (a violation is run
+again under each nemesis alone, for the smallest schedule), and one run without faults for
+latency and throughput. The table counts, per invariant, the faulted runs that broke it; *
+marks what the library promises (no ghost, none lost, liveness; order where its documentation
+says so). A duplicate is the consumer's to absorb: it shows with the naive consumer.
+
+Exit status: 0 every entry that is installed ran and its documented verdict was reproduced
+(findings about a library are the table, not a failure); 1 an entry could not run, or its
+documented run broke something else; 2 bad input (an unknown entry, a malformed zoo.toml), or
+no entry is installed (scripts/setup --zoo); 3 the harness failed mid-run.";
+
+#[derive(Debug, Args)]
+pub struct ZooArgs {
+    /// The entries to run (folder names under examples/zoo); all when none is given.
+    #[arg(value_name = "NAME")]
+    names: Vec<String>,
+    /// Run each entry's documented run only: its one schedule, its verdict held against the
+    /// one its entry wrote down.
+    #[arg(long)]
+    documented: bool,
+    /// List the entries (library, version, registry, installed or not) and exit.
+    #[arg(long)]
+    list: bool,
+    /// Events of each faulted and fault-free run (two per order).
+    #[arg(long, default_value_t = 400, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(10..=100_000))]
+    events: u32,
+    /// The bound of each of an entry's verifications, shrinking included.
+    #[arg(long, default_value = "90s", value_name = "DURATION", value_parser = parse_duration)]
+    time_limit: Duration,
+    /// Where the entries are.
+    #[arg(long, default_value = ZOO_DIR, value_name = "DIR")]
+    zoo_dir: PathBuf,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// `outbox-lab zoo`.
+pub async fn run(args: ZooArgs) -> Result<ExitCode> {
+    let entries = Entry::find(&args.zoo_dir, &args.names)?;
+    if args.list {
+        for entry in &entries {
+            outln!(
+                "{:<24} {} {} ({}, {}){}",
+                entry.name,
+                entry.library,
+                entry.version,
+                entry.registry,
+                entry.promise,
+                match entry.is_installed() {
+                    true => "",
+                    false => "  [not installed: scripts/setup --zoo]",
+                }
+            )?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if entries.is_empty() {
+        bail!("no zoo entry in {}", args.zoo_dir.display());
+    }
+    if !entries.iter().any(Entry::is_installed) {
+        bail!("no zoo entry is installed here: run scripts/setup --zoo, then again");
+    }
+    let runs: &[ZooRun] = match args.documented {
+        true => &[ZooRun::Documented],
+        false => &ZooRun::ALL,
+    };
+    let settings = Settings {
+        events: args.events,
+        time_limit: args.time_limit,
+        external_server: args.run.database_url.is_some(),
+    };
+    // Every entry's plans are checked before a server starts: bad input leaves nothing behind.
+    for entry in entries.iter().filter(|e| e.is_installed()) {
+        for &run in runs {
+            crate::verify::plan::Plan::new(&entry.options(run, settings))
+                .map_err(|e| e.context(format!("zoo entry {}", entry.name)))?;
+        }
+    }
+    let run_id = new_run_id();
+    let results_dir = args.run.results_dir.join(&run_id);
+    let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let clock = std::time::Instant::now();
+    let choice = ServerChoice {
+        commit_timestamps: true,
+        ..args.run.server_choice()
+    };
+    let progress = args.run.format == Format::Text;
+    let (results, version, kind) = on_server(&choice, &run_id, async |server: &PgServer| {
+        let results = zoo::run(server, &run_id, &entries, runs, settings, progress).await?;
+        for result in &results {
+            if let Outcome::Ran(judged) = &result.outcome {
+                for judged in judged {
+                    let name = format!("zoo-{}-{}", result.entry.name, judged.run.label());
+                    history::save(&results_dir, &name, &judged.verification.histories())?;
+                }
+            }
+        }
+        Ok((results, server.version.clone(), server.kind()))
+    })
+    .await?;
+    let report = table::report(
+        &results,
+        settings,
+        Environment {
+            postgres_version: version,
+            outbox_lab_version: env!("CARGO_PKG_VERSION").to_string(),
+            started_at,
+            elapsed_ms: clock.elapsed().as_millis() as u64,
+            server: kind.to_string(),
+        },
+    );
+    super::finish_run(&report, &results_dir, args.run.format, Report::render_text)
+}

@@ -1,0 +1,291 @@
+//! A zoo entry: `examples/zoo/<name>/zoo.toml`, what it says of its library (version, registry,
+//! promise, design) and how `verify` runs the library's own loop (relay command, sink, schema,
+//! insert, pending count), with the short run whose verdict the entry documents.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::ValueEnum;
+use serde::Deserialize;
+
+use super::Settings;
+use crate::judge::invariants::Invariant;
+use crate::outbox::consumer::ConsumerKind;
+use crate::verify::plan::{Options, VerifySink};
+
+/// Where the zoo lives in a checkout.
+pub const ZOO_DIR: &str = "examples/zoo";
+
+/// `zoo.toml`, as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntryFile {
+    library: String,
+    version: String,
+    /// PyPI, npm, crates.io, or reference (outbox-lab's own relays).
+    registry: String,
+    home: String,
+    /// What the library's documentation promises, in its words.
+    promise: String,
+    /// How its loop claims, sends and marks, from its source.
+    design: String,
+    /// Whether it promises per-aggregate order.
+    #[serde(default)]
+    order: bool,
+    sink: String,
+    relays: u32,
+    relay_cmd: String,
+    /// A file of the entry's folder that exists once `scripts/setup --zoo` installed it.
+    #[serde(default)]
+    installed: Option<String>,
+    #[serde(default)]
+    schema: Option<String>,
+    #[serde(default)]
+    insert_sql: Option<String>,
+    #[serde(default)]
+    pending_sql: Option<String>,
+    test: DocumentedFile,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DocumentedFile {
+    consumer: String,
+    schedule: String,
+    events: u32,
+    broken: Vec<String>,
+    why: String,
+}
+
+/// One library of the zoo, ready to run.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// Its folder's name.
+    pub name: String,
+    pub dir: PathBuf,
+    pub library: String,
+    pub version: String,
+    pub registry: String,
+    pub home: String,
+    pub promise: String,
+    pub design: String,
+    pub sink: VerifySink,
+    pub relays: u32,
+    /// The relay command, `{entry}` and `{outbox_lab}` filled in.
+    pub relay_cmd: String,
+    pub installed: Option<PathBuf>,
+    pub schema: Option<(String, String)>,
+    pub insert_sql: Option<String>,
+    pub pending_sql: Option<String>,
+    /// The invariants its documentation promises: no ghost, none lost, liveness (at least
+    /// once), and order where it says so. Duplicates are the consumer's to absorb.
+    pub promises: Vec<Invariant>,
+    pub documented: DocumentedRun,
+}
+
+/// The short run an entry documents, and the verdict it found.
+#[derive(Debug, Clone)]
+pub struct DocumentedRun {
+    pub consumer: ConsumerKind,
+    pub schedule: String,
+    pub events: u32,
+    pub broken: Vec<Invariant>,
+    pub why: String,
+}
+
+impl Entry {
+    /// The entries of `zoo_dir` (every folder with a zoo.toml), by name; `names` picks some.
+    pub fn find(zoo_dir: &Path, names: &[String]) -> Result<Vec<Entry>> {
+        let listing = std::fs::read_dir(zoo_dir).with_context(|| {
+            format!(
+                "cannot read the zoo at {}: run outbox-lab zoo from the project's checkout, or \
+                 give --zoo-dir",
+                zoo_dir.display()
+            )
+        })?;
+        let mut dirs: Vec<PathBuf> = listing
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|path| path.join("zoo.toml").is_file())
+            .collect();
+        dirs.sort();
+        let entries = dirs
+            .iter()
+            .map(|dir| Entry::load(dir))
+            .collect::<Result<Vec<_>>>()?;
+        for name in names {
+            if !entries.iter().any(|e| &e.name == name) {
+                let known: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+                bail!("no zoo entry '{name}' (known: {})", known.join(", "));
+            }
+        }
+        Ok(entries
+            .into_iter()
+            .filter(|e| names.is_empty() || names.contains(&e.name))
+            .collect())
+    }
+
+    /// Reads `dir/zoo.toml`.
+    fn load(dir: &Path) -> Result<Entry> {
+        let path = dir.join("zoo.toml");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let file: EntryFile =
+            toml::from_str(&text).map_err(|e| anyhow!("{}: {}", path.display(), e.message()))?;
+        Entry::from_file(dir, file).with_context(|| path.display().to_string())
+    }
+
+    fn from_file(dir: &Path, file: EntryFile) -> Result<Entry> {
+        let name = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| anyhow!("a zoo entry's folder name must be UTF-8"))?
+            .to_string();
+        let sink = VerifySink::from_str(&file.sink, false)
+            .map_err(|_| anyhow!("sink '{}': http, redis, nats or amqp", file.sink))?;
+        let consumer = ConsumerKind::from_str(&file.test.consumer, false).map_err(|_| {
+            anyhow!(
+                "test.consumer '{}': naive or idempotent",
+                file.test.consumer
+            )
+        })?;
+        let broken = file
+            .test
+            .broken
+            .iter()
+            .map(|name| invariant(name))
+            .collect::<Result<Vec<_>>>()?;
+        let dir_text = dir.display().to_string();
+        let outbox_lab = std::env::current_exe().context("where is outbox-lab's own binary?")?;
+        let relay_cmd = file
+            .relay_cmd
+            .replace("{entry}", &dir_text)
+            .replace("{outbox_lab}", &outbox_lab.display().to_string());
+        let schema = match &file.schema {
+            Some(schema) => {
+                let path = dir.join(schema);
+                let ddl = std::fs::read_to_string(&path)
+                    .with_context(|| format!("schema: cannot read {}", path.display()))?;
+                Some((path.display().to_string(), ddl))
+            }
+            None => None,
+        };
+        if file.insert_sql.is_some() && file.pending_sql.is_none() {
+            bail!("insert_sql needs pending_sql: what counts the events still to deliver");
+        }
+        let mut promises = vec![Invariant::Ghost, Invariant::Lost, Invariant::Liveness];
+        if file.order {
+            promises.push(Invariant::Order);
+        }
+        promises.sort();
+        Ok(Entry {
+            name,
+            dir: dir.to_path_buf(),
+            library: file.library,
+            version: file.version,
+            registry: file.registry,
+            home: file.home,
+            promise: file.promise,
+            design: file.design,
+            sink,
+            relays: file.relays,
+            relay_cmd,
+            installed: file.installed.map(|path| dir.join(path)),
+            schema,
+            insert_sql: file.insert_sql,
+            pending_sql: file.pending_sql,
+            promises,
+            documented: DocumentedRun {
+                consumer,
+                schedule: file.test.schedule,
+                events: file.test.events,
+                broken,
+                why: file.test.why,
+            },
+        })
+    }
+
+    /// Whether `scripts/setup --zoo` installed its library.
+    pub fn is_installed(&self) -> bool {
+        self.installed.as_ref().is_none_or(|path| path.exists())
+    }
+
+    /// What `verify` is told for one of its runs: every invariant judged (its promises are
+    /// told apart in the table), `schedule` replayed as it is, or `nemeses` shrunk.
+    pub fn options(&self, run: ZooRun, settings: Settings) -> Options {
+        Options {
+            label: format!("zoo_{}_{}", self.name, run.label()),
+            relay_cmd: self.relay_cmd.clone(),
+            relays: self.relays,
+            nemeses: match run {
+                ZooRun::NoFaults => vec!["none".into()],
+                _ => Vec::new(),
+            },
+            schedule: match run {
+                ZooRun::Documented => Some(self.documented.schedule.clone()),
+                _ => None,
+            },
+            events: match run {
+                ZooRun::Documented => self.documented.events,
+                _ => settings.events,
+            },
+            time_limit: settings.time_limit,
+            consumer: run.consumer(self),
+            claims: Some(Invariant::ALL.map(|i| i.name().to_string()).to_vec()),
+            schema: self.schema.clone(),
+            pending_sql: self.pending_sql.clone(),
+            insert_sql: self.insert_sql.clone(),
+            external_server: settings.external_server,
+            sink: self.sink,
+        }
+    }
+}
+
+/// The runs the zoo makes of each entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZooRun {
+    /// Every nemesis the sink allows, with the naive consumer (duplicates show).
+    Naive,
+    /// The same, with the idempotent consumer (duplicates absorbed).
+    Idempotent,
+    /// No fault: latency and throughput.
+    NoFaults,
+    /// The entry's documented schedule, its verdict held against the documented one.
+    Documented,
+}
+
+impl ZooRun {
+    pub const ALL: [ZooRun; 4] = [
+        ZooRun::Documented,
+        ZooRun::Naive,
+        ZooRun::Idempotent,
+        ZooRun::NoFaults,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ZooRun::Naive => "naive",
+            ZooRun::Idempotent => "idempotent",
+            ZooRun::NoFaults => "no_faults",
+            ZooRun::Documented => "documented",
+        }
+    }
+
+    pub fn consumer(self, entry: &Entry) -> ConsumerKind {
+        match self {
+            ZooRun::Naive => ConsumerKind::Naive,
+            ZooRun::Idempotent | ZooRun::NoFaults => ConsumerKind::Idempotent,
+            ZooRun::Documented => entry.documented.consumer,
+        }
+    }
+}
+
+fn invariant(name: &str) -> Result<Invariant> {
+    Invariant::ALL
+        .into_iter()
+        .find(|i| i.name() == name)
+        .ok_or_else(|| {
+            anyhow!(
+                "test.broken: unknown invariant '{name}' (ghost, lost, duplicate, order, liveness)"
+            )
+        })
+}

@@ -1,0 +1,153 @@
+//! The relay zoo: outbox libraries nobody here wrote (`examples/zoo/<name>/`), each run
+//! through [`verify`](crate::verify) unmodified under the same workload and nemeses, judged side
+//! by side.
+//!
+//! - [`entry`]: an entry's `zoo.toml` (the library, its promise and design, how verify runs it,
+//!   the short run whose verdict it documents) and the runs the zoo makes of it;
+//! - [`table`]: the runs as one [`Report`](crate::report::Report): library × invariant, the
+//!   findings with their replay lines, the figures without faults, and a check per documented
+//!   verdict.
+//!
+//! Here: each entry's runs, one after another on the run's server, each with its own database
+//! and private broker. The command (arguments, output) is cmd/zoo.rs.
+
+pub mod entry;
+pub mod table;
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::error::{self, Error};
+use crate::harness::db::PgServer;
+use crate::verify::plan::Plan;
+use crate::verify::run::Verification;
+use crate::verify::{self, verdict};
+use entry::{Entry, ZooRun};
+
+/// How big and how long each of an entry's runs is, and on whose server.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Events of the faulted and fault-free runs (the documented run has its own).
+    pub events: u32,
+    pub time_limit: Duration,
+    /// The server is the user's: never restarted.
+    pub external_server: bool,
+}
+
+/// What the zoo found of one entry.
+pub struct EntryResult {
+    pub entry: Entry,
+    pub outcome: Outcome,
+}
+
+pub enum Outcome {
+    /// `scripts/setup --zoo` has not installed its library here.
+    NotInstalled,
+    /// verify refused or could not run it (its relay exits at once, its schema does not apply).
+    Failed {
+        run: ZooRun,
+        why: String,
+    },
+    Ran(Vec<Judged>),
+}
+
+/// One of an entry's runs, as verify planned and ran it.
+pub struct Judged {
+    pub run: ZooRun,
+    pub plan: Plan,
+    pub verification: Verification,
+}
+
+impl Judged {
+    /// The invariants its main run broke, with every nemesis fired.
+    pub fn broken(&self) -> Vec<crate::judge::invariants::Invariant> {
+        let main = &self.verification.main().history;
+        crate::judge::invariants::Invariant::ALL
+            .into_iter()
+            .filter(|i| main.violations.contains_key(i.name()))
+            .collect()
+    }
+
+    /// Whether every nemesis of its main run fired (a fault that did not fire tested nothing).
+    pub fn all_fired(&self) -> bool {
+        !self.verification.main().history.faults_not_reached()
+    }
+}
+
+/// Runs `runs` of each entry on `server`, one after another.
+pub async fn run(
+    server: &PgServer,
+    run_id: &str,
+    entries: &[Entry],
+    runs: &[ZooRun],
+    settings: Settings,
+    progress: bool,
+) -> Result<Vec<EntryResult>> {
+    let mut results = Vec::new();
+    for entry in entries {
+        let outcome = match entry.is_installed() {
+            false => Outcome::NotInstalled,
+            true => run_entry(server, run_id, entry, runs, settings, progress).await?,
+        };
+        if progress {
+            crate::errln!("zoo: {}: {}", entry.name, table::verdict(entry, &outcome));
+        }
+        results.push(EntryResult {
+            entry: entry.clone(),
+            outcome,
+        });
+    }
+    Ok(results)
+}
+
+async fn run_entry(
+    server: &PgServer,
+    run_id: &str,
+    entry: &Entry,
+    runs: &[ZooRun],
+    settings: Settings,
+    progress: bool,
+) -> Result<Outcome> {
+    let mut judged = Vec::new();
+    for &run in runs {
+        if progress {
+            crate::errln!(
+                "zoo: {} ({}): {} run",
+                entry.name,
+                entry.library,
+                run.label()
+            );
+        }
+        let plan = match Plan::new(&entry.options(run, settings)) {
+            Ok(plan) => plan,
+            Err(e) => return Ok(failed(run, &e)),
+        };
+        match verify::verify_with_sink(server, &plan, run_id, false, progress).await {
+            Ok(verification) => judged.push(Judged {
+                run,
+                plan,
+                verification,
+            }),
+            // Ctrl-C, and the harness's own failures, end the zoo; the entry's own (a relay
+            // that exits at once, a schema that does not apply) end its row.
+            Err(e) => match Error::find(&e) {
+                Some(Error::Interrupted(_) | Error::Harness(_)) => return Err(e),
+                _ => return Ok(failed(run, &e)),
+            },
+        }
+    }
+    Ok(Outcome::Ran(judged))
+}
+
+fn failed(run: ZooRun, e: &anyhow::Error) -> Outcome {
+    Outcome::Failed {
+        run,
+        why: error::one_line(e),
+    }
+}
+
+/// The command line that replays one of an entry's runs, with the schedule that broke it.
+pub fn replay(judged: &Judged, schedule: &str) -> String {
+    verdict::replay_line(&judged.plan, schedule)
+}

@@ -1,0 +1,262 @@
+//! The zoo's runs as one [`Report`] (`scenario: "zoo"`): library × invariant under every
+//! nemesis, the findings with the smallest schedule and its replay line, latency and
+//! throughput without faults, and a check per entry that its documented verdict was reproduced.
+
+use serde_json::json;
+
+use super::entry::ZooRun;
+use super::{EntryResult, Judged, Outcome, Settings};
+use crate::harness::nemesis::format_duration;
+use crate::judge::invariants::Invariant;
+use crate::report::{CheckResult, Environment, Metrics, Report, Table};
+use crate::verify::verdict;
+
+/// How much of the reason an entry could not run the zoo table shows.
+const WHY_IN_TABLE: usize = 80;
+
+/// The runs under faults that the zoo table counts.
+const FAULTED: [ZooRun; 2] = [ZooRun::Naive, ZooRun::Idempotent];
+
+pub fn report(results: &[EntryResult], settings: Settings, environment: Environment) -> Report {
+    let mut metrics = Metrics::default();
+    let mut zoo = Table::new(
+        "the zoo: runs under every nemesis that broke each invariant (*: the library promises \
+         it)",
+        &[
+            "entry",
+            "library",
+            "version",
+            "registry",
+            "ghost",
+            "lost",
+            "duplicate",
+            "order",
+            "liveness",
+            "verdict",
+        ],
+    );
+    let mut quiet = Table::new(
+        "without faults: latency from commit to delivery, and throughput",
+        &["entry", "p50 ms", "p99 ms", "events/s", "delivered", "s"],
+    );
+    let mut findings = Table::new(
+        "findings: what broke, the smallest schedule that broke it, and its replay",
+        &[
+            "entry",
+            "invariant",
+            "promised",
+            "consumer",
+            "schedule",
+            "replay",
+        ],
+    );
+    let mut designs = Table::new(
+        "what each library promises, and how its loop works",
+        &["entry", "promise", "design", "home"],
+    )
+    .detail();
+    let mut checks = Vec::new();
+    let mut notes = Vec::new();
+    for EntryResult { entry, outcome } in results {
+        designs.push(vec![
+            entry.name.clone(),
+            entry.promise.clone(),
+            entry.design.clone(),
+            entry.home.clone(),
+        ]);
+        let mut row = vec![
+            entry.name.clone(),
+            entry.library.clone(),
+            entry.version.clone(),
+            entry.registry.clone(),
+        ];
+        let judged = match outcome {
+            Outcome::Ran(judged) => judged.as_slice(),
+            _ => &[],
+        };
+        let faulted: Vec<&Judged> = judged.iter().filter(|j| FAULTED.contains(&j.run)).collect();
+        for invariant in Invariant::ALL {
+            let broke = faulted
+                .iter()
+                .filter(|j| j.broken().contains(&invariant))
+                .count();
+            let promised = entry.promises.contains(&invariant);
+            row.push(match faulted.is_empty() {
+                true => "-".into(),
+                false => format!(
+                    "{broke}/{}{}",
+                    faulted.len(),
+                    if promised { "*" } else { "" }
+                ),
+            });
+            if !faulted.is_empty() {
+                metrics.set(
+                    format!("zoo.{}.{}.broken_runs", entry.name, invariant.name()),
+                    broke as i64,
+                );
+            }
+        }
+        row.push(verdict(entry, outcome));
+        zoo.push(row);
+        for judged in &faulted {
+            for invariant in judged.broken() {
+                let schedule = verdict::smallest(&judged.verification, invariant).map_or_else(
+                    || judged.verification.main().history.schedule.clone(),
+                    |run| run.history.schedule.clone(),
+                );
+                findings.push(vec![
+                    entry.name.clone(),
+                    invariant.name().into(),
+                    yes_no(entry.promises.contains(&invariant)),
+                    judged.run.consumer(entry).name().into(),
+                    schedule.clone(),
+                    super::replay(judged, &schedule),
+                ]);
+            }
+        }
+        if let Some(judged) = judged.iter().find(|j| j.run == ZooRun::NoFaults) {
+            let figures = &judged.verification.main().figures;
+            let prefix = format!("zoo.{}.no_faults", entry.name);
+            metrics.set(format!("{prefix}.latency.p50_ms"), figures.latency_p50_ms);
+            metrics.set(format!("{prefix}.latency.p99_ms"), figures.latency_p99_ms);
+            metrics.set(format!("{prefix}.events_per_s"), figures.events_per_s);
+            quiet.push(vec![
+                entry.name.clone(),
+                format!("{:.1}", figures.latency_p50_ms),
+                format!("{:.1}", figures.latency_p99_ms),
+                format!("{:.0}", figures.events_per_s),
+                format!("{}/{}", figures.delivered_distinct, figures.written),
+                format!(
+                    "{:.1}",
+                    judged.verification.main().history.elapsed_ms as f64 / 1000.0
+                ),
+            ]);
+        }
+        match outcome {
+            Outcome::NotInstalled => notes.push(format!(
+                "{}: not installed here ({} {}): scripts/setup --zoo",
+                entry.name, entry.library, entry.version
+            )),
+            Outcome::Failed { run, why } => {
+                checks.push(CheckResult {
+                    name: format!("{}: runs under verify", entry.name),
+                    metric: format!("zoo.{}.ran", entry.name),
+                    expected: "every run".into(),
+                    actual: format!("its {} run could not: {why}", run.label()),
+                    article: None,
+                    pass: false,
+                });
+            }
+            Outcome::Ran(judged) => {
+                if let Some(documented) = judged.iter().find(|j| j.run == ZooRun::Documented) {
+                    checks.push(documented_check(entry, documented, &mut metrics));
+                }
+            }
+        }
+    }
+    Report {
+        scenario: "zoo".into(),
+        section: "beyond the article: outbox libraries nobody here wrote, judged side by side"
+            .into(),
+        params: json!({
+            "entries": results.iter().map(|r| &r.entry.name).collect::<Vec<_>>(),
+            "events": settings.events,
+            "time_limit": format_duration(settings.time_limit),
+        }),
+        metrics,
+        tables: vec![zoo, findings, quiet, designs],
+        checks,
+        targets: Vec::new(),
+        notes,
+        environment,
+    }
+}
+
+/// The entry's documented run held against the verdict it documents: the same invariants
+/// broken, every nemesis fired.
+fn documented_check(
+    entry: &super::entry::Entry,
+    judged: &Judged,
+    metrics: &mut Metrics,
+) -> CheckResult {
+    let documented = &entry.documented;
+    let broken = judged.broken();
+    let reproduced = broken == documented.broken && judged.all_fired();
+    metrics.set(
+        format!("zoo.{}.documented.reproduced", entry.name),
+        i64::from(reproduced),
+    );
+    let mut actual = names(&broken);
+    if !judged.all_fired() {
+        actual.push_str(" (a nemesis did not fire)");
+    }
+    CheckResult {
+        name: format!(
+            "{}: {} consumer under {} breaks what its entry documents ({})",
+            entry.name,
+            documented.consumer.name(),
+            documented.schedule,
+            documented.why
+        ),
+        metric: format!("zoo.{}.documented.broken", entry.name),
+        expected: names(&documented.broken),
+        actual,
+        article: None,
+        pass: reproduced,
+    }
+}
+
+/// One line of an entry's verdict: which promises it broke, and which unpromised invariants.
+pub fn verdict(entry: &super::entry::Entry, outcome: &Outcome) -> String {
+    let judged = match outcome {
+        Outcome::NotInstalled => return "not installed: scripts/setup --zoo".into(),
+        Outcome::Failed { run, why } => {
+            // The whole reason is in the entry's check; the table keeps its start.
+            let mut why = why.clone();
+            if let Some((cut, _)) = why.char_indices().nth(WHY_IN_TABLE) {
+                why.truncate(cut);
+                why.push_str("...");
+            }
+            return format!("could not run ({}): {why}", run.label());
+        }
+        Outcome::Ran(judged) => judged,
+    };
+    let mut broken: Vec<Invariant> = judged
+        .iter()
+        .filter(|j| FAULTED.contains(&j.run))
+        .flat_map(Judged::broken)
+        .collect();
+    broken.sort();
+    broken.dedup();
+    if judged.iter().all(|j| j.run == ZooRun::Documented) {
+        return format!("documented run: {}", names(&judged[0].broken()));
+    }
+    let (promised, unpromised): (Vec<Invariant>, Vec<Invariant>) =
+        broken.into_iter().partition(|i| entry.promises.contains(i));
+    let mut verdict = match promised.is_empty() {
+        true => "keeps its promises".to_string(),
+        false => format!("BREAKS ITS PROMISE: {}", names(&promised)),
+    };
+    if !unpromised.is_empty() {
+        verdict.push_str(&format!("; unpromised: {}", names(&unpromised)));
+    }
+    verdict
+}
+
+fn names(invariants: &[Invariant]) -> String {
+    match invariants {
+        [] => "none".into(),
+        _ => invariants
+            .iter()
+            .map(|i| i.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+fn yes_no(yes: bool) -> String {
+    match yes {
+        true => "yes".into(),
+        false => "no".into(),
+    }
+}
