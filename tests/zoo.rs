@@ -1,0 +1,175 @@
+//! `outbox-lab zoo`: every entry of examples/zoo reproduces the verdict its zoo.toml documents
+//! (its library's own loop, installed by `scripts/setup --test`, under its documented
+//! schedule), a wrong documented verdict fails, the full run makes the table, and bad input is
+//! one line and exit 2.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{assert_passed, assert_usage_error, outbox_lab, run_json, scratch_dir, Run};
+use serde_json::Value;
+
+fn zoo_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/zoo")
+}
+
+/// `outbox-lab zoo ARGS --format json` on this test binary's cluster, the zoo at `zoo`.
+fn zoo(zoo: &Path, args: &[&str]) -> Run {
+    let results = scratch_dir("zoo-results");
+    let zoo = zoo.display().to_string();
+    let mut all = vec!["--zoo-dir", zoo.as_str()];
+    all.extend_from_slice(args);
+    run_json(&["zoo"], &results, &all)
+}
+
+fn table(run: &Run, title: &str) -> Value {
+    run.json()["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["title"].as_str().unwrap().starts_with(title))
+        .unwrap_or_else(|| panic!("no table '{title}'"))
+        .clone()
+}
+
+/// The entry ran its documented run (installed: scripts/setup --test installs the zoo) and
+/// broke exactly what its zoo.toml says.
+fn reproduces_its_documented_verdict(name: &str) {
+    let run = zoo(&zoo_dir(), &["--documented", name]);
+    let row = &table(&run, "the zoo")["rows"][0];
+    assert!(
+        !row[9].as_str().unwrap().starts_with("not installed"),
+        "{name} is not installed here: scripts/setup --zoo"
+    );
+    assert_passed(&run);
+    assert_eq!(run.metric(&format!("zoo.{name}.documented.reproduced")), 1);
+}
+
+/// One test per entry, by its folder's name.
+macro_rules! entries {
+    ($($name:ident),* $(,)?) => {
+        const ENTRIES: &[&str] = &[$(stringify!($name)),*];
+        mod documented {
+            $(
+                #[test]
+                fn $name() {
+                    super::reproduces_its_documented_verdict(stringify!($name));
+                }
+            )*
+        }
+    };
+}
+
+entries!(outbox_lab, article);
+
+/// A new entry gets its test: every folder with a zoo.toml is in [`ENTRIES`].
+#[test]
+fn every_entry_is_tested() {
+    let mut found: Vec<String> = std::fs::read_dir(zoo_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("zoo.toml").is_file())
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    found.sort();
+    let mut tested: Vec<String> = ENTRIES.iter().map(|s| s.to_string()).collect();
+    tested.sort();
+    assert_eq!(found, tested);
+}
+
+/// A zoo of its own: copies of entries, `edit` applied to each zoo.toml.
+fn zoo_copy(name: &str, entries: &[&str], edit: impl Fn(&str) -> String) -> PathBuf {
+    let dir = scratch_dir(name);
+    for entry in entries {
+        let to = dir.join(entry);
+        std::fs::create_dir_all(&to).unwrap();
+        let toml = std::fs::read_to_string(zoo_dir().join(entry).join("zoo.toml")).unwrap();
+        std::fs::write(to.join("zoo.toml"), edit(&toml)).unwrap();
+    }
+    dir
+}
+
+/// The documented verdict bites: the reference relay documented as holding under a kill on
+/// a delivery (it duplicates for the naive consumer) fails its check, exit 1.
+#[test]
+fn a_wrong_documented_verdict_fails() {
+    let dir = zoo_copy("zoo-wrong", &["outbox_lab"], |toml| {
+        toml.replace("broken = [\"duplicate\"]", "broken = []")
+    });
+    let run = zoo(&dir, &["--documented"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(run.metric("zoo.outbox_lab.documented.reproduced"), 0);
+    assert_eq!(run.failed_checks().len(), 1, "{:?}", run.failed_checks());
+}
+
+/// The whole zoo on one entry: the faulted runs (naive: the duplicate found, with the smallest
+/// schedule and a replay line; idempotent: none), and the run without faults for latency and
+/// throughput. An entry that is not installed is a row saying so; the others run.
+#[test]
+fn the_zoo_table_judges_each_entry_and_says_what_is_not_installed() {
+    let dir = zoo_copy("zoo-table", &["outbox_lab", "article"], |toml| {
+        match toml.contains("article.py") {
+            // Its library "not installed": the file it names is not there.
+            true => format!("installed = \"no-such-file\"\n{toml}"),
+            false => toml.to_string(),
+        }
+    });
+    // The reference relay's command names {entry} nowhere: the copy runs it as it is.
+    let run = zoo(&dir, &["--events", "200", "--time-limit", "60s"]);
+    assert_passed(&run);
+    let rows = table(&run, "the zoo")["rows"].clone();
+    let article = rows.as_array().unwrap().iter().find(|r| r[0] == "article");
+    assert_eq!(
+        article.unwrap()[9],
+        "not installed: scripts/setup --zoo",
+        "{rows}"
+    );
+    let ours = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r[0] == "outbox_lab")
+        .unwrap();
+    // Duplicates: with the naive consumer only, and not a promise of an at-least-once relay.
+    assert_eq!(ours[6], "1/2", "{ours}");
+    assert_eq!(ours[5], "0/2*", "{ours}");
+    assert_eq!(
+        ours[9], "keeps its promises; unpromised: duplicate",
+        "{ours}"
+    );
+    let findings = table(&run, "findings")["rows"].clone();
+    let replay = findings[0][5].as_str().unwrap();
+    assert!(
+        replay.starts_with("outbox-lab verify --relay-cmd") && replay.contains("--consumer naive"),
+        "{findings}"
+    );
+    assert!(run.metric_f64("zoo.outbox_lab.no_faults.events_per_s") > 0.0);
+    assert!(run.metric_f64("zoo.outbox_lab.no_faults.latency.p50_ms") > 0.0);
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let run = zoo(&zoo_dir(), &["no_such_entry"]);
+    assert_usage_error(&run, "no zoo entry 'no_such_entry'");
+    let dir = zoo_copy("zoo-malformed", &["outbox_lab"], |toml| {
+        toml.replace("relays = 2", "relays = \"two\"")
+    });
+    let run = zoo(&dir, &[]);
+    assert_usage_error(&run, "zoo.toml");
+    let dir = zoo_copy("zoo-none-installed", &["outbox_lab"], |toml| {
+        format!("installed = \"no-such-file\"\n{toml}")
+    });
+    let run = zoo(&dir, &[]);
+    assert_usage_error(&run, "scripts/setup --zoo");
+    let empty = scratch_dir("zoo-empty");
+    let run = zoo(&empty, &[]);
+    assert_usage_error(&run, "no zoo entry in");
+    let listed = outbox_lab()
+        .args(["zoo", "--list", "--zoo-dir"])
+        .arg(zoo_dir())
+        .output()
+        .unwrap();
+    assert!(listed.status.success());
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("outbox-lab relay"));
+}
