@@ -151,6 +151,60 @@ fn a_nemesis_due_between_two_processes_strikes_the_next() {
     assert_eq!(second[2], "relay-0#2", "{faults}");
 }
 
+/// The JetStream consumer is ours, and it rides out the database's faults: its sessions are
+/// not taken for the relay's by db-kill-backend (they are named), and a restart does not end
+/// it. A consumer that died would hand its unacked message back only after the ack wait,
+/// behind later ones, and the judge would blame the relay for the order the consumer broke
+/// (nats-outbox's zoo entry showed it).
+#[test]
+fn the_jetstream_consumer_rides_out_the_database_faults() {
+    // The broker's URL (with its token) comes in the relay's environment.
+    let relay = format!(
+        "'{}' relay --mode notify --interval-ms 50 --name {{name}}",
+        env!("CARGO_BIN_EXE_outbox-lab")
+    );
+    for schedule in ["db:kill-backend:relay@300ms", "db:restart@300ms"] {
+        let results = scratch_dir("verify-jetstream-consumer");
+        let output = verify_alone(
+            &results,
+            &[
+                "--relay-cmd",
+                &relay,
+                "--sink",
+                "nats",
+                "--events",
+                "200",
+                "--schedule",
+                schedule,
+                "--claims",
+                "ghost,lost,duplicate,order,liveness",
+            ],
+        )
+        .output()
+        .unwrap();
+        let run = Run::from(output);
+        assert_passed(&run);
+        let run_dir = std::fs::read_dir(&results)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.is_dir())
+            .unwrap();
+        let history = std::fs::read_to_string(run_dir.join("history/verify.jsonl")).unwrap();
+        let history: Value = serde_json::from_str(history.lines().next().unwrap()).unwrap();
+        let consumers: Vec<&Value> = history["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["process"].as_str().unwrap().starts_with("consumer"))
+            .collect();
+        assert_eq!(consumers.len(), 1, "{schedule}: {consumers:?}");
+        assert_eq!(
+            consumers[0]["end"], "stopped at the end of the run",
+            "{schedule}"
+        );
+    }
+}
+
 /// verify of `relay` through `sink` (`redis`, `nats`, `amqp`), on a throwaway cluster of its
 /// own so that the database restarts too: it passes, with every one of `events` delivered,
 /// none lost, and the four nemeses that are not on the wire (HTTP's alone) fired, and through

@@ -121,9 +121,9 @@ pub async fn run_consumer(
                 .get_or_create_stream(NatsSink::stream_config(&stream, ""))
                 .await
                 .map_err(|e| anyhow!("JetStream stream {stream}: {e}"))?;
-            let pooled = consumer::pool(db, 1)?.get().await?;
+            let pool = consumer::pool(db, 1)?;
             let mut worker =
-                JetStreamWorker::connect(&url, &stream, DURABLE, pooled, kind, true).await?;
+                JetStreamWorker::connect(&url, &stream, DURABLE, pool, kind, true).await?;
             info!(
                 consumer = name,
                 "following JetStream stream {stream} as {DURABLE} on {}",

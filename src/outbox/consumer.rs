@@ -183,8 +183,6 @@ pub async fn serve(
     on_ready: impl FnOnce(std::net::SocketAddr),
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-    let mut db = db;
-    db.application_name(CONSUMER_APPLICATION_NAME);
     let pool = pool(db, POOL_SIZE)?;
     // Fail now, not at the first request, if the database is unreachable.
     drop(
@@ -405,7 +403,10 @@ pub async fn apply_batch(
 }
 
 /// A pool of connections to the consumer's database.
-pub fn pool(db: tokio_postgres::Config, size: usize) -> Result<Pool> {
+pub fn pool(mut db: tokio_postgres::Config, size: usize) -> Result<Pool> {
+    // Every consumer's sessions, over HTTP or a broker, are ours by name: a nemesis on the
+    // user's relays passes them over.
+    db.application_name(CONSUMER_APPLICATION_NAME);
     let manager = Manager::from_config(
         db,
         NoTls,

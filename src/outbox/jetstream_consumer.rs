@@ -1,6 +1,10 @@
 //! A durable pull consumer on a JetStream stream: fetches what the stream holds for it, applies
 //! each message with the consumer's logic ([`consumer::apply`]) and acks it. At-least-once too:
-//! a message not acked within the consumer's ack wait is delivered again.
+//! a message not acked within the consumer's ack wait is delivered again. A database connection
+//! lost while applying (a restart, a terminated session) is made again and the message applied
+//! again before its ack: a worker that died instead would leave the message to come back only
+//! after the ack wait, behind the later messages its successor fetched at once, and the
+//! consumer would reorder what the relay sent in order.
 //!
 //! A message's body is the event as the HTTP consumer takes it: JSON with at least `event_id`
 //! and `aggregate_id` (outbox-lab's relay publishes the whole event).
@@ -29,8 +33,9 @@ const FOLLOW_ACK_WAIT: Duration = Duration::from_secs(2);
 
 pub struct JetStreamWorker {
     consumer: PullConsumer,
-    /// A pooled connection, so the consumer's logic prepares its statements once.
-    db: deadpool_postgres::Object,
+    /// One pooled connection, so the consumer's logic prepares its statements once; made again
+    /// when it is lost.
+    db: deadpool_postgres::Pool,
     kind: ConsumerKind,
 }
 
@@ -42,7 +47,7 @@ impl JetStreamWorker {
         url: &str,
         stream: &str,
         durable: &str,
-        db: deadpool_postgres::Object,
+        db: deadpool_postgres::Pool,
         kind: ConsumerKind,
         follow: bool,
     ) -> Result<JetStreamWorker> {
@@ -110,7 +115,7 @@ impl JetStreamWorker {
         {
             let event: Event = serde_json::from_slice(&message.payload)
                 .map_err(|e| anyhow!("message on {} is not an event: {e}", message.subject))?;
-            consumer::apply(&self.db, self.kind, &event).await?;
+            self.apply(&event).await?;
             message
                 .double_ack()
                 .await
@@ -118,5 +123,22 @@ impl JetStreamWorker {
             fetched += 1;
         }
         Ok(fetched)
+    }
+
+    /// Applies `event`, over a connection made again (patiently: the database may be
+    /// restarting) for as long as the connection is lost under it, within
+    /// [`connect::RECONNECT_PATIENCE`].
+    async fn apply(&self, event: &Event) -> Result<()> {
+        let until = std::time::Instant::now() + connect::RECONNECT_PATIENCE;
+        loop {
+            let db = connect::patiently(connect::RECONNECT_PATIENCE, async || {
+                Ok(self.db.get().await?)
+            })
+            .await?;
+            match consumer::apply(&db, self.kind, event).await {
+                Err(e) if connect::lost_connection(&e) && std::time::Instant::now() < until => {}
+                applied => return applied.map(drop),
+            }
+        }
     }
 }

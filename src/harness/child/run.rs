@@ -162,15 +162,13 @@ async fn amqp_worker(db: &Database, role: AmqpWorkerRole) -> Result<()> {
 
 /// The JetStream worker role: drains its durable consumer once, or follows it.
 async fn jetstream_worker(db: &Database, role: JetStreamWorkerRole) -> Result<()> {
-    // A worker restarted while its database restarts waits for it.
+    // A worker restarted while its database restarts waits for it (JetStreamWorker::apply).
     let pool = consumer::pool(db.config()?, 1)?;
-    let pooled =
-        connect::patiently(connect::RECONNECT_PATIENCE, async || Ok(pool.get().await?)).await?;
     let mut worker = JetStreamWorker::connect(
         &role.nats_url,
         &role.stream,
         &role.durable,
-        pooled,
+        pool,
         role.kind,
         role.follow,
     )
