@@ -61,7 +61,17 @@ macro_rules! entries {
     };
 }
 
-entries!(outbox_lab, article);
+entries!(
+    outbox_lab,
+    article,
+    txoutbox,
+    faststream_outbox,
+    nodii,
+    nats_outbox,
+    pg_transactional_outbox,
+    pg_boss,
+    backbone_outbox,
+);
 
 /// A new entry gets its test: every folder with a zoo.toml is in [`ENTRIES`].
 #[test]

@@ -1,5 +1,8 @@
--- backbone-outbox 3.19.0: the statements backbone_outbox::migrate(pool, "zoo") runs
--- (src/outbox.rs:25-207), without the multi_tenant feature's RLS block.
+-- backbone-outbox 3.19.0: the statements backbone_outbox::outbox::migrate(pool, "zoo") runs
+-- (src/outbox.rs:25-207, in its order), without the multi_tenant feature's RLS block (off here).
+-- First line ours: verify makes public anew for every run of one invocation, not the schema zoo,
+-- so it is dropped here and every run starts from an empty outbox.
+DROP SCHEMA IF EXISTS zoo CASCADE;
 CREATE SCHEMA IF NOT EXISTS zoo;
 CREATE TABLE IF NOT EXISTS zoo.outbox_events (
      id             uuid PRIMARY KEY,
@@ -19,6 +22,8 @@ ALTER TABLE zoo.outbox_events ADD COLUMN IF NOT EXISTS company_id uuid;
 ALTER TABLE zoo.outbox_events ADD COLUMN IF NOT EXISTS failed_at timestamptz;
 ALTER TABLE zoo.outbox_events ADD COLUMN IF NOT EXISTS failure_reason text;
 ALTER TABLE zoo.outbox_events ADD COLUMN IF NOT EXISTS org_unit_id uuid;
+UPDATE zoo.outbox_events SET org_unit_id = company_id
+   WHERE org_unit_id IS NULL AND company_id IS NOT NULL;
 CREATE OR REPLACE FUNCTION zoo.outbox_events_org_unit_fill() RETURNS trigger AS $$
    BEGIN
        IF NEW.org_unit_id IS NULL THEN

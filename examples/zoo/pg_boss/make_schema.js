@@ -1,5 +1,14 @@
-// pg-boss 10.4.2's own construction plans (what boss.start() would install), plus the queue "outbox".
+// Prints the DDL pg-boss 10.4.2 installs itself: its construction plans (what boss.start() with
+// migrate: true runs, PgBoss.getConstructionPlans, src/plans.js create()), plus the queue 'outbox'
+// made by its own create_queue function with the options boss.createQueue('outbox', {...}) passes
+// (src/manager.js:529-563). The queue's expireInSeconds is the jobs' lease.
+// Run from this folder after `npm ci`: node make_schema.js > schema.sql
 const PgBoss = require('pg-boss');
-console.log('-- pg-boss 10.4.2: PgBoss.getConstructionPlans("pgboss") + create_queue(\'outbox\', ...)');
-console.log(PgBoss.getConstructionPlans('pgboss') + ';');
-console.log(`SELECT pgboss.create_queue('outbox', '{"policy":"standard","retryLimit":10,"retryDelay":1,"expireInSeconds":5}'::json);`);
+const queue = { policy: 'standard', retryLimit: 10, retryDelay: 1, expireInSeconds: 2 };
+console.log('-- pg-boss 10.4.2: PgBoss.getConstructionPlans("pgboss") + create_queue(\'outbox\', ...) (make_schema.js)');
+const plans = PgBoss.getConstructionPlans('pgboss');
+// verify makes public (and its own schemas) anew for every run of one invocation, not this one:
+// drop it first so that each run starts from an empty queue.
+console.log('DROP SCHEMA IF EXISTS pgboss CASCADE;');
+console.log(plans + ';');
+console.log(`SELECT pgboss.create_queue('outbox', '${JSON.stringify(queue)}'::json);`);

@@ -1,4 +1,5 @@
--- pg-boss 10.4.2: PgBoss.getConstructionPlans("pgboss") + create_queue('outbox', ...)
+-- pg-boss 10.4.2: PgBoss.getConstructionPlans("pgboss") + create_queue('outbox', ...) (make_schema.js)
+DROP SCHEMA IF EXISTS pgboss CASCADE;
 
     BEGIN;
     SET LOCAL lock_timeout = '30s';
@@ -173,4 +174,4 @@ CREATE INDEX archive_i1 ON pgboss.archive(archived_on);
 INSERT INTO pgboss.version(version) VALUES ('24');
     COMMIT;
   ;
-SELECT pgboss.create_queue('outbox', '{"policy":"standard","retryLimit":10,"retryDelay":1,"expireInSeconds":5}'::json);
+SELECT pgboss.create_queue('outbox', '{"policy":"standard","retryLimit":10,"retryDelay":1,"expireInSeconds":2}'::json);
