@@ -101,10 +101,13 @@ pub fn assert_ended(what: &str, processes: &[ProcessId]) {
     );
 }
 
-/// A directory of this test run's own.
+/// A directory of this call's own: tests run side by side, and two calls with one name (a
+/// shared helper's results directory) must not empty each other's directory mid-run.
 pub fn scratch_dir(name: &str) -> PathBuf {
-    let dir =
-        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("{name}-{}-{call}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
