@@ -151,6 +151,27 @@ fn a_nemesis_due_between_two_processes_strikes_the_next() {
     assert_eq!(second[2], "relay-0#2", "{faults}");
 }
 
+/// A relay's DDL may make schemas of its own (pg-boss's `pgboss`): every run starts from
+/// nothing, those schemas included. Before, the second reset found them and the run was
+/// refused ("schema ... already exists").
+#[test]
+fn a_schema_of_the_relays_own_applies_in_every_run() {
+    let dir = scratch_dir("verify-own-schema");
+    let ddl = dir.join("schema.sql");
+    std::fs::write(&ddl, "CREATE SCHEMA mine; CREATE TABLE mine.seen (x int);").unwrap();
+    let run = verify(&[
+        "--relay-cmd",
+        &our_relay(""),
+        "--schema",
+        ddl.to_str().unwrap(),
+        "--nemesis",
+        "none",
+        "--events",
+        "50",
+    ]);
+    assert_passed(&run);
+}
+
 /// The JetStream consumer is ours, and it rides out the database's faults: its sessions are
 /// not taken for the relay's by db-kill-backend (they are named), and a restart does not end
 /// it. A consumer that died would hand its unacked message back only after the ack wait,

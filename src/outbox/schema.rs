@@ -66,13 +66,23 @@ pub const RESET: &str = "
 TRUNCATE outbox, orders, consumer.receipts, consumer.processed_events, consumer.shipments
 RESTART IDENTITY";
 
-/// Drops everything a run made (the article's tables, the consumer's, and whatever a relay of
-/// the user's created in `public`), for a run that starts from the schema files alone.
-pub const RECREATE: &str = "
-DROP SCHEMA IF EXISTS consumer CASCADE;
-DROP SCHEMA IF EXISTS judge CASCADE;
+/// Drops everything a run made (the article's tables, the consumer's, the judge's, and whatever
+/// a relay of the user's created, in `public` or in schemas of its own), for a run that starts
+/// from the schema files alone. Only ever run in a database of the run's own.
+pub const RECREATE: &str = r#"
+DO $$
+DECLARE
+  made name;
+BEGIN
+  FOR made IN SELECT nspname FROM pg_namespace
+               WHERE nspname NOT IN ('public', 'information_schema')
+                 AND nspname NOT LIKE 'pg\_%'
+  LOOP
+    EXECUTE format('DROP SCHEMA %I CASCADE', made);
+  END LOOP;
+END $$;
 DROP SCHEMA public CASCADE;
-CREATE SCHEMA public";
+CREATE SCHEMA public"#;
 
 /// Where explore's stored watermark relay keeps its position across restarts.
 pub const ADD_RELAY_WATERMARK: &str =

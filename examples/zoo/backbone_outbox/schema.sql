@@ -1,8 +1,5 @@
 -- backbone-outbox 3.19.0: the statements backbone_outbox::outbox::migrate(pool, "zoo") runs
 -- (src/outbox.rs:25-207, in its order), without the multi_tenant feature's RLS block (off here).
--- First line ours: verify makes public anew for every run of one invocation, not the schema zoo,
--- so it is dropped here and every run starts from an empty outbox.
-DROP SCHEMA IF EXISTS zoo CASCADE;
 CREATE SCHEMA IF NOT EXISTS zoo;
 CREATE TABLE IF NOT EXISTS zoo.outbox_events (
      id             uuid PRIMARY KEY,

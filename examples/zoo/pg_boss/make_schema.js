@@ -7,8 +7,5 @@ const PgBoss = require('pg-boss');
 const queue = { policy: 'standard', retryLimit: 10, retryDelay: 1, expireInSeconds: 2 };
 console.log('-- pg-boss 10.4.2: PgBoss.getConstructionPlans("pgboss") + create_queue(\'outbox\', ...) (make_schema.js)');
 const plans = PgBoss.getConstructionPlans('pgboss');
-// verify makes public (and its own schemas) anew for every run of one invocation, not this one:
-// drop it first so that each run starts from an empty queue.
-console.log('DROP SCHEMA IF EXISTS pgboss CASCADE;');
 console.log(plans + ';');
 console.log(`SELECT pgboss.create_queue('outbox', '${JSON.stringify(queue)}'::json);`);

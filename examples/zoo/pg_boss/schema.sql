@@ -1,5 +1,4 @@
 -- pg-boss 10.4.2: PgBoss.getConstructionPlans("pgboss") + create_queue('outbox', ...) (make_schema.js)
-DROP SCHEMA IF EXISTS pgboss CASCADE;
 
     BEGIN;
     SET LOCAL lock_timeout = '30s';
