@@ -4,23 +4,13 @@
 
 mod common;
 
-use common::verify::{example, our_relay, verify, verify_alone};
+use common::verify::{example, our_relay, our_relay_from_its_environment, verify, verify_alone};
 use common::{assert_passed, scratch_dir, Run};
 use serde_json::Value;
 
-/// The table of `run`'s JSON whose title starts with `title`.
-fn table(run: &Run, title: &str) -> Value {
-    let json = run.json();
-    let tables = json["tables"].as_array().unwrap();
-    let found = tables
-        .iter()
-        .find(|t| t["title"].as_str().unwrap().starts_with(title));
-    found.unwrap_or_else(|| panic!("no {title} table")).clone()
-}
-
 /// The replay command of the violations table's row for `invariant`.
 fn replay_of(run: &Run, invariant: &str) -> String {
-    let table = table(run, "violations");
+    let table = run.table("violations");
     let row = table["rows"]
         .as_array()
         .unwrap()
@@ -91,10 +81,7 @@ fn the_article_relay_holds_through_redis() {
 /// what the broker delivered counts.
 #[test]
 fn our_relay_holds_through_the_brokers_and_marking_without_publishing_is_caught() {
-    let relay = format!(
-        "'{}' relay --mode notify --interval-ms 50 --name {{name}}",
-        env!("CARGO_BIN_EXE_outbox-lab")
-    );
+    let relay = our_relay_from_its_environment();
     for broker in ["nats", "amqp"] {
         let run = holds_through(broker, &relay, "2", 200);
         let printed = format!("{}{}", run.stdout, run.stderr);
@@ -146,7 +133,7 @@ fn a_nemesis_due_between_two_processes_strikes_the_next() {
     ]);
     assert_passed(&run);
     assert_eq!(run.metric("verify.faults_fired"), 2);
-    let faults = table(&run, "faults");
+    let faults = run.table("faults");
     let second = &faults["rows"][1];
     assert_eq!(second[2], "relay-0#2", "{faults}");
 }
@@ -179,11 +166,7 @@ fn a_schema_of_the_relays_own_applies_in_every_run() {
 /// (nats-outbox's zoo entry showed it).
 #[test]
 fn the_jetstream_consumer_rides_out_the_database_faults() {
-    // The broker's URL (with its token) comes in the relay's environment.
-    let relay = format!(
-        "'{}' relay --mode notify --interval-ms 50 --name {{name}}",
-        env!("CARGO_BIN_EXE_outbox-lab")
-    );
+    let relay = our_relay_from_its_environment();
     for schedule in ["db:kill-backend:relay@300ms", "db:restart@300ms"] {
         let results = scratch_dir("verify-jetstream-consumer");
         let output = verify_alone(
@@ -375,7 +358,7 @@ fn a_nemesis_that_never_comes_is_not_reached_and_fails() {
 
 /// The row a fault left in the faults table: its outcome and the process it hit.
 fn fault_row(run: &Run, fault: &str) -> Value {
-    let faults = table(run, "faults");
+    let faults = run.table("faults");
     let rows = faults["rows"].as_array().unwrap();
     rows.iter()
         .find(|r| r[0] == fault)

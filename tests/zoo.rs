@@ -8,7 +8,6 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{assert_passed, assert_usage_error, outbox_lab, run_json, scratch_dir, Run};
-use serde_json::Value;
 
 fn zoo_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/zoo")
@@ -23,21 +22,11 @@ fn zoo(zoo: &Path, args: &[&str]) -> Run {
     run_json(&["zoo"], &results, &all)
 }
 
-fn table(run: &Run, title: &str) -> Value {
-    run.json()["tables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["title"].as_str().unwrap().starts_with(title))
-        .unwrap_or_else(|| panic!("no table '{title}'"))
-        .clone()
-}
-
 /// The entry ran its documented run (installed: scripts/setup --test installs the zoo) and
 /// broke exactly what its zoo.toml says.
 fn reproduces_its_documented_verdict(name: &str) {
     let run = zoo(&zoo_dir(), &["--documented", name]);
-    let row = &table(&run, "the zoo")["rows"][0];
+    let row = &run.table("the zoo")["rows"][0];
     assert!(
         !row[9].as_str().unwrap().starts_with("not installed"),
         "{name} is not installed here: scripts/setup --zoo"
@@ -128,7 +117,7 @@ fn the_zoo_table_judges_each_entry_and_says_what_is_not_installed() {
     // The reference relay's command names {entry} nowhere: the copy runs it as it is.
     let run = zoo(&dir, &["--events", "200", "--time-limit", "60s"]);
     assert_passed(&run);
-    let rows = table(&run, "the zoo")["rows"].clone();
+    let rows = run.table("the zoo")["rows"].clone();
     let article = rows.as_array().unwrap().iter().find(|r| r[0] == "article");
     assert_eq!(
         article.unwrap()[9],
@@ -148,7 +137,7 @@ fn the_zoo_table_judges_each_entry_and_says_what_is_not_installed() {
         ours[9], "keeps its promises; unpromised: duplicate",
         "{ours}"
     );
-    let findings = table(&run, "findings")["rows"].clone();
+    let findings = run.table("findings")["rows"].clone();
     let replay = findings[0][5].as_str().unwrap();
     assert!(
         replay.starts_with("outbox-lab verify --relay-cmd") && replay.contains("--consumer naive"),

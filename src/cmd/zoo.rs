@@ -99,13 +99,8 @@ pub async fn run(args: ZooArgs) -> Result<ExitCode> {
         time_limit: args.time_limit,
         external_server: args.run.database_url.is_some(),
     };
-    // Every entry's plans are checked before a server starts: bad input leaves nothing behind.
-    for entry in entries.iter().filter(|e| e.is_installed()) {
-        for &run in runs {
-            crate::verify::plan::Plan::new(&entry.options(run, settings))
-                .map_err(|e| e.context(format!("zoo entry {}", entry.name)))?;
-        }
-    }
+    // Every entry's runs are planned before a server starts: bad input leaves nothing behind.
+    let planned = zoo::plan(entries, runs, settings)?;
     let run_id = new_run_id();
     let results_dir = args.run.results_dir.join(&run_id);
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
@@ -116,7 +111,7 @@ pub async fn run(args: ZooArgs) -> Result<ExitCode> {
     };
     let progress = args.run.format == Format::Text;
     let (results, version, kind) = on_server(&choice, &run_id, async |server: &PgServer| {
-        let results = zoo::run(server, &run_id, &entries, runs, settings, progress).await?;
+        let results = zoo::run(server, &run_id, planned, progress).await?;
         for result in &results {
             if let Outcome::Ran(judged) = &result.outcome {
                 for judged in judged {

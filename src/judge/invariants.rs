@@ -90,6 +90,11 @@ impl Invariant {
         }
     }
 
+    /// The invariant called `name` (as [`Invariant::name`] says it).
+    pub fn named(name: &str) -> Option<Invariant> {
+        Invariant::ALL.into_iter().find(|i| i.name() == name)
+    }
+
     pub fn meaning(self) -> &'static str {
         match self {
             Invariant::Ghost => "no shipment for an order that never committed",

@@ -13,9 +13,9 @@
 //!   replay line, an inconclusive run;
 //! - [`plots`]: the timeline of deliveries and faults on the report page.
 //!
-//! [`verify`] here ties them: the plan's schedule is run, and a violation found under every
-//! nemesis is run again under each one alone (shrinking), to name the smallest schedule that
-//! reproduces it. The command (arguments, server, output) is cmd/verify.rs.
+//! [`verify_with_sink`] here ties them, on the sink's private broker: the plan's schedule is
+//! run, and a violation found under every nemesis is run again under each one alone
+//! (shrinking), to name the smallest schedule that reproduces it. The command (arguments, server, output) is cmd/verify.rs.
 
 pub mod plan;
 pub mod plots;
@@ -63,7 +63,7 @@ pub async fn verify_with_sink(
 
 /// Runs the plan on `server`; the relays deliver to our HTTP consumer, or to the broker at
 /// `broker_url` (Redis, NATS or RabbitMQ, as `--sink` says).
-pub async fn verify(
+async fn verify(
     server: &PgServer,
     plan: &Plan,
     broker_url: Option<String>,

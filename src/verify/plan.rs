@@ -156,15 +156,12 @@ impl Plan {
             Some(names) => names
                 .iter()
                 .map(|name| {
-                    Invariant::ALL
-                        .into_iter()
-                        .find(|i| i.name() == name.trim())
-                        .ok_or_else(|| {
-                            anyhow!(
-                                "--claims: unknown invariant '{name}' (ghost, lost, duplicate, \
+                    Invariant::named(name.trim()).ok_or_else(|| {
+                        anyhow!(
+                            "--claims: unknown invariant '{name}' (ghost, lost, duplicate, \
                                  order, liveness)"
-                            )
-                        })
+                        )
+                    })
                 })
                 .collect::<Result<Vec<_>>>()?,
         };

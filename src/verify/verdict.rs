@@ -181,10 +181,7 @@ fn violations_table(plan: &Plan, verification: &Verification) -> Table {
         if ids.len() > SHOWN_IDS {
             shown.push(format!("... {} more", ids.len() - SHOWN_IDS));
         }
-        let schedule = smallest(verification, invariant).map_or_else(
-            || main.history.schedule.clone(),
-            |r| r.history.schedule.clone(),
-        );
+        let schedule = smallest_schedule(verification, invariant).to_string();
         violations.push(vec![
             invariant.name().into(),
             if plan.design.claims(invariant) {
@@ -202,17 +199,14 @@ fn violations_table(plan: &Plan, verification: &Verification) -> Table {
     violations
 }
 
-/// The runs that broke `invariant`, with every fault fired, fewest nemeses first: the main
-/// run's schedule is shown unless one nemesis alone reproduced it.
-pub(crate) fn smallest(verification: &Verification, invariant: Invariant) -> Option<&VerifyRun> {
+/// The schedule to replay for `invariant`: of the runs that broke it with every fault fired,
+/// fewest nemeses first; the main run's unless one nemesis alone reproduced it.
+pub(crate) fn smallest_schedule(verification: &Verification, invariant: Invariant) -> &str {
     let broke = |run: &&VerifyRun| {
         run.history.violations.contains_key(invariant.name()) && !run.history.faults_not_reached()
     };
-    verification
-        .shrunk()
-        .iter()
-        .find(broke)
-        .or(Some(verification.main()).filter(broke))
+    let smallest = verification.shrunk().iter().find(broke);
+    &smallest.unwrap_or(verification.main()).history.schedule
 }
 
 /// The command line that runs `schedule` again: every flag that shaped the run.

@@ -280,12 +280,7 @@ impl ZooRun {
 }
 
 fn invariant(name: &str) -> Result<Invariant> {
-    Invariant::ALL
-        .into_iter()
-        .find(|i| i.name() == name)
-        .ok_or_else(|| {
-            anyhow!(
-                "test.broken: unknown invariant '{name}' (ghost, lost, duplicate, order, liveness)"
-            )
-        })
+    Invariant::named(name).ok_or_else(|| {
+        anyhow!("test.broken: unknown invariant '{name}' (ghost, lost, duplicate, order, liveness)")
+    })
 }

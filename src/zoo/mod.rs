@@ -20,9 +20,9 @@ use anyhow::Result;
 
 use crate::error::{self, Error};
 use crate::harness::db::PgServer;
+use crate::verify;
 use crate::verify::plan::Plan;
 use crate::verify::run::Verification;
-use crate::verify::{self, verdict};
 use entry::{Entry, ZooRun};
 
 /// How big and how long each of an entry's runs is, and on whose server.
@@ -75,28 +75,52 @@ impl Judged {
     }
 }
 
-/// Runs `runs` of each entry on `server`, one after another.
+/// An entry and the plans of its runs; `None` when its library is not installed here.
+pub struct Planned {
+    pub entry: Entry,
+    pub runs: Option<Vec<(ZooRun, Plan)>>,
+}
+
+/// Plans `runs` of each installed entry, before any server starts: an entry's bad input (a
+/// relay command, a schedule) ends the zoo with nothing left behind.
+pub fn plan(entries: Vec<Entry>, runs: &[ZooRun], settings: Settings) -> Result<Vec<Planned>> {
+    entries
+        .into_iter()
+        .map(|entry| {
+            let runs = match entry.is_installed() {
+                false => None,
+                true => Some(
+                    runs.iter()
+                        .map(|&run| {
+                            let plan = Plan::new(&entry.options(run, settings))
+                                .map_err(|e| e.context(format!("zoo entry {}", entry.name)))?;
+                            Ok((run, plan))
+                        })
+                        .collect::<Result<Vec<_>>>()?,
+                ),
+            };
+            Ok(Planned { entry, runs })
+        })
+        .collect()
+}
+
+/// Runs each entry's planned runs on `server`, one after another.
 pub async fn run(
     server: &PgServer,
     run_id: &str,
-    entries: &[Entry],
-    runs: &[ZooRun],
-    settings: Settings,
+    planned: Vec<Planned>,
     progress: bool,
 ) -> Result<Vec<EntryResult>> {
     let mut results = Vec::new();
-    for entry in entries {
-        let outcome = match entry.is_installed() {
-            false => Outcome::NotInstalled,
-            true => run_entry(server, run_id, entry, runs, settings, progress).await?,
+    for Planned { entry, runs } in planned {
+        let outcome = match runs {
+            None => Outcome::NotInstalled,
+            Some(runs) => run_entry(server, run_id, &entry, runs, progress).await?,
         };
         if progress {
-            crate::errln!("zoo: {}: {}", entry.name, table::verdict(entry, &outcome));
+            crate::errln!("zoo: {}: {}", entry.name, table::verdict(&entry, &outcome));
         }
-        results.push(EntryResult {
-            entry: entry.clone(),
-            outcome,
-        });
+        results.push(EntryResult { entry, outcome });
     }
     Ok(results)
 }
@@ -105,12 +129,11 @@ async fn run_entry(
     server: &PgServer,
     run_id: &str,
     entry: &Entry,
-    runs: &[ZooRun],
-    settings: Settings,
+    runs: Vec<(ZooRun, Plan)>,
     progress: bool,
 ) -> Result<Outcome> {
     let mut judged = Vec::new();
-    for &run in runs {
+    for (run, plan) in runs {
         if progress {
             crate::errln!(
                 "zoo: {} ({}): {} run",
@@ -119,10 +142,6 @@ async fn run_entry(
                 run.label()
             );
         }
-        let plan = match Plan::new(&entry.options(run, settings)) {
-            Ok(plan) => plan,
-            Err(e) => return Ok(failed(run, &e)),
-        };
         match verify::verify_with_sink(server, &plan, run_id, false, progress).await {
             Ok(verification) => judged.push(Judged {
                 run,
@@ -145,9 +164,4 @@ fn failed(run: ZooRun, e: &anyhow::Error) -> Outcome {
         run,
         why: error::one_line(e),
     }
-}
-
-/// The command line that replays one of an entry's runs, with the schedule that broke it.
-pub fn replay(judged: &Judged, schedule: &str) -> String {
-    verdict::replay_line(&judged.plan, schedule)
 }

@@ -100,17 +100,14 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
         zoo.push(row);
         for judged in &faulted {
             for invariant in judged.broken() {
-                let schedule = verdict::smallest(&judged.verification, invariant).map_or_else(
-                    || judged.verification.main().history.schedule.clone(),
-                    |run| run.history.schedule.clone(),
-                );
+                let schedule = verdict::smallest_schedule(&judged.verification, invariant);
                 findings.push(vec![
                     entry.name.clone(),
                     invariant.name().into(),
                     yes_no(entry.promises.contains(&invariant)),
                     judged.run.consumer(entry).name().into(),
-                    schedule.clone(),
-                    super::replay(judged, &schedule),
+                    schedule.to_string(),
+                    verdict::replay_line(&judged.plan, schedule),
                 ]);
             }
         }

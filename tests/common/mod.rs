@@ -160,6 +160,16 @@ impl Run {
         })
     }
 
+    /// The table of a single-scenario JSON result whose title starts with `title`.
+    pub fn table(&self, title: &str) -> Value {
+        let json = self.json();
+        let tables = json["tables"].as_array().unwrap();
+        let found = tables
+            .iter()
+            .find(|t| t["title"].as_str().unwrap().starts_with(title));
+        found.unwrap_or_else(|| panic!("no {title} table")).clone()
+    }
+
     /// A metric of a single-scenario JSON result, as an integer.
     pub fn metric(&self, name: &str) -> i64 {
         let json = self.json();

@@ -39,3 +39,12 @@ pub fn our_relay(extra: &str) -> String {
         env!("CARGO_BIN_EXE_outbox-lab")
     )
 }
+
+/// Our relay command, its database and sink from its environment: a broker's URL carries its
+/// token there, not in `{sink_url}`.
+pub fn our_relay_from_its_environment() -> String {
+    format!(
+        "'{}' relay --mode notify --interval-ms 50 --name {{name}}",
+        env!("CARGO_BIN_EXE_outbox-lab")
+    )
+}
