@@ -3,8 +3,9 @@
 //! directories; the last three [`on_demand`]: the user's or a private one started on first use), the
 //! [`db`] server and databases of a run, the [`run`]'s life around them (its id, Ctrl-C), [`child`]
 //! processes that die for real, a [`foreign`] relay (the user's command), each leading a
-//! [`process_group`] that goes with it, the network [`proxy`] between relay and consumer (and the
-//! [`redis_proxy`] in front of Redis, where deliveries are watched), the
+//! [`process_group`] that goes with it, the [`link`]s between the actors and their servers
+//! (proxies on the wire: HTTP and RESP to the sink, PostgreSQL's to the database, with the
+//! faults they do and the deliveries they watch), the
 //! [`nemesis`] machinery (signals to our own children, backends terminated), bulk [`load`]ing
 //! with COPY.
 
@@ -12,16 +13,14 @@ pub mod child;
 pub mod cluster;
 pub mod db;
 pub mod foreign;
+pub mod link;
 pub mod load;
 pub mod nats_server;
 pub mod nemesis;
 pub mod on_demand;
 pub mod process_group;
-pub mod proxy;
 pub mod rabbitmq_server;
-pub mod redis_proxy;
 pub mod redis_server;
 pub mod run;
 pub mod server;
 pub mod throwaway;
-pub mod watch;

@@ -2,7 +2,7 @@
 //! test): signals to our own child processes (pause, kill), a database backend terminated, and
 //! how a nemesis reports what it did. The database restart is the cluster's
 //! ([`Cluster::restart_immediately`](crate::harness::cluster::Cluster::restart_immediately)), the
-//! network faults the [`proxy`](crate::harness::proxy)'s; which nemesis hits which actor, and
+//! network faults the [`link`](crate::harness::link)'s; which nemesis hits which actor, and
 //! when, is explore's ([`crate::explore::nemeses`]).
 //!
 //! A signal goes only to a process proven to be ours: the pid and start time recorded when we

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::{metric_names, Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
-use crate::harness::proxy::{FaultPlan, Proxy, ProxyFaults};
+use crate::harness::link::http::{FaultPlan, Proxy, ProxyFaults};
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::relay::RelayConfig;

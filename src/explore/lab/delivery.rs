@@ -9,8 +9,8 @@ use crate::harness::child::role::{
     AmqpWorkerRole, ConsumerRole, JetStreamWorkerRole, Role as ChildRole, StreamWorkerRole,
 };
 use crate::harness::child::ChildCommand;
-use crate::harness::proxy::{Proxy, ProxyFaults};
-use crate::harness::redis_proxy::RedisProxy;
+use crate::harness::link::http::{Proxy, ProxyFaults};
+use crate::harness::link::resp::RedisProxy;
 use crate::outbox::consumer::Faults;
 use crate::outbox::crash::CrashPlan;
 use crate::outbox::jetstream_consumer;

@@ -14,8 +14,8 @@ use super::Arena;
 use crate::connect;
 use crate::explore::schedule::{DeliveryStrike, Nemesis, Role, Schedule};
 use crate::harness::foreign::relay_name;
+use crate::harness::link::watch::WatchedDelivery;
 use crate::harness::nemesis::terminate_backends;
-use crate::harness::watch::WatchedDelivery;
 
 /// The schedule's nemeses on a delivery: their index, what they do, on which delivery.
 pub(super) fn on_delivery(

@@ -5,9 +5,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::{Fault, Role};
+use crate::harness::link::http::{FaultPlan, NetworkFault};
+use crate::harness::link::watch::DeliveryMoment;
 use crate::harness::nemesis::{format_duration, parse_duration};
-use crate::harness::proxy::{FaultPlan, NetworkFault};
-use crate::harness::watch::DeliveryMoment;
 use crate::outbox::crash::CrashPoint;
 
 /// One nemesis of a schedule.

@@ -1,6 +1,6 @@
 //! Deliveries watched for a nemesis (`kill:relay:on-delivery@N`): which deliveries the
-//! nemeses wait for, and how a proxy that sees a delivery pass (the HTTP [`proxy`](super::proxy),
-//! the [`redis_proxy`](super::redis_proxy)) tells them of it and holds it until they have
+//! nemeses wait for, and how a proxy that sees a delivery pass (the [`http`](super::http) proxy,
+//! the [`resp`](super::resp) one) tells them of it and holds it until they have
 //! struck. A nemesis that cannot strike the N-th delivery (its relay was killed, or has no
 //! database session, since it sent it) waits for the next one, as a nemesis on the clock due
 //! while its target is between two processes strikes the next process.

@@ -19,8 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 
-use super::throwaway::RunDir;
 use super::watch::{DeliveryMoment, DeliveryWatch};
+use crate::harness::throwaway::RunDir;
 
 /// A running Redis proxy; it stops (with every connection through it) and its directory goes
 /// when it is dropped.
