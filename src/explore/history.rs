@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::report;
 
+pub use crate::harness::link::watch::Held;
 pub use crate::harness::nemesis::FaultOutcome;
 
 /// A sender's log line before each try (relays: `[relay r0] outbox id=3 sending`).
@@ -102,6 +103,10 @@ pub struct History {
     pub cut_short: Option<String>,
     /// Every fault of the schedule, crash points then nemeses, fired or not reached.
     pub faults: Vec<FaultRecord>,
+    /// The deliveries a proxy held on their way to the consumer while a nemesis struck:
+    /// harness time, which the relay's latency does not count.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<Held>,
     pub processes: Vec<Process>,
     pub attempts: Vec<Attempt>,
     /// Offending ids per violated invariant.

@@ -76,6 +76,27 @@ impl Database {
         connect::postgres(&config).await
     }
 
+    /// The same database reached at `host` (a socket directory, or a name) and `port`
+    /// instead: through an actor's [database link](crate::harness::link::postgres). The user
+    /// and password are kept; the server's other options are not (the link talks in the clear).
+    pub fn through(&self, host: &str, port: u16) -> Result<Database> {
+        let config = self.config()?;
+        let encode = |bytes: &[u8]| connect::percent_encode(bytes);
+        let user = encode(config.get_user().unwrap_or("postgres").as_bytes());
+        let credentials = match config.get_password() {
+            Some(password) => format!("{user}:{}", encode(password)),
+            None => user,
+        };
+        Ok(Database {
+            server_url: format!(
+                "postgresql://{credentials}@{}:{port}/{}",
+                encode(host.as_bytes()),
+                encode(self.name.as_bytes())
+            ),
+            name: self.name.clone(),
+        })
+    }
+
     /// A `psql`-ready URL, for `--keep`. Only meaningful for URL-form server addresses.
     pub fn url(&self) -> String {
         match self.server_url.rsplit_once('/') {

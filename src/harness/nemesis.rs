@@ -21,43 +21,21 @@ use tokio_postgres::Client;
 use crate::harness::throwaway::ProcessId;
 
 /// Ends the sessions of one actor in the current database, found by their `application_name`
-/// (`outbox-lab relay r0`, `outbox-lab consumer`); the count of sessions ended.
-const TERMINATE_BACKENDS: &str = "
-SELECT count(pg_terminate_backend(pid))
+/// (`outbox-lab consumer`); the count of sessions ended.
+const TERMINATE_NAMED: &str = "
+SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
   FROM pg_stat_activity
  WHERE datname = current_database()
    AND application_name = $1
    AND pid <> pg_backend_pid()";
 
-/// Ends the sessions of one relay of the user's, named `relay-N` or ending in ` relay-N`.
-const TERMINATE_RELAY_BACKENDS: &str = "
-SELECT count(pg_terminate_backend(pid))
+/// Ends these backends (their pids) of the current database; the count ended.
+const TERMINATE_BACKENDS: &str = "
+SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
   FROM pg_stat_activity
  WHERE datname = current_database()
-   AND (application_name = $1 OR application_name LIKE '% ' || $1)
+   AND pid = ANY($1)
    AND pid <> pg_backend_pid()";
-
-/// The sessions in the current database that are none of ours (`application_name` not one of
-/// `$1`): a relay of the user's, whatever it calls itself.
-macro_rules! foreign_sessions {
-    () => {
-        "
-  FROM pg_stat_activity
- WHERE datname = current_database()
-   AND backend_type = 'client backend'
-   AND application_name <> ALL($1)
-   AND pid <> pg_backend_pid()"
-    };
-}
-
-/// How many sessions of the user's relays are connected now.
-pub const COUNT_FOREIGN_SESSIONS: &str = concat!("SELECT count(*)", foreign_sessions!());
-
-/// Ends every session of the user's relays; how many.
-const TERMINATE_FOREIGN_SESSIONS: &str = concat!(
-    "SELECT count(pg_terminate_backend(pid))",
-    foreign_sessions!()
-);
 
 /// How often a nemesis looks whether a process has stopped itself at its pause point.
 const STOPPED_POLL: Duration = Duration::from_millis(2);
@@ -130,25 +108,19 @@ impl Drop for Resume {
 /// Whose database sessions a db-kill-backend nemesis ends.
 #[derive(Debug, Clone)]
 pub enum Sessions {
-    /// Those named so (`application_name`): an actor of ours.
+    /// Those named so (`application_name`): the consumer, which is ours and names its own.
     Named(String),
-    /// Every session but those named so: the user's relays, whatever they call themselves.
-    AllBut(Vec<&'static str>),
-    /// A relay of the user's, `relay-N`: sessions named so, or with a name that ends in it
-    /// (`outbox-lab-example relay-1`), as a relay names itself after its `{name}`.
-    Relay(String),
+    /// These backends, by pid, as an actor's [database link](crate::harness::link::postgres)
+    /// saw them: a relay or the writer, whatever it calls its sessions.
+    Backends(Vec<i32>),
 }
 
 /// Terminates `sessions` in `client`'s database; how many.
 pub async fn terminate_backends(client: &Client, sessions: &Sessions) -> Result<i64> {
     let row = match sessions {
-        Sessions::Named(name) => client.query_one(TERMINATE_BACKENDS, &[name]).await?,
-        Sessions::Relay(name) => client.query_one(TERMINATE_RELAY_BACKENDS, &[name]).await?,
-        Sessions::AllBut(ours) => {
-            client
-                .query_one(TERMINATE_FOREIGN_SESSIONS, &[ours])
-                .await?
-        }
+        Sessions::Named(name) => client.query_one(TERMINATE_NAMED, &[name]).await?,
+        Sessions::Backends(pids) if pids.is_empty() => return Ok(0),
+        Sessions::Backends(pids) => client.query_one(TERMINATE_BACKENDS, &[pids]).await?,
     };
     Ok(row.get(0))
 }

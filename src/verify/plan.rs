@@ -29,8 +29,9 @@ const NEMESIS_SPACING: Duration = Duration::from_millis(250);
 const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
 
 /// The nemeses `--nemesis` names, and the schedule item each one makes (`{at}`: its moment).
-/// In this order on the clock: a database restart last, so that the sessions the nemesis
-/// before it ends are there to end. Those on a delivery take the first ones, before the
+/// In this order on the clock: relay 0's database link reset, then partitioned for a second,
+/// after its sessions are ended; a database restart last, so that the sessions and links the
+/// nemeses before it strike are there to strike. Relay 0's third COMMIT loses its answer. Those on a delivery take the first ones, before the
 /// requests the network nemeses take: they come within the run's first moments however few
 /// deliveries a relay makes (a batch per request), and before the database restart, while the
 /// relay is connected (a relay sending a batch fetched before the restart has no session to
@@ -38,11 +39,14 @@ const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
 /// ended has none to end until it is answered; the kill last, since a relay that sends a batch
 /// at once (a pipeline of XADDs) may make all three deliveries in one go, and once killed it is
 /// no target for the others (a paused one is).
-const NEMESES: [(&str, &str); 10] = [
+const NEMESES: [(&str, &str); 13] = [
     ("kill", "kill:relay@{at}"),
     ("pause", "pause:relay@{at}+500ms"),
     ("db-kill-backend", "db:kill-backend:relay@{at}"),
+    ("dbnet-reset", "dbnet:reset:relay@{at}"),
+    ("dbnet-partition", "dbnet:partition:relay@{at}+1s"),
     ("db-restart", "db:restart@{at}"),
+    ("dbnet-commit-lost", "dbnet:commit-lost:relay@3"),
     ("net-reset", "net:reset@5"),
     ("net-reply-lost", "net:reply-lost@10"),
     ("net-delay", "net:delay@15+700ms"),

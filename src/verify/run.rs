@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use tokio_postgres::Client;
 
-use crate::explore::history::History;
+use crate::explore::history::{Held, History};
 use crate::explore::lab::Lab;
 use crate::explore::schedule::Schedule;
 use crate::stats::round_to;
@@ -35,6 +35,9 @@ pub struct Figures {
     pub from_commit: bool,
     /// Deliveries (first receipts) per [`TIMELINE_BUCKET_MS`], from the first commit.
     pub timeline: Vec<(i64, i64)>,
+    /// How long the proxies held deliveries on their way while a nemesis struck, in all:
+    /// harness time, taken out of each held event's latency.
+    pub held_ms: f64,
 }
 
 impl Figures {
@@ -83,18 +86,23 @@ impl Verification {
 pub(super) async fn once(lab: &Lab<'_>, schedule: &Schedule) -> Result<VerifyRun> {
     let history = lab.run(schedule).await?;
     let client = lab.client().await?;
-    let figures = measure(&client)
+    let figures = measure(&client, &history.held)
         .await
         .context("cannot measure the run's deliveries")?;
     Ok(VerifyRun { history, figures })
 }
 
-/// Each event's commit (or insert, without commit timestamps) -> its first receipt.
+/// Each event's commit (or insert, without commit timestamps) -> its first receipt, less the
+/// time a proxy held it while a nemesis struck (`$1` event ids, `$2` ms: harness time).
 macro_rules! latencies {
     ($committed:literal) => {
         concat!(
             "
-WITH first_receipt AS (
+WITH held AS (
+  SELECT event_id, sum(ms) AS ms
+    FROM unnest($1::text[], $2::float8[]) AS h(event_id, ms)
+   GROUP BY event_id),
+first_receipt AS (
   SELECT event_id, min(received_at) AS received_at
     FROM consumer.receipts
    WHERE NOT injected_fault
@@ -102,16 +110,17 @@ WITH first_receipt AS (
 delivered AS (
   SELECT ",
             $committed,
-            " AS committed_at, f.received_at
+            " AS committed_at, f.received_at, coalesce(h.ms, 0) AS held_ms
     FROM outbox o
     JOIN first_receipt f USING (event_id)
-    JOIN orders ord ON ord.id::text = o.aggregate_id)
+    JOIN orders ord ON ord.id::text = o.aggregate_id
+    LEFT JOIN held h ON h.event_id = o.event_id::text)
 SELECT count(*) AS delivered,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50,
        percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99,
        max(ms) AS max,
        extract(epoch FROM max(received_at) - min(committed_at))::float8 AS span_s
-  FROM (SELECT *, extract(epoch FROM received_at - committed_at)::float8 * 1000 AS ms
+  FROM (SELECT *, extract(epoch FROM received_at - committed_at)::float8 * 1000 - held_ms AS ms
           FROM delivered) d"
         )
     };
@@ -140,7 +149,11 @@ SELECT (extract(epoch FROM f.received_at - origin.t0) * 1000)::bigint / $1 * $1 
  WHERE origin.t0 IS NOT NULL
  GROUP BY 1 ORDER BY 1";
 
-async fn measure(client: &Client) -> Result<Figures> {
+async fn measure(client: &Client, held: &[Held]) -> Result<Figures> {
+    let (held_ids, held_ms): (Vec<&str>, Vec<f64>) = held
+        .iter()
+        .flat_map(|h| h.event_ids.iter().map(|id| (id.as_str(), h.held_ms)))
+        .unzip();
     let counts = client.query_one(COUNTS, &[]).await?;
     let from_commit: String = client
         .query_one("SHOW track_commit_timestamp", &[])
@@ -154,7 +167,7 @@ async fn measure(client: &Client) -> Result<Figures> {
             } else {
                 LATENCY_FROM_INSERT
             },
-            &[],
+            &[&held_ids, &held_ms],
         )
         .await?;
     let delivered: i64 = latency.get("delivered");
@@ -179,5 +192,6 @@ async fn measure(client: &Client) -> Result<Figures> {
         },
         from_commit,
         timeline,
+        held_ms: round_to(held.iter().map(|h| h.held_ms).sum(), 100.0),
     })
 }

@@ -8,6 +8,7 @@ use crate::explore::designs::{RelayVariant, Writer};
 use crate::explore::schedule::Schedule;
 use crate::harness::child::role::{ExploreRelayRole, ExploreWriterRole};
 use crate::harness::child::ChildCommand;
+use crate::harness::db::Database;
 use crate::outbox::relay::{RelayConfig, RelayDesign, RelayOptions};
 use crate::outbox::sink::SinkOptions;
 
@@ -30,9 +31,11 @@ const RELAY_REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 const WRITING_AFTER_NEMESES: Duration = Duration::from_millis(250);
 
 impl Lab<'_> {
-    /// The writer; a dual write sends to `sink` itself.
+    /// The writer, reaching its database at `database` (through its link); a dual write sends
+    /// to `sink` itself.
     pub(super) fn writer_command(
         &self,
+        database: &Database,
         sink: &str,
         schedule: &Schedule,
     ) -> ChildCommand<ExploreWriterRole> {
@@ -55,11 +58,17 @@ impl Lab<'_> {
                 Relays::Ours => None,
             },
         };
-        ChildCommand::new(&self.db, role)
+        ChildCommand::new(database, role)
     }
 
-    /// Relay `index`, delivering to `sink`.
-    pub(super) fn relay_command(&self, index: u32, sink: &str) -> ChildCommand<ExploreRelayRole> {
+    /// Relay `index`, reaching its database at `database` (through its link), delivering to
+    /// `sink`.
+    pub(super) fn relay_command(
+        &self,
+        database: &Database,
+        index: u32,
+        sink: &str,
+    ) -> ChildCommand<ExploreRelayRole> {
         let variant = self
             .design
             .relay
@@ -97,6 +106,6 @@ impl Lab<'_> {
             stored_watermark: variant == RelayVariant::StoredWatermark,
             relay,
         };
-        ChildCommand::new(&self.db, role)
+        ChildCommand::new(database, role)
     }
 }

@@ -14,18 +14,11 @@ use crate::harness::db::PgServer;
 use crate::harness::nemesis::format_duration;
 use crate::harness::throwaway;
 use crate::judge::record;
-use crate::outbox::consumer::CONSUMER_APPLICATION_NAME;
 use crate::outbox::schema;
-use crate::outbox::writer::{self, WRITER_APPLICATION_NAME};
+use crate::outbox::writer;
 
 /// The lab names its own sessions so (`application_name`).
 const LAB_APPLICATION_NAME: &str = "outbox-lab supervisor";
-/// Every session of ours in a run's database; any other is a relay of the user's.
-pub const OUR_SESSIONS: [&str; 3] = [
-    LAB_APPLICATION_NAME,
-    WRITER_APPLICATION_NAME,
-    CONSUMER_APPLICATION_NAME,
-];
 /// The reset between runs waits this long at most for a killed child's session (which the
 /// server ends a moment after the process) to release its locks.
 const RESET_LOCK_TIMEOUT: Duration = Duration::from_secs(5);

@@ -9,12 +9,11 @@ use anyhow::Result;
 use tokio_postgres::config::Host;
 use tokio_postgres::error::SqlState;
 
-use super::database::OUR_SESSIONS;
 use super::delivery::{Backlog, Delivery};
 use super::{Lab, Relays, Stage};
 use crate::error;
+use crate::harness::db::Database;
 use crate::harness::foreign::{relay_name, Endpoints, RelayTemplate};
-use crate::harness::nemesis::COUNT_FOREIGN_SESSIONS;
 use crate::judge::invariants::pending;
 
 /// A relay of the user's must have connected to the database within this time of the start.
@@ -86,10 +85,7 @@ impl Lab<'_> {
                 continue;
             };
             if !connected {
-                let sessions = client
-                    .query_one(COUNT_FOREIGN_SESSIONS, &[&OUR_SESSIONS.to_vec()])
-                    .await;
-                connected = sessions.is_ok_and(|row| row.get::<_, i64>(0) > 0);
+                connected = stage.links.relay_connected();
                 stage.relay_connected.send_replace(connected);
                 if !connected && started.elapsed() > CONNECT_BOUND {
                     let tail = stage.relay_tail.lock().expect("not poisoned").lines();
@@ -130,11 +126,16 @@ impl Lab<'_> {
         }
     }
 
-    /// What the user's relay `index` is told: the database (as a URL, as libpq keywords, as
-    /// libpq's variables) and where to deliver. Its sessions are named `relay-N` in all three,
-    /// so that a nemesis on its delivery finds them.
-    pub(super) fn endpoints(&self, sink: &str, index: u32) -> Result<Endpoints> {
-        let config = self.db.config()?;
+    /// What the user's relay `index` is told: the database at `database` (its link), as a URL,
+    /// as libpq keywords, as libpq's variables, and where to deliver. Its sessions are named
+    /// `relay-N` in all three, for the user's eyes: the nemeses find them by their link.
+    pub(super) fn endpoints(
+        &self,
+        database: &Database,
+        sink: &str,
+        index: u32,
+    ) -> Result<Endpoints> {
+        let config = database.config()?;
         let host = match config.get_hosts().first() {
             Some(Host::Unix(dir)) => dir.to_string_lossy().into_owned(),
             Some(Host::Tcp(name)) => name.clone(),
@@ -147,7 +148,7 @@ impl Lab<'_> {
             .unwrap_or(5432)
             .to_string();
         let user = config.get_user().unwrap_or("postgres").to_string();
-        let dbname = self.db.name.clone();
+        let dbname = database.name.clone();
         let password = config
             .get_password()
             .map(|p| String::from_utf8_lossy(p).into_owned());

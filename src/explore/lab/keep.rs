@@ -95,8 +95,9 @@ impl Lab<'_> {
         for n in 1..=MAX_PROCESSES_PER_ROLE {
             let plan = faults.next(Role::Writer);
             let label = format!("writer#{n}");
+            let database = stage.links.database(&self.db, Role::Writer, 0)?;
             let writer = self
-                .writer_command(&stage.sink, stage.schedule)
+                .writer_command(&database, &stage.sink, stage.schedule)
                 .crash_at(plan)
                 .pause_at(nemeses::pause_point(stage.schedule, Role::Writer).filter(|_| n == 1))
                 .spawn()?;
@@ -138,8 +139,9 @@ impl Lab<'_> {
             let plan = faults.next(Role::Relay).filter(|_| index == 0);
             let pause = nemeses::pause_point(stage.schedule, Role::Relay);
             let label = format!("relay{index}#{n}");
+            let database = stage.links.database(&self.db, Role::Relay, index)?;
             let mut relay = self
-                .relay_command(index, &stage.relay_sinks[index as usize])
+                .relay_command(&database, index, &stage.relay_sinks[index as usize])
                 .crash_at(plan)
                 .pause_at(pause.filter(|_| index == 0 && n == 1))
                 .spawn()?;
@@ -174,7 +176,8 @@ impl Lab<'_> {
         history: &Mutex<History>,
         stage: &Stage<'_>,
     ) -> Result<Option<String>> {
-        let endpoints = self.endpoints(&stage.relay_sinks[index as usize], index)?;
+        let database = stage.links.database(&self.db, Role::Relay, index)?;
+        let endpoints = self.endpoints(&database, &stage.relay_sinks[index as usize], index)?;
         let name = relay_name(index);
         let mut quick_exits = 0;
         for n in 1..=MAX_PROCESSES_PER_ROLE {

@@ -30,14 +30,13 @@ use super::checker;
 use super::designs::Design;
 use super::faults::FaultLog;
 use super::history::History;
-use super::nemeses::{self, Arena, LiveProcesses, RelaySessions};
+use super::nemeses::{self, Arena, DbLinks, LiveProcesses};
 use super::schedule::{Role, Schedule};
 use super::watchdog::LIVENESS_BOUND;
 use crate::harness::db::{Database, PgServer};
 use crate::harness::foreign::Tail;
 use crate::judge::record;
 
-pub use database::OUR_SESSIONS;
 pub use delivery::Delivery;
 use delivery::Middle;
 pub use foreign::{ForeignRelayError, ForeignRelays, COUNT_PENDING};
@@ -119,6 +118,8 @@ struct Stage<'r> {
     /// Each relay's way to the consumer: through a port of the proxy's of its own, so that the
     /// proxy knows who sent what.
     relay_sinks: Vec<String>,
+    /// Each relay's and the writer's way to the database.
+    links: DbLinks,
     /// The writer has finished.
     writer_done: watch::Sender<bool>,
     /// The user's relays are done: nothing pending, nothing more arriving.
@@ -153,7 +154,11 @@ impl<'s> Lab<'s> {
         let mut faults = FaultLog::new(schedule);
         let (tell, deliveries) = tokio::sync::mpsc::unbounded_channel();
         let relays = self.design.relays;
-        let middle = match nemeses::proxy_faults(schedule, tell) {
+        let proxy_faults = nemeses::proxy_faults(schedule, tell);
+        let watch = proxy_faults
+            .as_ref()
+            .and_then(|faults| faults.watch.clone());
+        let middle = match proxy_faults {
             Some(faults) => Some(self.stand_between(faults).await?),
             None => None,
         };
@@ -170,6 +175,7 @@ impl<'s> Lab<'s> {
                     None => self.sink_url(),
                 })
                 .collect(),
+            links: DbLinks::start(&self.db, relays, schedule).await?,
             writer_done: watch::channel(false).0,
             drained: watch::channel(false).0,
             relay_tail: Mutex::new(Tail::default()),
@@ -192,13 +198,7 @@ impl<'s> Lab<'s> {
             live: &stage.live,
             server: self.server,
             db: &self.db,
-            relay_sessions: match self.relays {
-                Relays::Ours => RelaySessions::Ours,
-                Relays::Foreign(_) => RelaySessions::Foreign {
-                    relays,
-                    ours: OUR_SESSIONS.to_vec(),
-                },
-            },
+            links: &stage.links,
             over: over_seen,
             done: &stage.nemeses_done,
         };
@@ -236,7 +236,8 @@ impl<'s> Lab<'s> {
                 }
             }
         };
-        nemeses::settle(schedule, middle.as_ref().and_then(Middle::http), &faults);
+        let proxy = middle.as_ref().and_then(Middle::http);
+        nemeses::settle(schedule, proxy, &stage.links, &faults);
         let client = self.client().await?;
         if let Relays::Foreign(_) = self.relays {
             // The rows the relay deleted once published come back, and what it left out of
@@ -253,6 +254,7 @@ impl<'s> Lab<'s> {
         let mut history = history.into_inner().expect("not poisoned");
         history.cut_short = cut_short;
         history.faults = faults.records(schedule);
+        history.held = watch.map(|watch| watch.held()).unwrap_or_default();
         for (invariant, ids) in violations {
             history.violations.insert(invariant.name().to_string(), ids);
         }

@@ -18,16 +18,15 @@ use tokio::sync::{mpsc, watch};
 
 use super::designs::Design;
 use super::faults::FaultLog;
-use super::schedule::{Nemesis, Role, Schedule};
+use super::schedule::{DbNetFault, Nemesis, Role, Schedule};
 use crate::connect;
 use crate::harness::db::{Database, PgServer};
-use crate::harness::foreign::relay_name;
 use crate::harness::link::http::{FaultPlan, Proxy, ProxyFaults};
+use crate::harness::link::postgres::{PgLink, PgProxy};
 use crate::harness::link::watch::{DeliveryWatch, WatchedDelivery};
 use crate::harness::nemesis::{terminate_backends, OwnChild, Sessions};
 use crate::outbox::consumer::CONSUMER_APPLICATION_NAME;
 use crate::outbox::crash::CrashPlan;
-use crate::outbox::relay::RELAY_APPLICATION_NAME;
 use on_delivery::{on_delivery, strike_on_delivery, Holding};
 
 /// The nemesis schedules of the default run: all of them for the design that claims everything.
@@ -145,45 +144,59 @@ impl LiveProcesses {
     }
 }
 
-/// Whose database sessions are a relay's.
-#[derive(Debug, Clone)]
-pub enum RelaySessions {
-    /// Ours: named `outbox-lab relay rN`.
-    Ours,
-    /// The user's `relays` relays: `relay-N` by the application name they are given (or one
-    /// ending in their name), else, for one relay, every session not named one of `ours`.
-    Foreign {
-        relays: u32,
-        ours: Vec<&'static str>,
-    },
+/// The database links of a run's actors, one per relay then the writer's: every one of them
+/// reaches its database through a [`PgProxy`] of its own, so that a nemesis finds a relay's
+/// sessions by the backends its link serves, whatever the relay names them, and can fault the
+/// link itself.
+pub struct DbLinks {
+    proxy: PgProxy,
+    relays: u32,
 }
 
-impl RelaySessions {
-    /// Relay `index`'s sessions, best first: by name, then (for one relay of the user's) every
-    /// session not ours.
-    fn of(&self, index: u32) -> Vec<Sessions> {
-        match self {
-            RelaySessions::Ours => {
-                vec![Sessions::Named(format!(
-                    "{RELAY_APPLICATION_NAME} r{index}"
-                ))]
+impl DbLinks {
+    /// The links of `relays` relays and the writer to `db`, with the schedule's lost COMMITs
+    /// planned.
+    pub async fn start(db: &Database, relays: u32, schedule: &Schedule) -> Result<DbLinks> {
+        let proxy = PgProxy::start(&db.config()?, relays as usize + 1).await?;
+        let links = DbLinks { proxy, relays };
+        for nemesis in &schedule.nemeses {
+            if let Nemesis::DbNet {
+                role,
+                fault: DbNetFault::CommitLost { on_commit },
+            } = *nemesis
+            {
+                links.of(role).lose_commit(on_commit);
             }
-            RelaySessions::Foreign { relays, ours } => {
-                let mut sessions = vec![Sessions::Relay(relay_name(index))];
-                if *relays == 1 {
-                    sessions.push(Sessions::AllBut(ours.clone()));
-                }
-                sessions
-            }
+        }
+        Ok(links)
+    }
+
+    /// Relay `index`'s link.
+    pub fn relay(&self, index: u32) -> &PgLink {
+        self.proxy.link(index as usize)
+    }
+
+    /// The link a nemesis on `role` strikes: relay 0's, or the writer's (the consumer's
+    /// database is reached directly: it is the judge's side).
+    pub fn of(&self, role: Role) -> &PgLink {
+        match role {
+            Role::Relay => self.relay(0),
+            _ => self.proxy.link(self.relays as usize),
         }
     }
 
-    /// Every relay's, for a timed nemesis.
-    fn all(&self) -> Sessions {
-        match self {
-            RelaySessions::Ours => Sessions::Named(format!("{RELAY_APPLICATION_NAME} r0")),
-            RelaySessions::Foreign { ours, .. } => Sessions::AllBut(ours.clone()),
-        }
+    /// `db` as `role`'s process `index` reaches it: through its link.
+    pub fn database(&self, db: &Database, role: Role, index: u32) -> Result<Database> {
+        let link = match role {
+            Role::Relay => self.relay(index),
+            _ => self.of(role),
+        };
+        db.through(&link.host, link.port)
+    }
+
+    /// Whether a relay ever had a session.
+    pub fn relay_connected(&self) -> bool {
+        (0..self.relays).any(|i| self.relay(i).ever_connected())
     }
 }
 
@@ -197,8 +210,8 @@ pub struct Arena<'a> {
     pub live: &'a LiveProcesses,
     pub server: &'a PgServer,
     pub db: &'a Database,
-    /// The relays' sessions, for db-kill-backend.
-    pub relay_sessions: RelaySessions,
+    /// The relays' and the writer's links to the database: their sessions, their faults.
+    pub links: &'a DbLinks,
     /// Set when the supervisor is done: a nemesis not yet due is then not reached.
     pub over: watch::Receiver<bool>,
     /// Set when every timed nemesis has struck and no relay is held by one on a delivery: a
@@ -234,6 +247,12 @@ impl Arena<'_> {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+    }
+
+    /// The label of the role's process now (`relay-0#2`), or the role's name between two.
+    fn label(&self, role: Role) -> String {
+        let label = self.live.now(role, 0).map(|(label, _)| label);
+        label.unwrap_or_else(|| role.name().to_string())
     }
 
     /// Sleeps until `at` after the start; false if the run was over first.
@@ -311,42 +330,37 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                 }
                 Nemesis::DbKillBackend { role, at } => {
                     if arena.until(at).await {
-                        let sessions = match role {
-                            Role::Consumer => {
-                                Sessions::Named(CONSUMER_APPLICATION_NAME.to_string())
-                            }
-                            _ => arena.relay_sessions.all(),
-                        };
-                        // A target between two sessions (reconnecting) is struck as soon as
-                        // it has one again, as a process between two is.
-                        let mut client = None;
-                        loop {
-                            // Patiently, and again after a restart (a nemesis beside this one).
-                            let connected = match client.take() {
-                                Some(client) => client,
-                                None => {
-                                    connect::patiently(connect::RECONNECT_PATIENCE, async || {
-                                        arena.db.connect().await
-                                    })
-                                    .await?
-                                }
-                            };
-                            match terminate_backends(&connected, &sessions).await {
-                                Ok(0) => client = Some(connected),
-                                Ok(_) => {
-                                    let label = arena.live.now(role, 0).map(|(l, _)| l);
-                                    let label = label.unwrap_or_else(|| role.name().to_string());
-                                    fire(i, format!("{label}'s sessions"));
-                                    break;
-                                }
-                                Err(e) if connect::lost_connection(&e) => {}
-                                Err(e) => return Err(e),
-                            }
-                            if *arena.over.borrow() {
-                                break;
-                            }
-                            tokio::time::sleep(SESSION_POLL).await;
+                        if let Some(label) = kill_backends(arena, role).await? {
+                            fire(i, label);
                         }
+                    }
+                }
+                Nemesis::DbNet { role, fault } => {
+                    let link = arena.links.of(role);
+                    match fault {
+                        DbNetFault::Reset { at } => {
+                            if arena.until(at).await {
+                                // Struck once the link has a connection to cut (an actor
+                                // reconnecting is struck as soon as it has one again).
+                                while link.reset() == 0 && !*arena.over.borrow() {
+                                    tokio::time::sleep(SESSION_POLL).await;
+                                }
+                                if !*arena.over.borrow() {
+                                    fire(i, format!("{}'s database link", arena.label(role)));
+                                }
+                            }
+                        }
+                        DbNetFault::Partition { at, hold } => {
+                            if arena.until(at).await {
+                                fire(i, format!("{}'s database link", arena.label(role)));
+                                let mut over = arena.over.clone();
+                                tokio::select! {
+                                    _ = link.partition(hold) => {}
+                                    _ = over.wait_for(|over| *over) => {}
+                                }
+                            }
+                        }
+                        DbNetFault::CommitLost { .. } => {}
                     }
                 }
                 Nemesis::Net(_) | Nemesis::OnDelivery { .. } => {}
@@ -360,15 +374,65 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
     Ok(())
 }
 
-/// The network nemeses' outcomes, read from the proxy after the run into the fault log.
-pub fn settle(schedule: &Schedule, proxy: Option<&Proxy>, faults: &FaultLog) {
+/// The network nemeses' outcomes, read from the proxies after the run into the fault log.
+pub fn settle(schedule: &Schedule, proxy: Option<&Proxy>, links: &DbLinks, faults: &FaultLog) {
     for (i, nemesis) in schedule.nemeses.iter().enumerate() {
-        if let (Nemesis::Net(plan), Some(proxy)) = (nemesis, proxy) {
-            if let Some(at) = proxy.struck_at(plan.on_request) {
-                let process = format!("request {} through the proxy", plan.on_request);
-                faults.struck(i, process, at);
+        match (*nemesis, proxy) {
+            (Nemesis::Net(plan), Some(proxy)) => {
+                if let Some(at) = proxy.struck_at(plan.on_request) {
+                    let process = format!("request {} through the proxy", plan.on_request);
+                    faults.struck(i, process, at);
+                }
             }
+            (
+                Nemesis::DbNet {
+                    role,
+                    fault: DbNetFault::CommitLost { on_commit },
+                },
+                _,
+            ) => {
+                if let Some((at, backend)) = links.of(role).commit_lost(on_commit) {
+                    let backend = backend.map_or(String::new(), |pid| format!(", backend {pid}"));
+                    let process = format!("{}'s COMMIT {on_commit}{backend}", role.name());
+                    faults.struck(i, process, at);
+                }
+            }
+            _ => {}
         }
+    }
+}
+
+/// Ends the database sessions of `role` (relay 0, or the consumer) once it has one; what was
+/// struck, `None` if the run ended first.
+async fn kill_backends(arena: &Arena<'_>, role: Role) -> Result<Option<String>> {
+    // A target between two sessions (reconnecting) is struck as soon as it has one again, as
+    // a process between two is.
+    let mut client = None;
+    loop {
+        let sessions = match role {
+            Role::Consumer => Sessions::Named(CONSUMER_APPLICATION_NAME.to_string()),
+            _ => Sessions::Backends(arena.links.of(role).backends()),
+        };
+        // Patiently, and again after a restart (a nemesis beside this one).
+        let connected = match client.take() {
+            Some(client) => client,
+            None => {
+                connect::patiently(connect::RECONNECT_PATIENCE, async || {
+                    arena.db.connect().await
+                })
+                .await?
+            }
+        };
+        match terminate_backends(&connected, &sessions).await {
+            Ok(0) => client = Some(connected),
+            Ok(_) => return Ok(Some(format!("{}'s sessions", arena.label(role)))),
+            Err(e) if connect::lost_connection(&e) => {}
+            Err(e) => return Err(e),
+        }
+        if *arena.over.borrow() {
+            return Ok(None);
+        }
+        tokio::time::sleep(SESSION_POLL).await;
     }
 }
 

@@ -15,7 +15,7 @@ use crate::connect;
 use crate::explore::schedule::{DeliveryStrike, Nemesis, Role, Schedule};
 use crate::harness::foreign::relay_name;
 use crate::harness::link::watch::WatchedDelivery;
-use crate::harness::nemesis::terminate_backends;
+use crate::harness::nemesis::{terminate_backends, Sessions};
 
 /// The schedule's nemeses on a delivery: their index, what they do, on which delivery.
 pub(super) fn on_delivery(
@@ -51,7 +51,7 @@ impl Holding<'_> {
 }
 
 /// Strikes the nemeses on a delivery as the proxy tells of each, on the relay that sent it;
-/// the proxy holds the delivery until it is done.
+/// the proxy holds the delivery while they strike, and lets it go on at once when none can.
 pub(super) async fn strike_on_delivery(
     schedule: &Schedule,
     arena: &Arena<'_>,
@@ -67,57 +67,61 @@ pub(super) async fn strike_on_delivery(
             Some(()) = resumes.next() => continue,
             _ = over.wait_for(|over| *over) => break,
         };
-        // A delivery nobody waits for any more (struck meanwhile through another), or not a
-        // relay's: dropped unanswered, it goes on, and the nemesis waits for the next.
-        let Some(k) = left.iter().position(|&(_, strike, number)| {
-            number == delivery.armed_at && strike.moment() == delivery.moment
-        }) else {
-            continue;
-        };
-        let (i, strike, _) = left[k];
+        // Not a relay's: dropped unanswered, it goes on, and the nemeses wait for the next.
         let Some(index) = delivery.relay else {
             continue;
         };
-        let at = Instant::now();
-        let struck = match strike {
-            DeliveryStrike::Kill => arena
-                .live
-                .now(Role::Relay, index)
-                .filter(|(label, child)| {
-                    let killed = child.signal(Signal::SIGKILL);
-                    if killed {
-                        arena.live.ended(Role::Relay, index, label);
-                    }
-                    killed
-                })
-                .map(|(label, _)| label),
-            DeliveryStrike::Pause(hold) => {
-                let paused = arena.live.now(Role::Relay, index);
-                let paused = paused.filter(|(_, child)| child.signal(Signal::SIGSTOP));
-                paused.map(|(label, child)| {
-                    holding.change(|(_, held)| *held += 1);
-                    resumes.push(async move {
-                        child.resume_after(hold).await;
-                        holding.change(|(_, held)| *held -= 1);
-                    });
-                    label
-                })
+        // Each nemesis waiting for this delivery (or an earlier one), earliest first, until one
+        // strikes; those struck meanwhile through another delivery are no longer in `left`.
+        for &armed_at in &delivery.armed {
+            let Some(k) = left.iter().position(|&(_, strike, number)| {
+                number == armed_at && strike.moment() == delivery.moment
+            }) else {
+                continue;
+            };
+            let (i, strike, _) = left[k];
+            let at = Instant::now();
+            let struck = match strike {
+                DeliveryStrike::Kill => arena
+                    .live
+                    .now(Role::Relay, index)
+                    .filter(|(label, child)| {
+                        let killed = child.signal(Signal::SIGKILL);
+                        if killed {
+                            arena.live.ended(Role::Relay, index, label);
+                        }
+                        killed
+                    })
+                    .map(|(label, _)| label),
+                DeliveryStrike::Pause(hold) => {
+                    let paused = arena.live.now(Role::Relay, index);
+                    let paused = paused.filter(|(_, child)| child.signal(Signal::SIGSTOP));
+                    paused.map(|(label, child)| {
+                        holding.change(|(_, held)| *held += 1);
+                        resumes.push(async move {
+                            child.resume_after(hold).await;
+                            holding.change(|(_, held)| *held -= 1);
+                        });
+                        label
+                    })
+                }
+                DeliveryStrike::DbKillBackend => {
+                    let ended = end_sessions(arena, index).await?;
+                    ended.then(|| {
+                        let label = arena.live.now(Role::Relay, index).map(|(l, _)| l);
+                        let label = label.unwrap_or_else(|| relay_name(index));
+                        format!("{label}'s sessions")
+                    })
+                }
+            };
+            if let Some(label) = struck {
+                let process = format!("{label} (delivery {})", delivery.number);
+                let in_flight = delivery.event_ids.clone();
+                arena.faults.struck_in_flight(i, process, at, in_flight);
+                left.remove(k);
+                let _ = delivery.done.send(armed_at);
+                break;
             }
-            DeliveryStrike::DbKillBackend => {
-                let ended = end_sessions(arena, index).await?;
-                ended.then(|| {
-                    let label = arena.live.now(Role::Relay, index).map(|(l, _)| l);
-                    let label = label.unwrap_or_else(|| relay_name(index));
-                    format!("{label}'s sessions")
-                })
-            }
-        };
-        if let Some(label) = struck {
-            let process = format!("{label} (delivery {})", delivery.number);
-            let in_flight = delivery.event_ids.clone();
-            arena.faults.struck_in_flight(i, process, at, in_flight);
-            left.remove(k);
-            let _ = delivery.done.send(true);
         }
     }
     // Every relay paused is let go before the run goes on.
@@ -125,19 +129,19 @@ pub(super) async fn strike_on_delivery(
     Ok(())
 }
 
-/// Ends relay `index`'s database sessions; whether it had any. A database that cannot be
-/// reached now (restarting) ends none.
+/// Ends relay `index`'s database sessions, the backends its link serves now; whether it had
+/// any. None (reconnecting), or a database that cannot be reached now (restarting), ends none.
 async fn end_sessions(arena: &Arena<'_>, index: u32) -> Result<bool> {
+    let backends = arena.links.relay(index).backends();
+    if backends.is_empty() {
+        return Ok(false);
+    }
     let Ok(client) = arena.db.connect().await else {
         return Ok(false);
     };
-    for sessions in arena.relay_sessions.of(index) {
-        match terminate_backends(&client, &sessions).await {
-            Ok(0) => {}
-            Ok(_) => return Ok(true),
-            Err(e) if connect::lost_connection(&e) => return Ok(false),
-            Err(e) => return Err(e),
-        }
+    match terminate_backends(&client, &Sessions::Backends(backends)).await {
+        Ok(ended) => Ok(ended > 0),
+        Err(e) if connect::lost_connection(&e) => Ok(false),
+        Err(e) => Err(e),
     }
-    Ok(false)
 }

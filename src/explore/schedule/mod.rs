@@ -24,7 +24,7 @@
 
 mod nemesis;
 
-pub use nemesis::{DeliveryStrike, Nemesis, KINDS};
+pub use nemesis::{DbNetFault, DeliveryStrike, Nemesis, KINDS};
 
 use std::fmt;
 use std::str::FromStr;

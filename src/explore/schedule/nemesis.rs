@@ -35,6 +35,20 @@ pub enum Nemesis {
         strike: DeliveryStrike,
         on_delivery: u32,
     },
+    /// A fault on the role's link to its database (relay 0's, or the writer's).
+    DbNet { role: Role, fault: DbNetFault },
+}
+
+/// What a nemesis does to an actor's database link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbNetFault {
+    /// Every connection of the link cut `at` after the run started.
+    Reset { at: Duration },
+    /// The link black-holed from `at` for `hold`: open connections stall, new ones hang.
+    Partition { at: Duration, hold: Duration },
+    /// The link's N-th COMMIT reaches the server and commits; its answer is dropped and the
+    /// connection cut: the actor cannot know whether it committed.
+    CommitLost { on_commit: u32 },
 }
 
 /// What a nemesis does to the relay whose delivery it watched for.
@@ -61,7 +75,7 @@ impl DeliveryStrike {
 }
 
 /// Every kind, as `--list-nemeses` shows it: name, form, what it does.
-pub const KINDS: [(&str, &str, &str); 10] = [
+pub const KINDS: [(&str, &str, &str); 13] = [
     (
         "pause",
         "pause:ROLE@AT+FOR | pause:ROLE:STEP@N+FOR",
@@ -82,7 +96,8 @@ pub const KINDS: [(&str, &str, &str); 10] = [
     (
         "db-kill-backend",
         "db:kill-backend:ROLE@AT",
-        "pg_terminate_backend of the relay's or the consumer's sessions (by application_name)",
+        "pg_terminate_backend of the relay's sessions (the backends its database link serves, \
+         whatever it names them) or the consumer's",
     ),
     (
         "net-reset",
@@ -117,6 +132,24 @@ pub const KINDS: [(&str, &str, &str); 10] = [
         "pg_terminate_backend of the sessions of the relay that sent the N-th delivery, once \
          it is applied and before the answer reaches the relay",
     ),
+    (
+        "dbnet-reset",
+        "dbnet:reset:ROLE@AT",
+        "the relay's (relay 0) or the writer's database connections cut at AT, on the wire \
+         (its proxy closes them; the server sees its client gone)",
+    ),
+    (
+        "dbnet-partition",
+        "dbnet:partition:ROLE@AT+FOR",
+        "the relay's or the writer's database link black-holed from AT for FOR: open \
+         connections stall both ways, new ones hang; then what was held goes on",
+    ),
+    (
+        "dbnet-commit-lost",
+        "dbnet:commit-lost:ROLE@N",
+        "the N-th COMMIT on the relay's or the writer's database link commits on the server; \
+         its answer is dropped and the connection cut: the client cannot know it committed",
+    ),
 ];
 
 /// How a nemesis on a delivery is written, after its kind: `relay:on-delivery@N`.
@@ -125,7 +158,7 @@ const ON_DELIVERY: &str = "relay:on-delivery@";
 impl Nemesis {
     /// Whether a schedule's item is a nemesis (else it is a crash fault).
     pub fn written_as(item: &str) -> bool {
-        ["pause:", "kill:", "db:", "net:"]
+        ["pause:", "kill:", "db:", "net:", "dbnet:"]
             .iter()
             .any(|kind| item.starts_with(kind))
     }
@@ -147,6 +180,11 @@ impl Nemesis {
                 DeliveryStrike::Pause(_) => "pause-on-delivery",
                 DeliveryStrike::DbKillBackend => "db-kill-backend-on-delivery",
             },
+            Nemesis::DbNet { fault, .. } => match fault {
+                DbNetFault::Reset { .. } => "dbnet-reset",
+                DbNetFault::Partition { .. } => "dbnet-partition",
+                DbNetFault::CommitLost { .. } => "dbnet-commit-lost",
+            },
         }
     }
 
@@ -162,11 +200,25 @@ impl Nemesis {
     /// for those triggered by a crash point or a request.
     pub fn over_at(&self) -> Option<Duration> {
         match *self {
-            Nemesis::Pause { at, hold, .. } => Some(at + hold),
+            Nemesis::Pause { at, hold, .. }
+            | Nemesis::DbNet {
+                fault: DbNetFault::Partition { at, hold },
+                ..
+            } => Some(at + hold),
             Nemesis::Kill { at, .. }
             | Nemesis::DbRestart { at }
-            | Nemesis::DbKillBackend { at, .. } => Some(at),
-            Nemesis::PauseAtPoint { .. } | Nemesis::Net(_) | Nemesis::OnDelivery { .. } => None,
+            | Nemesis::DbKillBackend { at, .. }
+            | Nemesis::DbNet {
+                fault: DbNetFault::Reset { at },
+                ..
+            } => Some(at),
+            Nemesis::PauseAtPoint { .. }
+            | Nemesis::Net(_)
+            | Nemesis::OnDelivery { .. }
+            | Nemesis::DbNet {
+                fault: DbNetFault::CommitLost { .. },
+                ..
+            } => None,
         }
     }
 
@@ -214,6 +266,23 @@ impl fmt::Display for Nemesis {
                     write!(f, "db:kill-backend:{ON_DELIVERY}{on_delivery}")
                 }
             },
+            Nemesis::DbNet { role, fault } => {
+                let role = role.name();
+                match fault {
+                    DbNetFault::Reset { at } => {
+                        write!(f, "dbnet:reset:{role}@{}", format_duration(*at))
+                    }
+                    DbNetFault::Partition { at, hold } => write!(
+                        f,
+                        "dbnet:partition:{role}@{}+{}",
+                        format_duration(*at),
+                        format_duration(*hold)
+                    ),
+                    DbNetFault::CommitLost { on_commit } => {
+                        write!(f, "dbnet:commit-lost:{role}@{on_commit}")
+                    }
+                }
+            }
         }
     }
 }
@@ -252,6 +321,57 @@ fn role_at(spec: &str, item: &str) -> Result<(Role, Duration), String> {
         .split_once('@')
         .ok_or_else(|| format!("'{item}' needs a moment: ...ROLE@AT (e.g. relay@60ms)"))?;
     Ok((role_named(role, item)?, parse_duration(at)?))
+}
+
+/// `dbnet:KIND:ROLE@...`, what follows `dbnet:`.
+fn db_net(spec: &str, item: &str) -> Result<Nemesis, String> {
+    let (kind, target) = spec.split_once(':').unwrap_or((spec, ""));
+    let linked = |role: Role| match role {
+        Role::Consumer => Err(format!(
+            "'{item}': dbnet strikes the database link of the relay or the writer (the \
+             consumer's is outbox-lab's own)"
+        )),
+        role => Ok(role),
+    };
+    let (role, fault) = match kind {
+        "reset" => {
+            let (role, at) = role_at(target, item)?;
+            (role, DbNetFault::Reset { at })
+        }
+        "partition" => {
+            let (what, hold) = target
+                .rsplit_once('+')
+                .ok_or_else(|| format!("'{item}' needs how long: dbnet:partition:ROLE@AT+FOR"))?;
+            let (role, at) = role_at(what, item)?;
+            let hold = parse_duration(hold)?;
+            if hold.is_zero() {
+                return Err(format!("'{item}': a partition of 0 ms cuts nothing"));
+            }
+            (role, DbNetFault::Partition { at, hold })
+        }
+        "commit-lost" => {
+            let (role, number) = target.split_once('@').ok_or_else(|| {
+                format!("'{item}' needs a COMMIT number: dbnet:commit-lost:ROLE@N")
+            })?;
+            let on_commit = number.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                format!("'{number}' in '{item}' is not a COMMIT number of 1 or more")
+            })?;
+            (
+                role_named(role, item)?,
+                DbNetFault::CommitLost { on_commit },
+            )
+        }
+        _ => {
+            return Err(format!(
+                "unknown database link nemesis '{item}' (dbnet:reset:ROLE@AT, \
+                 dbnet:partition:ROLE@AT+FOR, dbnet:commit-lost:ROLE@N)"
+            ))
+        }
+    };
+    Ok(Nemesis::DbNet {
+        role: linked(role)?,
+        fault,
+    })
 }
 
 impl FromStr for Nemesis {
@@ -321,6 +441,7 @@ impl FromStr for Nemesis {
                 Ok(Nemesis::DbKillBackend { role, at })
             }
             "net" => Ok(Nemesis::Net(spec.parse()?)),
+            "dbnet" => db_net(spec, item),
             _ => Err(format!(
                 "unknown nemesis '{item}' (see `outbox-lab explore --list-nemeses`)"
             )),
@@ -350,5 +471,11 @@ mod tests {
         assert!(err("kill:consumer:on-delivery@2").contains("relay that sent"));
         assert!(err("pause:relay:on-delivery@2").contains("needs how long"));
         assert!(err("db:kill-backend:writer:on-delivery@2").contains("relay that sent"));
+        assert!(err("dbnet:reset:consumer@1s").contains("outbox-lab's own"));
+        assert!(err("dbnet:partition:relay@1s").contains("needs how long"));
+        assert!(err("dbnet:partition:relay@1s+0ms").contains("cuts nothing"));
+        assert!(err("dbnet:commit-lost:writer@0").contains("COMMIT number"));
+        assert!(err("dbnet:commit-lost:writer").contains("needs a COMMIT number"));
+        assert!(err("dbnet:drop:relay@1s").contains("unknown database link nemesis"));
     }
 }

@@ -1,12 +1,13 @@
 //! Deliveries watched for a nemesis (`kill:relay:on-delivery@N`): which deliveries the
 //! nemeses wait for, and how a proxy that sees a delivery pass (the [`http`](super::http) proxy,
 //! the [`resp`](super::resp) one) tells them of it and holds it until they have
-//! struck. A nemesis that cannot strike the N-th delivery (its relay was killed, or has no
-//! database session, since it sent it) waits for the next one, as a nemesis on the clock due
-//! while its target is between two processes strikes the next process.
+//! struck, and no longer. A nemesis that cannot strike the N-th delivery (its relay was killed,
+//! or has no database session, since it sent it) lets it go on at once and waits for the next
+//! one it can strike, as a nemesis on the clock due while its target is between two processes
+//! strikes the next process; several waiting at once are each told of every delivery.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -23,21 +24,31 @@ pub enum DeliveryMoment {
     Answered,
 }
 
-/// A watched delivery, told to the nemeses; the proxy holds it until `done` is answered
-/// (`true`: struck) or dropped (not struck: the nemesis waits for the next).
+/// A watched delivery, told to the nemeses; the proxy holds it until `done` is answered (with
+/// the delivery number of the nemesis that struck) or dropped (none could strike: it goes on at
+/// once, and they wait for the next).
 #[derive(Debug)]
 pub struct WatchedDelivery {
     /// Its number in the run, from 1, counted over every relay.
     pub number: u32,
-    /// The delivery the nemesis told of it waits for (`N` of `on-delivery@N`): this one, or
-    /// an earlier one it could not strike.
-    pub armed_at: u32,
+    /// The deliveries the nemeses waiting at this moment are armed at (`N` of
+    /// `on-delivery@N`): this one, or earlier ones they could not strike; in order.
+    pub armed: Vec<u32>,
     pub moment: DeliveryMoment,
     /// The relay that sent it (the port it came through); `None` for any other sender.
     pub relay: Option<u32>,
     /// The event ids seen in it so far (every uuid in its bytes).
     pub event_ids: Vec<String>,
-    pub done: oneshot::Sender<bool>,
+    pub done: oneshot::Sender<u32>,
+}
+
+/// How long a delivery was held on its way to the consumer, and what it carried: harness time,
+/// which the relay's latency does not count.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Held {
+    pub delivery: u32,
+    pub held_ms: f64,
+    pub event_ids: Vec<String>,
 }
 
 /// Which deliveries the nemeses watch, and where they are told.
@@ -46,6 +57,8 @@ pub struct DeliveryWatch {
     /// The nemeses not struck yet: their delivery `N` and moment.
     waiting: Arc<Mutex<Vec<(u32, DeliveryMoment)>>>,
     tell: mpsc::UnboundedSender<WatchedDelivery>,
+    /// The deliveries held on their way to the consumer (as they were sent).
+    held: Arc<Mutex<Vec<Held>>>,
 }
 
 impl DeliveryWatch {
@@ -57,26 +70,30 @@ impl DeliveryWatch {
         DeliveryWatch {
             waiting: Arc::new(Mutex::new(watched)),
             tell,
+            held: Arc::default(),
         }
     }
 
-    /// The delivery a nemesis waiting at `moment` is armed at, if delivery `number` is it or
-    /// comes after it (the earliest such nemesis).
-    fn armed_for(&self, number: u32, moment: DeliveryMoment) -> Option<u32> {
+    /// The deliveries the nemeses waiting at `moment` are armed at, if delivery `number` is
+    /// one of them or comes after it, earliest first.
+    fn armed(&self, number: u32, moment: DeliveryMoment) -> Vec<u32> {
         let waiting = self.waiting.lock().expect("not poisoned");
-        let armed = waiting
+        let mut armed: Vec<u32> = waiting
             .iter()
-            .filter(|(at, m)| *m == moment && *at <= number);
-        armed.map(|(at, _)| *at).min()
+            .filter(|(at, m)| *m == moment && *at <= number)
+            .map(|(at, _)| *at)
+            .collect();
+        armed.sort_unstable();
+        armed
     }
 
     /// Whether a nemesis waits for delivery `number` at `moment`.
     pub fn watches(&self, number: u32, moment: DeliveryMoment) -> bool {
-        self.armed_for(number, moment).is_some()
+        !self.armed(number, moment).is_empty()
     }
 
-    /// Tells the nemeses of delivery `number` at `moment` if they watch it, and waits until
-    /// they have struck (at most [`HOLD_LIMIT`]).
+    /// Tells the nemeses of delivery `number` at `moment` if they watch it, and holds it while
+    /// they strike (at most [`HOLD_LIMIT`]); a delivery no nemesis can strike goes on at once.
     pub async fn hold(
         &self,
         number: u32,
@@ -84,24 +101,41 @@ impl DeliveryWatch {
         relay: Option<u32>,
         bytes: &[u8],
     ) {
-        let Some(armed_at) = self.armed_for(number, moment) else {
+        let armed = self.armed(number, moment);
+        if armed.is_empty() {
             return;
-        };
+        }
+        let started = Instant::now();
         let (done, struck) = oneshot::channel();
+        let event_ids = uuids_in(bytes);
         let delivery = WatchedDelivery {
             number,
-            armed_at,
+            armed,
             moment,
             relay,
-            event_ids: uuids_in(bytes),
+            event_ids: event_ids.clone(),
             done,
         };
         if self.tell.send(delivery).is_ok() {
-            if let Ok(Ok(true)) = tokio::time::timeout(HOLD_LIMIT, struck).await {
+            if let Ok(Ok(armed_at)) = tokio::time::timeout(HOLD_LIMIT, struck).await {
                 let mut waiting = self.waiting.lock().expect("not poisoned");
                 waiting.retain(|&watched| watched != (armed_at, moment));
             }
         }
+        if moment == DeliveryMoment::Sent {
+            let held_ms = started.elapsed().as_secs_f64() * 1000.0;
+            let mut held = self.held.lock().expect("not poisoned");
+            held.push(Held {
+                delivery: number,
+                held_ms,
+                event_ids,
+            });
+        }
+    }
+
+    /// The deliveries held on their way to the consumer so far.
+    pub fn held(&self) -> Vec<Held> {
+        self.held.lock().expect("not poisoned").clone()
     }
 }
 
