@@ -15,6 +15,7 @@ pub mod broker_dedup;
 pub mod cdc;
 pub mod claim_vs_lock;
 pub mod cleanup;
+pub mod commit_unknown;
 mod ctx;
 pub mod dual_write;
 pub mod multi_relay_ordering;
@@ -70,6 +71,7 @@ registry! {
     cleanup => "cleanup",
     cdc => "cdc",
     reply_lost => "reply-lost",
+    commit_unknown => "commit-unknown",
     broker_dedup => "broker-dedup",
     broker_confirms => "broker-confirms",
     broker_cluster => "broker-cluster",

@@ -79,7 +79,8 @@ impl Upstream {
 pub struct PgProxy {
     links: Vec<Arc<PgLink>>,
     tasks: JoinSet<()>,
-    _dir: Option<RunDir>,
+    /// The private directory of its sockets, removed with it.
+    dir: Option<RunDir>,
 }
 
 /// One actor's link to its database: where it connects, and what is known and done there.
@@ -151,7 +152,7 @@ impl PgProxy {
         Ok(PgProxy {
             links: made,
             tasks,
-            _dir: dir,
+            dir,
         })
     }
 
@@ -164,18 +165,13 @@ impl PgProxy {
 impl Drop for PgProxy {
     fn drop(&mut self) {
         self.tasks.abort_all();
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir.path());
+        }
     }
 }
 
 impl PgLink {
-    /// `config` with this link in place of the server's host and port (the user, password
-    /// and database kept).
-    pub fn config(&self, config: &Config) -> Config {
-        let mut through = config.clone();
-        through.host(&self.host).port(self.port);
-        through
-    }
-
     /// The pids of the server backends serving this link's open connections now.
     pub fn backends(&self) -> Vec<i32> {
         let open = self.open.lock().expect("not poisoned");
