@@ -59,6 +59,43 @@ fn outbox_atomicity_leaves_nothing_or_both() {
     );
 }
 
+/// commit-unknown: the application's COMMIT answer lost twice. Giving up leaves 2 orders it
+/// believes failed, which exist and ship; retrying writes 2 orders twice, which the idempotent
+/// consumer ships twice; the idempotency key writes none twice. The relay's lost mark answers
+/// redeliver nothing. A relay that marks before it sends loses the batches whose COMMIT answer
+/// was lost: the check on the relay's side bites.
+#[test]
+fn commit_unknown_counts_what_a_lost_commit_answer_does() {
+    let run = scenario("commit-unknown", &[]);
+    assert_eq!(
+        run.code,
+        0,
+        "{}{}",
+        run.stderr,
+        run.failed_checks().join("\n")
+    );
+    for (metric, expected) in [
+        ("no_retry.commits_lost", 2),
+        ("no_retry.orders_believed_failed", 2),
+        ("no_retry.orders", 10),
+        ("retry.orders_shipped_twice", 2),
+        ("retry.orders", 12),
+        ("idempotency_key.orders_shipped_twice", 0),
+        ("idempotency_key.orders", 10),
+        ("relay_mark_lost.commits_lost", 2),
+        ("relay_mark_lost.redelivered", 0),
+    ] {
+        assert_eq!(run.metric(metric), expected, "{metric}");
+    }
+    let marked_first = scenario(
+        "commit-unknown",
+        &["--set", "relay_design=\"mark-before-send\""],
+    );
+    assert_eq!(marked_first.code, 1, "{}", marked_first.stderr);
+    assert_eq!(marked_first.metric("relay_mark_lost.commits_lost"), 2);
+    assert_eq!(marked_first.metric("relay_mark_lost.lost"), 4);
+}
+
 /// relay-crash, the article's case: 8 received, 5 distinct, naive ships 3 orders twice.
 #[test]
 fn relay_crash_default_matches_the_article() {

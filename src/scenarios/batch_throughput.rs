@@ -37,6 +37,7 @@ use serde::Deserialize;
 
 use super::{metric_names, Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::ChildEnd;
+use crate::harness::link::postgres::PgProxy;
 use crate::judge::counts;
 use crate::outbox::relay::{BatchTimings, RelayConfig};
 use crate::outbox::schema;
@@ -122,6 +123,10 @@ pub struct Params {
     /// database connection and one batch's locks at a time), so one delivers while another
     /// waits for its COMMIT or its broker.
     pub pipeline_workers: Vec<u32>,
+    /// The relay reaches its database through a [database link](crate::harness::link::postgres)
+    /// (as under `verify`), not straight: what the extra hop costs, cell by cell.
+    #[serde(default)]
+    pub database_link: bool,
 }
 
 impl Experiment for Params {
@@ -236,8 +241,16 @@ async fn measure(
         workers: cell.workers,
         ..RelayConfig::default()
     };
+    let link = match params.database_link {
+        true => Some(PgProxy::start(&target.db.config()?, 1).await?),
+        false => None,
+    };
+    let db = match &link {
+        Some(proxy) => target.db.through(&proxy.link(0).host, proxy.link(0).port)?,
+        None => target.db.clone(),
+    };
     let relay = ctx
-        .relay(&target.db, &target.url, &cell.metric(), &config)
+        .relay(&db, &target.url, &cell.metric(), &config)
         .with(|relay| match cell.sink {
             SinkKind::Http => relay.sink.in_flight = cell.in_flight as usize,
             SinkKind::HttpArray => relay.sink.http_body = HttpBody::Array,
@@ -246,6 +259,7 @@ async fn measure(
         .run(CHILD_TIMEOUT)
         .await?
         .expect(|e| *e == ChildEnd::Ok, "the relay")?;
+    drop(link);
     let timings: BatchTimings = relay.report()?;
     let delivered = target.delivered().await?;
     let published = counts::count(&target.client, counts::PUBLISHED).await?;

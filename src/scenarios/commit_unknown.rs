@@ -24,7 +24,7 @@ use crate::harness::db::Database;
 use crate::harness::link::postgres::{PgLink, PgProxy};
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
-use crate::outbox::relay::RelayConfig;
+use crate::outbox::relay::{RelayConfig, RelayDesign};
 use crate::outbox::writer::{self, Ending, INSERT_ORDER, INSERT_OUTBOX};
 use crate::report::Table;
 
@@ -41,6 +41,10 @@ pub struct Params {
     pub relay_batch: i64,
     /// The relay's COMMITs (one per pass: fetch, send, mark) whose answer is lost.
     pub relay_commits_lost: Vec<u32>,
+    /// The relay's design: the article's `lock` (send, then mark and COMMIT); `mark-before-send`
+    /// (mark and COMMIT, then send) loses the batches whose COMMIT answer was lost.
+    #[serde(default)]
+    pub relay_design: RelayDesign,
 }
 
 /// How the application meets a COMMIT it cannot know the outcome of.
@@ -137,7 +141,9 @@ impl Experiment for Params {
         if self.relay_commits_lost.is_empty() || self.relay_commits_lost.contains(&0) {
             bail!("relay_commits_lost must name at least one COMMIT, from 1");
         }
-        let passes = u32::try_from(self.relay_events.div_ceil(self.relay_batch.max(1) as u32))?;
+        let passes = self
+            .relay_events
+            .div_ceil(self.relay_batch.clamp(1, i64::from(u32::MAX)) as u32);
         if self.relay_batch < 1 || self.relay_commits_lost.iter().any(|&n| n > passes) {
             bail!(
                 "relay_commits_lost must hit the relay's passes that mark a batch (1..={passes} \
@@ -307,6 +313,7 @@ async fn relay_mark_lost(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome) 
         .await?;
     let config = RelayConfig {
         batch: params.relay_batch,
+        design: params.relay_design,
         ..RelayConfig::default()
     };
     let through = db.through(&link.host, link.port)?;

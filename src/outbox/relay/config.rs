@@ -22,6 +22,7 @@ use crate::outbox::sink::{Sink, SinkOptions, DEFAULT_REQUEST_TIMEOUT};
     serde::Serialize,
     serde::Deserialize,
 )]
+#[serde(rename_all = "kebab-case")]
 pub enum RelayDesign {
     /// The article's: row locks held by the delivering transaction (`FOR UPDATE SKIP LOCKED`).
     #[default]
