@@ -88,13 +88,10 @@ fn our_relay_holds_through_the_brokers_and_marking_without_publishing_is_caught(
     for broker in ["nats", "amqp"] {
         let run = holds_through(broker, &relay, "2", 200);
         let printed = format!("{}{}", run.stdout, run.stderr);
-        // The killed relay's last line names where it delivers, when it had said anything
-        // before the kill (on a busy machine the kill can come first).
+        // A killed relay's last line may name where it delivers (or, after a fault on its
+        // database link, that it is connecting again): wherever a broker URL shows, it shows
+        // no credential.
         let scheme = format!("{broker}://");
-        assert!(
-            printed.contains(&scheme) || !printed.contains("its last line"),
-            "{printed}"
-        );
         for url in printed.split(&scheme).skip(1) {
             let url: String = url
                 .chars()
