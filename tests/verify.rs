@@ -5,7 +5,10 @@
 mod common;
 
 use common::verify::{example, our_relay, our_relay_from_its_environment, verify, verify_alone};
-use common::{assert_passed, scratch_dir, Run};
+use common::{assert_passed, block_on, create_database, scratch_dir, Run};
+use outbox_lab::explore::history::Held;
+use outbox_lab::outbox::schema;
+use outbox_lab::verify::run::measure;
 use serde_json::Value;
 
 /// The replay command of the violations table's row for `invariant`.
@@ -376,6 +379,48 @@ fn a_relay_that_names_its_own_sessions_is_struck_through_its_link() {
     // The deliveries were held only while a nemesis struck: harness time, out of the latency.
     let held_ms = run.metric_f64("verify.held_ms");
     assert!(held_ms < 1000.0, "deliveries held {held_ms} ms");
+}
+
+/// The time a proxy held a delivery on its way while a nemesis struck is harness time, not the
+/// relay's: an event received 500 ms after it was written, 400 ms of them held, took the relay
+/// 100 ms. Without the subtraction the latency would be the whole 500 ms.
+#[test]
+fn time_held_while_a_nemesis_strikes_is_not_the_relays_latency() {
+    let name = format!("verify_held_{}", std::process::id());
+    let sql = [schema::CREATE_OUTBOX, schema::CREATE_CONSUMER].join(";\n");
+    let db = create_database(&name, &sql);
+    block_on(async {
+        let client = db.connect().await.unwrap();
+        client
+            .batch_execute(
+                "INSERT INTO orders(id, customer_id, amount) VALUES (1, 1, 1200);
+                 INSERT INTO outbox(aggregate_type, aggregate_id, event_type, payload)
+                 VALUES ('orders', '1', 'OrderCreated', '{}');
+                 INSERT INTO consumer.receipts(event_id, outbox_id, order_id, event_type,
+                                               injected_fault, received_at)
+                 SELECT event_id, id, '1', event_type, false,
+                        created_at + interval '500 milliseconds' FROM outbox",
+            )
+            .await
+            .unwrap();
+        let event_id: uuid::Uuid = client
+            .query_one("SELECT event_id FROM outbox", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let held = [Held {
+            delivery: 1,
+            held_ms: 400.0,
+            event_ids: vec![event_id.to_string()],
+        }];
+        let whole = measure(&client, &[]).await.unwrap();
+        let relays = measure(&client, &held).await.unwrap();
+        // From the insert (or the order's commit, a moment later, where commit timestamps
+        // are on): within a few milliseconds of 500 and 100.
+        assert!((whole.latency_p50_ms - 500.0).abs() < 50.0, "{whole:?}");
+        assert!((relays.latency_p50_ms - 100.0).abs() < 50.0, "{relays:?}");
+        assert_eq!(relays.held_ms, 400.0);
+    });
 }
 
 /// The faults on a relay's database link: its connections cut, the link black-holed for a

@@ -149,7 +149,9 @@ SELECT (extract(epoch FROM f.received_at - origin.t0) * 1000)::bigint / $1 * $1 
  WHERE origin.t0 IS NOT NULL
  GROUP BY 1 ORDER BY 1";
 
-async fn measure(client: &Client, held: &[Held]) -> Result<Figures> {
+/// What the run's database says: counts, latency (less the time `held` was held on its way:
+/// harness time), throughput, the timeline.
+pub async fn measure(client: &Client, held: &[Held]) -> Result<Figures> {
     let (held_ids, held_ms): (Vec<&str>, Vec<f64>) = held
         .iter()
         .flat_map(|h| h.event_ids.iter().map(|id| (id.as_str(), h.held_ms)))
