@@ -474,8 +474,9 @@ fn a_lost_commit_answer_loses_a_marked_batch_unless_the_relay_sends_first() {
     assert!(marked_first.metric("verify.lost.violating") >= 1);
 }
 
-/// A nemesis that cannot strike is NOT REACHED and fails the verdict: the 500th request
-/// reset of a 100-event run never comes.
+/// A nemesis that cannot strike is NOT REACHED and fails the verdict, and the faults table says
+/// why: the 500th request reset, the 400th COMMIT's answer lost and a kill on the 100,000th
+/// delivery of a 100-event run never come.
 #[test]
 fn a_nemesis_that_never_comes_is_not_reached_and_fails() {
     let run = verify(&[
@@ -484,11 +485,23 @@ fn a_nemesis_that_never_comes_is_not_reached_and_fails() {
         "--events",
         "100",
         "--schedule",
-        "net:reset@500",
+        "net:reset@500,dbnet:commit-lost:relay@400,kill:relay:on-delivery@100000",
     ]);
     assert_eq!(run.code, 1, "{}", run.stderr);
-    assert_eq!(run.metric("verify.faults_not_reached"), 1);
+    assert_eq!(run.metric("verify.faults_not_reached"), 3);
     assert_eq!(run.metric("verify.lost.violating"), 0);
+    for (fault, why) in [
+        ("net:reset@500", "requests went through the proxy"),
+        ("dbnet:commit-lost:relay@400", "COMMITs on the relay's link"),
+        (
+            "kill:relay:on-delivery@100000",
+            "no delivery 100000 or later came",
+        ),
+    ] {
+        let row = fault_row(&run, fault);
+        assert_eq!(row[1], "NOT REACHED", "{row}");
+        assert!(row[2].as_str().unwrap().contains(why), "{row}");
+    }
 }
 
 /// The row a fault left in the faults table: its outcome and the process it hit.

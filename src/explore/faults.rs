@@ -26,11 +26,11 @@ impl FaultLog {
         let crashes = schedule
             .faults
             .iter()
-            .map(|&fault| (fault, FaultOutcome::NotReached));
+            .map(|&fault| (fault, FaultOutcome::NOT_REACHED));
         FaultLog {
             started: Instant::now(),
             crashes: Mutex::new(crashes.collect()),
-            nemeses: Mutex::new(vec![FaultOutcome::NotReached; schedule.nemeses.len()]),
+            nemeses: Mutex::new(vec![FaultOutcome::NOT_REACHED; schedule.nemeses.len()]),
         }
     }
 
@@ -55,9 +55,7 @@ impl FaultLog {
         let crashes = self.crashes.lock().expect("not poisoned");
         crashes
             .iter()
-            .find(|(fault, outcome)| {
-                fault.role == role && matches!(outcome, FaultOutcome::NotReached)
-            })
+            .find(|(fault, outcome)| fault.role == role && !outcome.is_reached())
             .map(|(fault, _)| fault.plan)
     }
 
@@ -66,9 +64,10 @@ impl FaultLog {
     pub fn crashed(&self, role: Role, process: &str) {
         let at_ms = self.ms(Instant::now());
         let mut crashes = self.crashes.lock().expect("not poisoned");
-        if let Some((_, outcome)) = crashes.iter_mut().find(|(fault, outcome)| {
-            fault.role == role && matches!(outcome, FaultOutcome::NotReached)
-        }) {
+        if let Some((_, outcome)) = crashes
+            .iter_mut()
+            .find(|(fault, outcome)| fault.role == role && !outcome.is_reached())
+        {
             *outcome = FaultOutcome::Fired {
                 process: process.to_string(),
                 at_ms,
@@ -99,6 +98,14 @@ impl FaultLog {
         };
     }
 
+    /// Nemesis `index` did not strike, for this reason (unless it strikes after all).
+    pub fn not_reached(&self, index: usize, why: String) {
+        let mut nemeses = self.nemeses.lock().expect("not poisoned");
+        if !nemeses[index].is_reached() {
+            nemeses[index] = FaultOutcome::NotReached { why: Some(why) };
+        }
+    }
+
     /// When the last fault fired, crash point or nemesis, if any did.
     pub fn last_fired(&self) -> Option<Instant> {
         let crashes = self.crashes.lock().expect("not poisoned");
@@ -110,7 +117,7 @@ impl FaultLog {
         outcomes
             .filter_map(|outcome| match outcome {
                 FaultOutcome::Fired { at_ms, .. } => Some(*at_ms),
-                FaultOutcome::NotReached => None,
+                FaultOutcome::NotReached { .. } => None,
             })
             .max()
             .map(|at_ms| self.started + Duration::from_millis(at_ms))

@@ -70,7 +70,7 @@ impl FaultRecord {
     pub fn new(fault: String, outcome: FaultOutcome) -> FaultRecord {
         let status = match outcome {
             FaultOutcome::Fired { .. } => Outcome::Ok,
-            FaultOutcome::NotReached => Outcome::Fail,
+            FaultOutcome::NotReached { .. } => Outcome::Fail,
         };
         FaultRecord {
             fault,
@@ -117,9 +117,7 @@ impl History {
     /// Whether a fault of the schedule was not reached: such a run is reported apart, never
     /// counted as a run that passed.
     pub fn faults_not_reached(&self) -> bool {
-        self.faults
-            .iter()
-            .any(|f| f.outcome == FaultOutcome::NotReached)
+        self.faults.iter().any(|f| !f.outcome.is_reached())
     }
 
     /// The attempts in one process's log. A sender announces each event (`sending`) before it

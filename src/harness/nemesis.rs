@@ -54,8 +54,21 @@ pub enum FaultOutcome {
         in_flight: Vec<String>,
     },
     /// The run ended without it (or its target was not running at that moment): the schedule
-    /// ran without this fault, and tested nothing of it.
-    NotReached,
+    /// ran without this fault, and tested nothing of it; `why`, where it is known (the
+    /// deliveries it could not strike, the requests or COMMITs that never came).
+    NotReached {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        why: Option<String>,
+    },
+}
+
+impl FaultOutcome {
+    /// Not reached, for no reason known.
+    pub const NOT_REACHED: FaultOutcome = FaultOutcome::NotReached { why: None };
+
+    pub fn is_reached(&self) -> bool {
+        matches!(self, FaultOutcome::Fired { .. })
+    }
 }
 
 /// A child process of ours, identified when it was spawned.

@@ -110,7 +110,7 @@ fn not_reached(history: &History) -> Vec<&str> {
     history
         .faults
         .iter()
-        .filter(|f| f.outcome == FaultOutcome::NotReached)
+        .filter(|f| !f.outcome.is_reached())
         .map(|f| f.fault.as_str())
         .collect()
 }
@@ -258,7 +258,10 @@ fn faults_table(history: &History) -> Table {
                 };
                 ("fired", process, at_ms.to_string())
             }
-            FaultOutcome::NotReached => ("NOT REACHED", "-".into(), "-".into()),
+            FaultOutcome::NotReached { why } => {
+                let why = why.clone().unwrap_or_else(|| "-".into());
+                ("NOT REACHED", why, "-".into())
+            }
         };
         faults.push(vec![fault.fault.clone(), outcome.into(), process, at]);
     }

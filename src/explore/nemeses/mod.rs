@@ -378,12 +378,16 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
 pub fn settle(schedule: &Schedule, proxy: Option<&Proxy>, links: &DbLinks, faults: &FaultLog) {
     for (i, nemesis) in schedule.nemeses.iter().enumerate() {
         match (*nemesis, proxy) {
-            (Nemesis::Net(plan), Some(proxy)) => {
-                if let Some(at) = proxy.struck_at(plan.on_request) {
+            (Nemesis::Net(plan), Some(proxy)) => match proxy.struck_at(plan.on_request) {
+                Some(at) => {
                     let process = format!("request {} through the proxy", plan.on_request);
                     faults.struck(i, process, at);
                 }
-            }
+                None => {
+                    let requests = proxy.counts().requests;
+                    faults.not_reached(i, format!("{requests} requests went through the proxy"));
+                }
+            },
             (
                 Nemesis::DbNet {
                     role,
@@ -391,10 +395,19 @@ pub fn settle(schedule: &Schedule, proxy: Option<&Proxy>, links: &DbLinks, fault
                 },
                 _,
             ) => {
-                if let Some((at, backend)) = links.of(role).commit_lost(on_commit) {
-                    let backend = backend.map_or(String::new(), |pid| format!(", backend {pid}"));
-                    let process = format!("{}'s COMMIT {on_commit}{backend}", role.name());
-                    faults.struck(i, process, at);
+                let link = links.of(role);
+                match link.commit_lost(on_commit) {
+                    Some((at, backend)) => {
+                        let backend =
+                            backend.map_or(String::new(), |pid| format!(", backend {pid}"));
+                        let process = format!("{}'s COMMIT {on_commit}{backend}", role.name());
+                        faults.struck(i, process, at);
+                    }
+                    None => {
+                        let commits = link.commits();
+                        let why = format!("{commits} COMMITs on the {}'s link", role.name());
+                        faults.not_reached(i, why);
+                    }
                 }
             }
             _ => {}

@@ -2,6 +2,7 @@
 //! delivery they wait for, they strike the relay that sent it while the proxy holds it, and
 //! keep a paused relay from counting as drained until it is let go.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -59,6 +60,8 @@ pub(super) async fn strike_on_delivery(
     holding: &Holding<'_>,
 ) -> Result<()> {
     let mut left: Vec<_> = on_delivery(schedule).collect();
+    // Why each nemesis could not strike the last delivery it was told of.
+    let mut missed: BTreeMap<usize, String> = BTreeMap::new();
     let mut over = arena.over.clone();
     let mut resumes = FuturesUnordered::new();
     while !left.is_empty() {
@@ -114,15 +117,29 @@ pub(super) async fn strike_on_delivery(
                     })
                 }
             };
-            if let Some(label) = struck {
-                let process = format!("{label} (delivery {})", delivery.number);
-                let in_flight = delivery.event_ids.clone();
-                arena.faults.struck_in_flight(i, process, at, in_flight);
-                left.remove(k);
-                let _ = delivery.done.send(armed_at);
-                break;
-            }
+            let Some(label) = struck else {
+                let why = match strike {
+                    DeliveryStrike::DbKillBackend => "had no database session",
+                    DeliveryStrike::Kill | DeliveryStrike::Pause(_) => "was not running",
+                };
+                let relay = relay_name(index);
+                missed.insert(i, format!("delivery {}: {relay} {why}", delivery.number));
+                continue;
+            };
+            let process = format!("{label} (delivery {})", delivery.number);
+            let in_flight = delivery.event_ids.clone();
+            arena.faults.struck_in_flight(i, process, at, in_flight);
+            left.remove(k);
+            let _ = delivery.done.send(armed_at);
+            break;
         }
+    }
+    for (i, _, number) in left {
+        let why = match missed.remove(&i) {
+            Some(last) => format!("no delivery it could strike; the last, {last}"),
+            None => format!("no delivery {number} or later came"),
+        };
+        arena.faults.not_reached(i, why);
     }
     // Every relay paused is let go before the run goes on.
     while resumes.next().await.is_some() {}
