@@ -1,5 +1,5 @@
 //! scripts/setup installs chromium only for the tests (`--test`), the zoo's libraries once per
-//! lock file (`--zoo`, and `--test`), and CI runs the README's test command. Runs the script with stand-ins for apt-get and the programs it looks for, so that
+//! lock file (`--zoo`, and `--test`; npm's without install scripts), and CI runs the README's test command. Runs the script with stand-ins for apt-get and the programs it looks for, so that
 //! nothing is installed.
 
 use std::path::{Path, PathBuf};
@@ -141,8 +141,9 @@ fn the_zoo_is_installed_once_per_lock_file() {
     std::fs::write(entry.join("zoo.toml"), "").unwrap();
     std::fs::write(entry.join("package-lock.json"), "{}").unwrap();
     let calls = setup_with_zoo("zoo-first", &["--zoo"], false, &zoo);
+    // No package's install script runs: a stranger's code runs only as the relay.
     assert!(
-        calls.contains("npm ci"),
+        calls.contains("npm ci --ignore-scripts"),
         "scripts/setup --zoo asked: {calls}"
     );
     assert!(
@@ -157,6 +158,26 @@ fn the_zoo_is_installed_once_per_lock_file() {
         calls.contains("npm ci"),
         "a new lock file was not installed: {calls}"
     );
+}
+
+/// The zoo's npm entries install with `--ignore-scripts`, and none of their locked packages has
+/// an install script to miss (npm marks such a package `hasInstallScript` in the lock file).
+#[test]
+fn no_zoo_package_needs_an_install_script() {
+    let zoo = root().join("examples/zoo");
+    let mut locks = 0;
+    for entry in std::fs::read_dir(&zoo).unwrap() {
+        let lock = entry.unwrap().path().join("package-lock.json");
+        if let Ok(text) = std::fs::read_to_string(&lock) {
+            locks += 1;
+            assert!(
+                !text.contains("\"hasInstallScript\""),
+                "{} has a package with an install script",
+                lock.display()
+            );
+        }
+    }
+    assert!(locks >= 2, "the zoo's npm entries: {locks} lock files");
 }
 
 /// CI runs exactly the README's test command (a line of its own), which installs chromium for
