@@ -37,7 +37,10 @@ Examples:
   outbox-lab verify --database-url postgres://user@host/postgres --relay-cmd '...'
 
 The relay is started N times (--relays) from the command, with these placeholders filled in
-(the same values are in its environment, and libpq's PGHOST, PGPORT, PGUSER, PGDATABASE):
+(the same values are in its environment, and libpq's PGHOST, PGPORT, PGUSER, PGDATABASE), the
+database as the relay's own link to it (a PostgreSQL wire proxy of outbox-lab's: the nemeses
+find the relay's sessions there, whatever it names them, and cut, black-hole or lose a COMMIT's
+answer on it):
 {placeholders}
 It reads the article's outbox table (id, event_id, aggregate_type, aggregate_id, event_type,
 payload, created_at, published_at, attempts, next_attempt_at, last_error; NOTIFY outbox_new on
@@ -68,8 +71,10 @@ pub struct VerifyArgs {
     #[arg(long, default_value_t = 1, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=8))]
     relays: u32,
-    /// The nemeses, comma-separated: kill, pause, db-restart, db-kill-backend, net-reset,
-    /// net-reply-lost, net-delay; or all, or none.
+    /// The nemeses, comma-separated: kill, pause, db-restart, db-kill-backend, dbnet-reset,
+    /// dbnet-partition, dbnet-commit-lost, net-reset, net-reply-lost, net-delay, and those on a
+    /// delivery (kill-on-delivery, pause-on-delivery, db-kill-backend-on-delivery); or all, or
+    /// none.
     #[arg(
         long,
         value_delimiter = ',',

@@ -151,12 +151,22 @@ struct ClusterNode {
 }
 
 impl NatsCluster {
-    /// Starts the nodes one after another, then waits until the cluster can hold an R3 stream.
+    /// Starts the nodes one after another, then waits until the cluster can hold an R3 stream;
+    /// again on fresh ports if one of its ports was taken meanwhile.
     async fn start(binary: PathBuf, keep: bool) -> Result<NatsCluster> {
+        throwaway::on_free_ports(async |ports| Self::start_on(binary.clone(), ports, keep).await)
+            .await
+    }
+
+    /// Starts the cluster on `ports`: the nodes' client ports, then their route ports.
+    async fn start_on(
+        binary: PathBuf,
+        ports: [u16; 2 * CLUSTER_NODES],
+        keep: bool,
+    ) -> Result<NatsCluster> {
         let run_as = throwaway::server_user()?;
         let token = throwaway::random_secret();
         let (route_user, route_password) = (throwaway::random_secret(), throwaway::random_secret());
-        let ports = throwaway::free_ports::<{ 2 * CLUSTER_NODES }>()?;
         let (client_ports, route_ports) = ports.split_at(CLUSTER_NODES);
         let routes: Vec<String> = route_ports
             .iter()

@@ -103,11 +103,40 @@ impl PrivateServer for RabbitServer {
             bail!("{RABBITMQ_SERVER} not found: {}", Self::SETUP);
         }
         let epmd_binary = find_program("epmd", &["/usr/bin"], Self::SETUP)?;
+        throwaway::on_free_ports(async |ports| Self::start_on(&epmd_binary, ports, keep).await)
+            .await
+    }
+
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    fn kept(&mut self) -> Option<String> {
+        let broker = self.broker.get_mut();
+        let dir = broker.run_dir().path();
+        broker.is_kept().then(|| {
+            format!(
+                "RabbitMQ running in {} (its epmd in {}): {}, its password in {}",
+                dir.display(),
+                self.epmd.run_dir().path().display(),
+                crate::secrets::without_secrets(&self.url),
+                dir.join(CONFIG).display()
+            )
+        })
+    }
+}
+
+impl RabbitServer {
+    /// Starts epmd and the broker on `ports` (epmd's, AMQP's, the Erlang distribution's).
+    async fn start_on(
+        epmd_binary: &Path,
+        [epmd_port, amqp_port, dist_port]: [u16; 3],
+        keep: bool,
+    ) -> Result<RabbitServer> {
         let run_as = throwaway::server_user()?;
-        let [epmd_port, amqp_port, dist_port] = throwaway::free_ports()?;
 
         let mut epmd = Server::prepare("epmd", "epmd", Signal::SIGTERM, EPMD_LOG, run_as.as_ref())?;
-        let mut cmd = Command::new(&epmd_binary);
+        let mut cmd = Command::new(epmd_binary);
         // In the foreground (no -daemon): a process of ours, stopped with the broker.
         cmd.args(["-port", &epmd_port.to_string(), "-address", "127.0.0.1"]);
         let every = Duration::from_millis(10);
@@ -193,26 +222,6 @@ impl PrivateServer for RabbitServer {
         })
     }
 
-    fn url(&self) -> String {
-        self.url.clone()
-    }
-
-    fn kept(&mut self) -> Option<String> {
-        let broker = self.broker.get_mut();
-        let dir = broker.run_dir().path();
-        broker.is_kept().then(|| {
-            format!(
-                "RabbitMQ running in {} (its epmd in {}): {}, its password in {}",
-                dir.display(),
-                self.epmd.run_dir().path().display(),
-                crate::secrets::without_secrets(&self.url),
-                dir.join(CONFIG).display()
-            )
-        })
-    }
-}
-
-impl RabbitServer {
     /// SIGKILL to the broker's process group (the Erlang VM in it), then the broker started
     /// again on the same ports, directories and credentials; how long until it let us in.
     async fn crash_and_restart(&self) -> Result<Duration> {

@@ -399,7 +399,7 @@ pub fn random_secret() -> String {
 
 /// `N` distinct ports of 127.0.0.1 where nothing listened a moment ago, for a server that must
 /// be told its ports (all bound at once, then let go: another process may take one meanwhile,
-/// and the server's start then fails).
+/// and the server's start then fails: [`on_free_ports`] tries again).
 pub fn free_ports<const N: usize>() -> Result<[u16; N]> {
     let listeners = (0..N)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
@@ -411,6 +411,32 @@ pub fn free_ports<const N: usize>() -> Result<[u16; N]> {
     Ok(ports)
 }
 
+/// A server told its ports is started this many times at most.
+const PORT_TRIES: u32 = 3;
+
+/// Starts a server that must be told its `N` ports on free ones ([`free_ports`]), and again on
+/// fresh ones when it failed and one of its ports is taken now: probed free, then taken by
+/// another process before the server bound it. At most [`PORT_TRIES`] times; the last error.
+pub async fn on_free_ports<const N: usize, T>(
+    mut start: impl AsyncFnMut([u16; N]) -> Result<T>,
+) -> Result<T> {
+    let mut tries = 1;
+    loop {
+        let ports = free_ports::<N>()?;
+        match start(ports).await {
+            Err(_) if tries < PORT_TRIES && any_taken(&ports) => tries += 1,
+            started => return started,
+        }
+    }
+}
+
+/// Whether a process listens on one of `ports` of 127.0.0.1 now.
+fn any_taken(ports: &[u16]) -> bool {
+    ports
+        .iter()
+        .any(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_err())
+}
+
 /// The last non-empty line of a log or an error output.
 pub fn last_line(text: &str) -> String {
     text.lines()
@@ -419,4 +445,40 @@ pub fn last_line(text: &str) -> String {
         .unwrap_or("")
         .trim()
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A port taken between the probe and the bind: the server is started again on fresh
+    /// ports. A start that fails with its ports still free is not tried again.
+    #[tokio::test]
+    async fn a_port_taken_before_the_bind_is_tried_again_on_fresh_ports() {
+        let mut tries = 0;
+        let mut squatter = None;
+        let started = on_free_ports(async |[port]: [u16; 1]| {
+            tries += 1;
+            if tries == 1 {
+                // Another process takes the port before the server binds it.
+                squatter = Some(std::net::TcpListener::bind(("127.0.0.1", port))?);
+                bail!("address already in use");
+            }
+            Ok(port)
+        })
+        .await
+        .unwrap();
+        assert_eq!(tries, 2);
+        let taken = squatter.unwrap().local_addr().unwrap().port();
+        assert_ne!(started, taken);
+
+        let mut tries = 0;
+        let failed = on_free_ports(async |_: [u16; 2]| -> Result<()> {
+            tries += 1;
+            bail!("broken for another reason")
+        })
+        .await;
+        assert!(failed.is_err());
+        assert_eq!(tries, 1);
+    }
 }
