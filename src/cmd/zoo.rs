@@ -54,6 +54,11 @@ pub struct ZooArgs {
     #[arg(long, default_value_t = 400, value_name = "N",
           value_parser = clap::value_parser!(u32).range(10..=100_000))]
     events: u32,
+    /// How many times each faulted run is made (naive and idempotent consumer): each cell of
+    /// the table is then k of 2 × N runs.
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=20))]
+    runs: u32,
     /// The bound of each of an entry's verifications, shrinking included.
     #[arg(long, default_value = "90s", value_name = "DURATION", value_parser = parse_duration)]
     time_limit: Duration,
@@ -98,6 +103,7 @@ pub async fn run(args: ZooArgs) -> Result<ExitCode> {
         events: args.events,
         time_limit: args.time_limit,
         external_server: args.run.database_url.is_some(),
+        runs: args.runs,
     };
     // Every entry's runs are planned before a server starts: bad input leaves nothing behind.
     let planned = zoo::plan(entries, runs, settings)?;
@@ -115,7 +121,13 @@ pub async fn run(args: ZooArgs) -> Result<ExitCode> {
         for result in &results {
             if let Outcome::Ran(judged) = &result.outcome {
                 for judged in judged {
-                    let name = format!("zoo-{}-{}", result.entry.name, judged.run.label());
+                    let run = judged.run;
+                    let name = format!(
+                        "zoo-{}-{}{}",
+                        result.entry.name,
+                        run.label(),
+                        run.take_label(judged.take)
+                    );
                     history::save(&results_dir, &name, &judged.verification.histories())?;
                 }
             }

@@ -211,9 +211,9 @@ impl Entry {
 
     /// What `verify` is told for one of its runs: every invariant judged (its promises are
     /// told apart in the table), `schedule` replayed as it is, or `nemeses` shrunk.
-    pub fn options(&self, run: ZooRun, settings: Settings) -> Options {
+    pub fn options(&self, run: ZooRun, take: u32, settings: Settings) -> Options {
         Options {
-            label: format!("zoo_{}_{}", self.name, run.label()),
+            label: format!("zoo_{}_{}{}", self.name, run.label(), run.take_label(take)),
             relay_cmd: self.relay_cmd.clone(),
             relays: self.relays,
             nemeses: match run {
@@ -267,6 +267,22 @@ impl ZooRun {
             ZooRun::Idempotent => "idempotent",
             ZooRun::NoFaults => "no_faults",
             ZooRun::Documented => "documented",
+        }
+    }
+
+    /// How many times it is made: the faulted runs `--runs` times, the others once.
+    pub fn takes(self, settings: Settings) -> u32 {
+        match self {
+            ZooRun::Naive | ZooRun::Idempotent => settings.runs.max(1),
+            ZooRun::NoFaults | ZooRun::Documented => 1,
+        }
+    }
+
+    /// What tells the `take`-th time apart in names: nothing for the first, `_2` after.
+    pub fn take_label(self, take: u32) -> String {
+        match take {
+            1 => String::new(),
+            n => format!("_{n}"),
         }
     }
 

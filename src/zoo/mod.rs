@@ -33,6 +33,8 @@ pub struct Settings {
     pub time_limit: Duration,
     /// The server is the user's: never restarted.
     pub external_server: bool,
+    /// How many times each faulted run is made (`--runs`): a cell is k of 2 × runs.
+    pub runs: u32,
 }
 
 /// What the zoo found of one entry.
@@ -55,6 +57,8 @@ pub enum Outcome {
 /// One of an entry's runs, as verify planned and ran it.
 pub struct Judged {
     pub run: ZooRun,
+    /// Which time this run was made (1, 2, ... of `--runs`).
+    pub take: u32,
     pub plan: Plan,
     pub verification: Verification,
 }
@@ -69,16 +73,24 @@ impl Judged {
             .collect()
     }
 
+    /// Whether `invariant`, broken in its main run, broke again in a run of the shrinking (the
+    /// schedule cut down to one nemesis): a violation seen once is not yet a finding.
+    pub fn reproduced(&self, invariant: crate::judge::invariants::Invariant) -> bool {
+        let mut shrunk = self.verification.shrunk().iter();
+        shrunk.any(|run| run.history.violations.contains_key(invariant.name()))
+    }
+
     /// Whether every nemesis of its main run fired (a fault that did not fire tested nothing).
     pub fn all_fired(&self) -> bool {
         !self.verification.main().history.faults_not_reached()
     }
 }
 
-/// An entry and the plans of its runs; `None` when its library is not installed here.
+/// An entry and the plans of its runs (each with which time it is made); `None` when its
+/// library is not installed here.
 pub struct Planned {
     pub entry: Entry,
-    pub runs: Option<Vec<(ZooRun, Plan)>>,
+    pub runs: Option<Vec<(ZooRun, u32, Plan)>>,
 }
 
 /// Plans `runs` of each installed entry, before any server starts: an entry's bad input (a
@@ -91,10 +103,11 @@ pub fn plan(entries: Vec<Entry>, runs: &[ZooRun], settings: Settings) -> Result<
                 false => None,
                 true => Some(
                     runs.iter()
-                        .map(|&run| {
-                            let plan = Plan::new(&entry.options(run, settings))
+                        .flat_map(|&run| (1..=run.takes(settings)).map(move |take| (run, take)))
+                        .map(|(run, take)| {
+                            let plan = Plan::new(&entry.options(run, take, settings))
                                 .map_err(|e| e.context(format!("zoo entry {}", entry.name)))?;
-                            Ok((run, plan))
+                            Ok((run, take, plan))
                         })
                         .collect::<Result<Vec<_>>>()?,
                 ),
@@ -129,22 +142,24 @@ async fn run_entry(
     server: &PgServer,
     run_id: &str,
     entry: &Entry,
-    runs: Vec<(ZooRun, Plan)>,
+    runs: Vec<(ZooRun, u32, Plan)>,
     progress: bool,
 ) -> Result<Outcome> {
     let mut judged = Vec::new();
-    for (run, plan) in runs {
+    for (run, take, plan) in runs {
         if progress {
             crate::errln!(
-                "zoo: {} ({}): {} run",
+                "zoo: {} ({}): {} run{}",
                 entry.name,
                 entry.library,
-                run.label()
+                run.label(),
+                run.take_label(take)
             );
         }
         match verify::verify_with_sink(server, &plan, run_id, false, progress).await {
             Ok(verification) => judged.push(Judged {
                 run,
+                take,
                 plan,
                 verification,
             }),
