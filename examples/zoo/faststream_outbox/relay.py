@@ -5,7 +5,7 @@ handler, then DELETE ... WHERE id = :id AND acquired_token = :token, or the retr
 UPDATE) on the table outbox_fs, queue "orders". Ours: the handler (hand the body to
 outbox-lab's sink) and the wiring.
 
-Every subscriber knob is a flag; a flag left out keeps faststream-outbox's own default
+The main subscriber knobs are flags; a flag left out keeps faststream-outbox's own default
 (@broker.subscriber's), so what a run changes is on its command line, e.g.
 `relay.py --lease-s 1 --fetch-batch-size 20`. SIGTERM: FastStream's app stops the broker,
 whose subscriber drains the rows it holds (within graceful_timeout), and the process exits 0."""

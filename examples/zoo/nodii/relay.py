@@ -8,8 +8,8 @@ field into the flat fields outbox-lab's stream consumer reads (event_id, aggrega
 aggregate_type, event_type, payload); the stream, the MAXLEN and the XADD itself are the
 library's, and every other command (the lease's SET/EVAL/GET) goes to the real client untouched.
 
-Every define_dispatcher knob is a flag; a flag left out keeps the library's own default, so what
-a run changes is on its command line, e.g. `relay.py --lease-ttl-ms 2000 --poll-ms 100`.
+The main define_dispatcher knobs are flags; a flag left out keeps the library's own default, so
+what a run changes is on its command line, e.g. `relay.py --lease-ttl-ms 2000 --poll-ms 100`.
 SIGTERM: each runner's own stop() (stop polling, wait for the batch in flight up to the drain
 deadline, release the lease), then the process exits 0."""
 import argparse, asyncio, inspect, json, os, signal

@@ -3,7 +3,7 @@
 PostgresStorage (table outbox_tx, LISTEN/NOTIFY wake-up), publishing to outbox-lab's sink.
 Only the publisher function (zoo_sink.deliver of the row's payload) and the wiring are ours.
 
-Every knob is a flag; a flag left out keeps txoutbox's own default (RelayConfig), so what a
+The main knobs are flags; a flag left out keeps txoutbox's own default (RelayConfig), so what a
 run changes is on its command line, e.g. `relay.py --lease-s 1 --publish-timeout 2`.
 SIGTERM: txoutbox's handle_signals=True finishes the round in flight, then run() returns."""
 import argparse, asyncio, logging, os, sys
