@@ -86,6 +86,16 @@ pub struct VerifyArgs {
     /// "kill:relay@250ms,net:reset@5".
     #[arg(long, value_name = "FAULTS", conflicts_with = "nemesis")]
     schedule: Option<String>,
+    /// Draw N schedules from the nemesis grammar (1-3 nemeses each, kinds, moments, delivery
+    /// numbers and lengths at random, a sustained outage net:down among them) and run them
+    /// one after another until one breaks a claim, then shrink it.
+    #[arg(long, value_name = "N", conflicts_with_all = ["nemesis", "schedule"],
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    search: Option<u32>,
+    /// The search's seed: the same seed draws the same schedules (default: one drawn from the
+    /// clock, printed with the results).
+    #[arg(long, value_name = "S", requires = "search")]
+    seed: Option<u64>,
     /// Events the writer commits (two per order).
     #[arg(long, default_value_t = 2000, value_name = "N", allow_negative_numbers = true,
           value_parser = clap::value_parser!(u32).range(10..=100_000))]
@@ -150,6 +160,13 @@ impl VerifyArgs {
             relays: self.relays,
             nemeses: self.nemesis.clone(),
             schedule: self.schedule.clone(),
+            search: self.search.map(|count| {
+                let seed = self.seed.unwrap_or_else(|| {
+                    let nanos = chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default();
+                    nanos.unsigned_abs() % 1_000_000
+                });
+                (count, seed)
+            }),
             events: self.events,
             time_limit: self.time_limit,
             consumer: self.consumer,

@@ -78,6 +78,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         latency: Duration::from_millis(params.latency_ms),
         plans: params.faults.clone(),
         watch: None,
+        down: Default::default(),
     };
     let config = RelayConfig {
         request_timeout: Duration::from_millis(params.request_timeout_ms),

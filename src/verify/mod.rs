@@ -72,47 +72,87 @@ async fn verify(
     let clock = Instant::now();
     let relays = plan.relays(broker_url);
     let lab = Lab::prepare_foreign(server, plan.design, plan.workload, relays, plan.bounds).await?;
-    // Every schedule is run the same way: the plan's first (the main run), then each of its
-    // nemeses alone where it broke a claim.
-    let mut schedules = VecDeque::from([plan.schedule.clone()]);
-    let mut runs: Vec<VerifyRun> = Vec::new();
+    let broke_a_claim = |run: &VerifyRun| {
+        let claims = plan.design.claims.iter();
+        claims
+            .into_iter()
+            .any(|claim| run.history.violations.contains_key(claim.name()))
+    };
+    // The main run: the plan's schedule, or (`--search`) the first drawn schedule that breaks a
+    // claim (the last drawn when none does); the drawn ones before it are the search's.
+    let drawn = match &plan.search {
+        Some(search) => search.schedules.clone(),
+        None => vec![plan.schedule.clone()],
+    };
+    let mut searched: Vec<VerifyRun> = Vec::new();
+    let mut main = None;
     let mut cut_short = false;
-    while let Some(schedule) = schedules.pop_front() {
-        let main = runs.first();
-        if let Some(main) = main {
-            // The next run, likely as long as the main one, must end within the limit.
-            let spent = clock.elapsed() + Duration::from_millis(main.history.elapsed_ms);
+    for (k, schedule) in drawn.iter().enumerate() {
+        if let Some(last) = searched.last() {
+            // The next run, likely as long as the last one, must end within the limit.
+            let spent = clock.elapsed() + Duration::from_millis(last.history.elapsed_ms);
             if spent > plan.time_limit {
                 cut_short = true;
                 break;
             }
         }
+        let run = run::once(&lab, schedule).await?;
+        if progress {
+            let judged = verdict::verdict_line(&run.history);
+            let draw = match plan.search {
+                Some(_) => format!(" (draw {} of {})", k + 1, drawn.len()),
+                None => String::new(),
+            };
+            crate::errln!(
+                "verify: {schedule}{draw}: {judged} in {:.1} s",
+                run.history.elapsed_ms as f64 / 1000.0
+            );
+        }
+        if broke_a_claim(&run) || k + 1 == drawn.len() {
+            main = Some(run);
+            break;
+        }
+        searched.push(run);
+    }
+    let main = match main {
+        Some(main) => main,
+        // The time limit ended the search: its last run stands for it.
+        None => searched
+            .pop()
+            .expect("the search ran a schedule before the limit"),
+    };
+    // Shrinking: each nemesis of the main run alone, where it broke a claim.
+    let mut schedules = VecDeque::new();
+    let schedule: Schedule = main
+        .history
+        .schedule
+        .parse()
+        .expect("a run's schedule parses");
+    if !plan.replay && broke_a_claim(&main) && schedule.nemeses.len() > 1 {
+        schedules.extend(schedule.nemeses.iter().map(|&nemesis| Schedule {
+            faults: Vec::new(),
+            nemeses: vec![nemesis],
+        }));
+    }
+    let mut runs = vec![main];
+    while let Some(schedule) = schedules.pop_front() {
+        // The next run, likely as long as the main one, must end within the limit.
+        let spent = clock.elapsed() + Duration::from_millis(runs[0].history.elapsed_ms);
+        if spent > plan.time_limit {
+            cut_short = true;
+            break;
+        }
         let run = run::once(&lab, &schedule).await?;
         if progress {
             let judged = verdict::verdict_line(&run.history);
-            match main {
-                None => crate::errln!(
-                    "verify: {schedule}: {judged} in {:.1} s",
-                    run.history.elapsed_ms as f64 / 1000.0
-                ),
-                Some(_) => crate::errln!("verify: {schedule} alone: {judged}"),
-            }
-        }
-        let broke_a_claim = plan
-            .design
-            .claims
-            .iter()
-            .any(|claim| run.history.violations.contains_key(claim.name()));
-        if main.is_none() && !plan.replay && broke_a_claim && plan.schedule.nemeses.len() > 1 {
-            schedules.extend(plan.schedule.nemeses.iter().map(|&nemesis| Schedule {
-                faults: Vec::new(),
-                nemeses: vec![nemesis],
-            }));
+            crate::errln!("verify: {schedule} alone: {judged}");
         }
         runs.push(run);
     }
     Ok(Verification {
         runs,
+        searched,
+        seed: plan.search.as_ref().map(|search| search.seed),
         cut_short,
         elapsed: clock.elapsed(),
     })

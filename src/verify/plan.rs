@@ -31,7 +31,9 @@ const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
 /// The nemeses `--nemesis` names, and the schedule item each one makes (`{at}`: its moment).
 /// In this order on the clock: relay 0's database link reset, then partitioned for a second,
 /// after its sessions are ended; a database restart last, so that the sessions and links the
-/// nemeses before it strike are there to strike. Relay 0's third COMMIT loses its answer. Those on a delivery take the first ones, before the
+/// nemeses before it strike are there to strike. Relay 0's third COMMIT loses its answer.
+/// `net-down`, a sustained outage of the sink, is named only: not in `all` (the search draws
+/// it). Those on a delivery take the first ones, before the
 /// requests the network nemeses take: they come within the run's first moments however few
 /// deliveries a relay makes (a batch per request), and before the database restart, while the
 /// relay is connected (a relay sending a batch fetched before the restart has no session to
@@ -39,7 +41,7 @@ const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
 /// ended has none to end until it is answered; the kill last, since a relay that sends a batch
 /// at once (a pipeline of XADDs) may make all three deliveries in one go, and once killed it is
 /// no target for the others (a paused one is).
-const NEMESES: [(&str, &str); 13] = [
+const NEMESES: [(&str, &str); 14] = [
     ("kill", "kill:relay@{at}"),
     ("pause", "pause:relay@{at}+500ms"),
     ("db-kill-backend", "db:kill-backend:relay@{at}"),
@@ -50,6 +52,7 @@ const NEMESES: [(&str, &str); 13] = [
     ("net-reset", "net:reset@5"),
     ("net-reply-lost", "net:reply-lost@10"),
     ("net-delay", "net:delay@15+700ms"),
+    ("net-down", "net:down@{at}+1s"),
     (
         "db-kill-backend-on-delivery",
         "db:kill-backend:relay:on-delivery@2",
@@ -57,6 +60,10 @@ const NEMESES: [(&str, &str); 13] = [
     ("pause-on-delivery", "pause:relay:on-delivery@3+500ms"),
     ("kill-on-delivery", "kill:relay:on-delivery@4"),
 ];
+
+/// The nemesis `all` leaves out: a sustained outage is an experiment of its own (the search
+/// draws it), not one more fault of the default run.
+const NOT_IN_ALL: &str = "net-down";
 
 /// The claims made when `--claims` is not given: order only holds for some relay designs
 /// (one relay, or relays partitioned by aggregate), so it is asked for, not assumed.
@@ -78,6 +85,8 @@ pub struct Options {
     pub nemeses: Vec<String>,
     /// `--schedule`: this one schedule instead.
     pub schedule: Option<String>,
+    /// `--search N --seed S`: N schedules drawn from the nemesis grammar instead.
+    pub search: Option<(u32, u64)>,
     pub events: u32,
     pub time_limit: Duration,
     pub consumer: ConsumerKind,
@@ -137,6 +146,9 @@ pub struct Plan {
     pub(super) schedule: Schedule,
     /// Whether the schedule was given (`--schedule`): run as it is, not shrunk.
     pub(super) replay: bool,
+    /// `--search`: the schedules drawn, run one after another until one breaks a claim, and
+    /// the seed that drew them.
+    pub(super) search: Option<Search>,
     pub(super) workload: Workload,
     /// What the lab holds every run to: `--time-limit`, and [`FOREIGN_LIVENESS`] to drain.
     pub(super) bounds: Bounds,
@@ -181,6 +193,12 @@ impl Plan {
             ),
         };
         check_schedule(&schedule, options.external_server, options.sink)?;
+        let search = options.search.map(|(count, seed)| Search {
+            seed,
+            schedules: (0..count)
+                .map(|k| draw(seed, k, options.external_server, options.sink))
+                .collect(),
+        });
         let design: &'static Design = Box::leak(Box::new(Design {
             name: Box::leak(options.label.clone().into_boxed_str()),
             summary: "the user's relay",
@@ -198,6 +216,7 @@ impl Plan {
             design,
             schedule,
             replay,
+            search,
             workload: Workload {
                 orders: options.events.div_ceil(EVENTS_PER_ORDER),
                 events_per_order: EVENTS_PER_ORDER,
@@ -245,6 +264,82 @@ impl Plan {
     }
 }
 
+/// `--search`'s schedules, drawn before anything runs.
+pub(super) struct Search {
+    pub(super) seed: u64,
+    pub(super) schedules: Vec<Schedule>,
+}
+
+/// Nemeses in a drawn schedule: one to this many.
+const DRAWN_NEMESES: u32 = 3;
+/// A drawn moment on the clock: within the writer's first seconds, in steps of 50 ms.
+const DRAWN_AT_MS: std::ops::RangeInclusive<u64> = 2..=40;
+/// A drawn pause, partition or outage: 200 ms to 4 s, in steps of 100 ms (past a lease of 1 or
+/// 2 s, and past a relay's retries).
+const DRAWN_FOR_MS: std::ops::RangeInclusive<u64> = 2..=40;
+/// A drawn outage of the sink: 500 ms to 10 s (a broker down long enough for a relay's retries
+/// to run out: pg-transactional-outbox abandons a message after 5 attempts a lease apart).
+const DRAWN_OUTAGE_MS: std::ops::RangeInclusive<u64> = 5..=100;
+/// A drawn request, delivery or COMMIT number.
+const DRAWN_NUMBER: std::ops::RangeInclusive<u32> = 1..=30;
+
+/// Schedule `k` of the search seeded `seed`: 1 to [`DRAWN_NEMESES`] nemeses of the kinds the
+/// sink and the server allow (`net-down` among them), their moments, numbers and lengths drawn
+/// too. The same seed and `k` draw the same schedule.
+pub fn draw(seed: u64, k: u32, external_server: bool, sink: VerifySink) -> Schedule {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(u64::from(k));
+    let kinds: Vec<&str> = NEMESES
+        .iter()
+        .map(|(kind, _)| *kind)
+        .filter(|kind| {
+            !(external_server && *kind == "db-restart"
+                || !sink.behind_the_proxy() && kind.starts_with("net-")
+                || !sink.sees_deliveries() && kind.ends_with("-on-delivery"))
+        })
+        .collect();
+    let count = rng.random_range(1..=DRAWN_NEMESES);
+    let mut nemeses = Vec::new();
+    for _ in 0..count {
+        let at = Duration::from_millis(50 * rng.random_range(DRAWN_AT_MS));
+        let hold = Duration::from_millis(100 * rng.random_range(DRAWN_FOR_MS));
+        let outage = Duration::from_millis(100 * rng.random_range(DRAWN_OUTAGE_MS));
+        let n = rng.random_range(DRAWN_NUMBER);
+        let (at, hold, outage) = (
+            format_duration(at),
+            format_duration(hold),
+            format_duration(outage),
+        );
+        let text = match kinds[rng.random_range(0..kinds.len())] {
+            "kill" => format!("kill:relay@{at}"),
+            "pause" => format!("pause:relay@{at}+{hold}"),
+            "db-kill-backend" => format!("db:kill-backend:relay@{at}"),
+            "dbnet-reset" => format!("dbnet:reset:relay@{at}"),
+            "dbnet-partition" => format!("dbnet:partition:relay@{at}+{hold}"),
+            "db-restart" => format!("db:restart@{at}"),
+            "dbnet-commit-lost" => format!("dbnet:commit-lost:relay@{n}"),
+            "net-reset" => format!("net:reset@{n}"),
+            "net-reply-lost" => format!("net:reply-lost@{n}"),
+            "net-delay" => format!("net:delay@{n}+{hold}"),
+            "net-down" => format!("net:down@{at}+{outage}"),
+            "db-kill-backend-on-delivery" => format!("db:kill-backend:relay:on-delivery@{n}"),
+            "pause-on-delivery" => format!("pause:relay:on-delivery@{n}+{hold}"),
+            "kill-on-delivery" => format!("kill:relay:on-delivery@{n}"),
+            other => unreachable!("a nemesis of NEMESES not drawn: {other}"),
+        };
+        let nemesis: Nemesis = text.parse().expect("drawn nemeses parse");
+        // Two nemeses on one delivery, request or COMMIT: the second would wait for the next.
+        if !nemeses.contains(&nemesis) {
+            nemeses.push(nemesis);
+        }
+    }
+    Schedule {
+        faults: Vec::new(),
+        nemeses,
+    }
+}
+
 /// The schedule `--nemesis` asks for: each kind once, in [`NEMESES`]' order, the timed ones
 /// [`NEMESIS_SPACING`] apart; `all` on the
 /// user's server is all but the database restart (only a throwaway cluster is restarted), and
@@ -266,6 +361,7 @@ fn schedule_of(kinds: &[String], external_server: bool, sink: VerifySink) -> Res
     let chosen = NEMESES.iter().filter(|(kind, _)| match everything {
         true => {
             !(external_server && *kind == "db-restart"
+                || *kind == NOT_IN_ALL
                 || !sink.behind_the_proxy() && kind.starts_with("net-")
                 || !sink.sees_deliveries() && kind.ends_with("-on-delivery"))
         }

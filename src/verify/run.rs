@@ -53,7 +53,12 @@ impl Figures {
 /// Everything verify ran, in order: the plan's schedule, then each of its nemeses alone where
 /// it broke a claim (never empty).
 pub struct Verification {
+    /// The main run, then each of its nemeses alone where it broke a claim.
     pub runs: Vec<VerifyRun>,
+    /// `--search`: the drawn schedules run before the main one, none breaking a claim.
+    pub searched: Vec<VerifyRun>,
+    /// `--search`: the seed that drew them.
+    pub seed: Option<u64>,
     /// Shrinking stopped at the time limit.
     pub cut_short: bool,
     pub elapsed: Duration,
@@ -76,9 +81,10 @@ impl Verification {
         self.main().history.cut_short.as_deref()
     }
 
-    /// Histories of every run, for `history::save`.
+    /// Histories of every run, the search's first, for `history::save`.
     pub fn histories(&self) -> Vec<History> {
-        self.runs.iter().map(|run| run.history.clone()).collect()
+        let all = self.searched.iter().chain(&self.runs);
+        all.map(|run| run.history.clone()).collect()
     }
 }
 

@@ -50,23 +50,60 @@ pub fn report(plan: &Plan, verification: &Verification, environment: Environment
     for (bucket, n) in &figures.timeline {
         timeline.push(vec![bucket.to_string(), n.to_string()]);
     }
+    let mut tables = vec![
+        runs_table(plan, verification),
+        violations_table(plan, verification),
+        faults_table(&main.history),
+        latency_table(figures),
+        timeline,
+    ];
+    if let Some(seed) = verification.seed {
+        let drawn = verification.searched.len() + 1;
+        metrics.set("verify.search.seed", seed as i64);
+        metrics.set("verify.search.drawn", drawn as i64);
+        metrics.set(
+            "verify.search.found",
+            i64::from(
+                plan.design
+                    .claims
+                    .iter()
+                    .any(|c| main.history.violations.contains_key(c.name())),
+            ),
+        );
+        tables.push(search_table(verification));
+    }
     Report {
         scenario: "verify".into(),
         section: "beyond the article: your relay under the same faults and checker".into(),
         params: params(plan),
         metrics,
-        tables: vec![
-            runs_table(plan, verification),
-            violations_table(plan, verification),
-            faults_table(&main.history),
-            latency_table(figures),
-            timeline,
-        ],
+        tables,
         checks: checks(plan, verification),
         targets: Vec::new(),
         notes: notes(plan, verification),
         environment,
     }
+}
+
+/// `--search`: every schedule drawn, in the order run, and what it broke.
+fn search_table(verification: &Verification) -> Table {
+    let mut table = Table::new(
+        "search: the schedules drawn, in order, until one broke a claim",
+        &["draw", "schedule", "broke", "s"],
+    );
+    let drawn = verification
+        .searched
+        .iter()
+        .chain(verification.runs.first());
+    for (k, run) in drawn.enumerate() {
+        table.push(vec![
+            (k + 1).to_string(),
+            run.history.schedule.clone(),
+            verdict_line(&run.history),
+            format!("{:.1}", run.history.elapsed_ms as f64 / 1000.0),
+        ]);
+    }
+    table
 }
 
 /// A check per claim of the main run, and one that every nemesis fired.
@@ -336,9 +373,17 @@ fn notes(plan: &Plan, verification: &Verification) -> Vec<String> {
             ),
         );
     }
+    if let Some(seed) = verification.seed {
+        notes.push(format!(
+            "search: seed {seed}, {} schedule(s) drawn and run; replay the search with \
+             --search N --seed {seed}, the finding alone with its --schedule line",
+            verification.searched.len() + 1
+        ));
+    }
     if verification.cut_short {
         notes.push(format!(
-            "shrinking stopped at --time-limit {}: the schedule shown may not be the smallest",
+            "the search or the shrinking stopped at --time-limit {}: the schedule shown may not \
+             be the smallest, and a search may not have run every schedule it drew",
             format_duration(plan.time_limit)
         ));
     }
@@ -356,6 +401,10 @@ fn params(plan: &Plan) -> serde_json::Value {
         "claims": plan.design.claims.iter().map(|c| c.name()).collect::<Vec<_>>(),
         "nemeses": plan.schedule.nemeses.iter().map(Nemesis::to_string).collect::<Vec<_>>(),
         "schedule": plan.schedule.to_string(),
+        "search": plan.search.as_ref().map(|search| json!({
+            "schedules": search.schedules.len(),
+            "seed": search.seed,
+        })),
         "time_limit_s": plan.time_limit.as_secs_f64(),
         "schema": plan.schema.as_ref().map(|(path, _)| path.clone()),
         "pending_sql": plan.pending_sql,

@@ -224,6 +224,7 @@ impl Entry {
                 ZooRun::Documented => Some(self.documented.schedule.clone()),
                 _ => None,
             },
+            search: None,
             events: match run {
                 ZooRun::Documented => self.documented.events,
                 _ => settings.events,

@@ -158,6 +158,7 @@ impl<'s> Lab<'s> {
         let watch = proxy_faults
             .as_ref()
             .and_then(|faults| faults.watch.clone());
+        let sink_down = proxy_faults.as_ref().map(|faults| faults.down.clone());
         let middle = match proxy_faults {
             Some(faults) => Some(self.stand_between(faults).await?),
             None => None,
@@ -199,6 +200,7 @@ impl<'s> Lab<'s> {
             server: self.server,
             db: &self.db,
             links: &stage.links,
+            sink_down,
             over: over_seen,
             done: &stage.nemeses_done,
         };

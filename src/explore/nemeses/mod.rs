@@ -8,7 +8,8 @@
 mod on_delivery;
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -92,10 +93,15 @@ pub fn proxy_faults(
         .map(|(_, strike, number)| (number, strike.moment()))
         .collect();
     let watch = (!watched.is_empty()).then(|| DeliveryWatch::new(watched, tell));
-    (!plans.is_empty() || watch.is_some()).then_some(ProxyFaults {
+    let outage = schedule
+        .nemeses
+        .iter()
+        .any(|n| matches!(n, Nemesis::NetDown { .. }));
+    (!plans.is_empty() || watch.is_some() || outage).then(|| ProxyFaults {
         latency: Duration::ZERO,
         plans,
         watch,
+        down: Arc::default(),
     })
 }
 
@@ -212,6 +218,8 @@ pub struct Arena<'a> {
     pub db: &'a Database,
     /// The relays' and the writer's links to the database: their sessions, their faults.
     pub links: &'a DbLinks,
+    /// The switch of the sink's outage (`net:down`), where the schedule has one.
+    pub sink_down: Option<Arc<AtomicBool>>,
     /// Set when the supervisor is done: a nemesis not yet due is then not reached.
     pub over: watch::Receiver<bool>,
     /// Set when every timed nemesis has struck and no relay is held by one on a delivery: a
@@ -361,6 +369,25 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                             }
                         }
                         DbNetFault::CommitLost { .. } => {}
+                    }
+                }
+                Nemesis::NetDown { at, hold } => {
+                    if let (Some(down), true) = (&arena.sink_down, arena.until(at).await) {
+                        /// The sink comes back also when the run ends first.
+                        struct Up<'a>(&'a AtomicBool);
+                        impl Drop for Up<'_> {
+                            fn drop(&mut self) {
+                                self.0.store(false, Ordering::SeqCst);
+                            }
+                        }
+                        down.store(true, Ordering::SeqCst);
+                        let _up = Up(down);
+                        fire(i, "the sink".into());
+                        let mut over = arena.over.clone();
+                        tokio::select! {
+                            _ = tokio::time::sleep(hold) => {}
+                            _ = over.wait_for(|over| *over) => {}
+                        }
                     }
                 }
                 Nemesis::Net(_) | Nemesis::OnDelivery { .. } => {}

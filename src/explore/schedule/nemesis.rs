@@ -29,6 +29,9 @@ pub enum Nemesis {
     DbKillBackend { role: Role, at: Duration },
     /// A planned network fault on the relay-to-consumer traffic.
     Net(FaultPlan),
+    /// The sink down from `at` for `hold`: every connection and request to it reset, as a
+    /// broker outage does.
+    NetDown { at: Duration, hold: Duration },
     /// Struck on the relay that sent the N-th delivery of the run (from whichever relay), as
     /// the delivery passes the proxy.
     OnDelivery {
@@ -75,7 +78,7 @@ impl DeliveryStrike {
 }
 
 /// Every kind, as `--list-nemeses` shows it: name, form, what it does.
-pub const KINDS: [(&str, &str, &str); 13] = [
+pub const KINDS: [(&str, &str, &str); 14] = [
     (
         "pause",
         "pause:ROLE@AT+FOR | pause:ROLE:STEP@N+FOR",
@@ -113,6 +116,12 @@ pub const KINDS: [(&str, &str, &str); 13] = [
         "net-delay",
         "net:delay@N+FOR",
         "the N-th request is held FOR before it is passed on (past the sender's timeout)",
+    ),
+    (
+        "net-down",
+        "net:down@AT+FOR",
+        "the sink down from AT for FOR: every connection and request to the consumer reset, \
+         a sustained outage (not in verify's all: the search draws it)",
     ),
     (
         "kill-on-delivery",
@@ -175,6 +184,7 @@ impl Nemesis {
                 NetworkFault::ReplyLost => "net-reply-lost",
                 NetworkFault::Delay(_) => "net-delay",
             },
+            Nemesis::NetDown { .. } => "net-down",
             Nemesis::OnDelivery { strike, .. } => match strike {
                 DeliveryStrike::Kill => "kill-on-delivery",
                 DeliveryStrike::Pause(_) => "pause-on-delivery",
@@ -201,6 +211,7 @@ impl Nemesis {
     pub fn over_at(&self) -> Option<Duration> {
         match *self {
             Nemesis::Pause { at, hold, .. }
+            | Nemesis::NetDown { at, hold }
             | Nemesis::DbNet {
                 fault: DbNetFault::Partition { at, hold },
                 ..
@@ -252,6 +263,12 @@ impl fmt::Display for Nemesis {
                 format_duration(*at)
             ),
             Nemesis::Net(plan) => write!(f, "net:{plan}"),
+            Nemesis::NetDown { at, hold } => write!(
+                f,
+                "net:down@{}+{}",
+                format_duration(*at),
+                format_duration(*hold)
+            ),
             Nemesis::OnDelivery {
                 strike,
                 on_delivery,
@@ -440,7 +457,19 @@ impl FromStr for Nemesis {
                 }
                 Ok(Nemesis::DbKillBackend { role, at })
             }
-            "net" => Ok(Nemesis::Net(spec.parse()?)),
+            "net" => match spec.strip_prefix("down@") {
+                Some(window) => {
+                    let (at, hold) = window
+                        .split_once('+')
+                        .ok_or_else(|| format!("'{item}' needs how long: net:down@AT+FOR"))?;
+                    let (at, hold) = (parse_duration(at)?, parse_duration(hold)?);
+                    if hold.is_zero() {
+                        return Err(format!("'{item}': an outage of 0 ms is none"));
+                    }
+                    Ok(Nemesis::NetDown { at, hold })
+                }
+                None => Ok(Nemesis::Net(spec.parse()?)),
+            },
             "dbnet" => db_net(spec, item),
             _ => Err(format!(
                 "unknown nemesis '{item}' (see `outbox-lab explore --list-nemeses`)"

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -113,6 +113,9 @@ pub struct ProxyFaults {
     pub plans: Vec<FaultPlan>,
     /// The deliveries nemeses strike on.
     pub watch: Option<DeliveryWatch>,
+    /// Set while the sink is down (`net:down@T+FOR`, a nemesis on the clock): every new
+    /// connection and every request is reset.
+    pub down: Arc<AtomicBool>,
 }
 
 impl ProxyFaults {
@@ -230,6 +233,12 @@ struct WayIn {
 async fn accept(listener: TcpListener, way_in: WayIn) {
     let mut connections = JoinSet::new();
     while let Ok((client, _)) = listener.accept().await {
+        if way_in.faults.down.load(Ordering::SeqCst) {
+            // The sink is down: the relay reads "connection reset by peer".
+            way_in.counters.resets.fetch_add(1, Ordering::SeqCst);
+            let _ = client.set_zero_linger();
+            continue;
+        }
         // Finished connections are reaped as new ones come, so the set stays small.
         while connections.try_join_next().is_some() {}
         connections.spawn(pass_on(client, way_in.clone()));
@@ -337,6 +346,10 @@ async fn forward(client: &mut TcpStream, server: &mut TcpStream, way_in: &WayIn)
                         watch.hold(number, moment, way_in.sender, &request.1).await;
                     }
                     fault = faults.on_request(number);
+                    if faults.down.load(Ordering::SeqCst) {
+                        counters.resets.fetch_add(1, Ordering::SeqCst);
+                        return Ending::Reset;
+                    }
                     if fault.is_some() {
                         let mut struck = counters.struck.lock().expect("not poisoned");
                         struck.insert(number, Instant::now());
