@@ -381,6 +381,53 @@ fn a_relay_that_names_its_own_sessions_is_struck_through_its_link() {
     assert!(held_ms < 1000.0, "deliveries held {held_ms} ms");
 }
 
+/// The search draws schedules from the nemesis grammar and stops at the first that breaks a
+/// claim: the relay that marks before it sends loses events within seed 1's first draws, and
+/// the finding is shrunk to one nemesis with its replay.
+#[test]
+fn the_search_finds_and_shrinks_what_breaks_a_relay() {
+    let run = verify(&[
+        "--relay-cmd",
+        &example("mark_before_send.py"),
+        "--events",
+        "200",
+        "--search",
+        "10",
+        "--seed",
+        "1",
+    ]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(run.metric("verify.search.found"), 1);
+    assert_eq!(run.metric("verify.search.seed"), 1);
+    assert!(run.metric("verify.lost.violating") >= 1);
+    let search = run.table("search");
+    assert!(!search["rows"].as_array().unwrap().is_empty(), "{search}");
+    let replay = replay_of(&run, "lost");
+    assert!(replay.contains("--schedule"), "{replay}");
+}
+
+/// A sustained outage of the sink (`net:down`): the article's relay retries through it and
+/// loses nothing; the relay that marks before it sends loses what it could not send.
+#[test]
+fn an_outage_of_the_sink_loses_only_what_was_marked_before_it_was_sent() {
+    let run = |relay: &str| {
+        verify(&[
+            "--relay-cmd",
+            &example(relay),
+            "--events",
+            "200",
+            "--schedule",
+            "net:down@300ms+1s",
+        ])
+    };
+    let article = run("article.py");
+    assert_passed(&article);
+    assert_eq!(article.metric("verify.faults_fired"), 1);
+    let marked_first = run("mark_before_send.py");
+    assert_eq!(marked_first.code, 1, "{}", marked_first.stderr);
+    assert!(marked_first.metric("verify.lost.violating") >= 1);
+}
+
 /// The time a proxy held a delivery on its way while a nemesis struck is harness time, not the
 /// relay's: an event received 500 ms after it was written, 400 ms of them held, took the relay
 /// 100 ms. Without the subtraction the latency would be the whole 500 ms.

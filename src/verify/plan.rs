@@ -414,3 +414,45 @@ fn check_schedule(schedule: &Schedule, external_server: bool, sink: VerifySink) 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The same seed and draw give the same schedule, another draw another; every drawn
+    /// schedule prints back to itself, and holds only what its sink and server allow.
+    #[test]
+    fn drawn_schedules_reproduce_and_fit_their_sink() {
+        assert_eq!(
+            draw(7, 3, false, VerifySink::Http),
+            draw(7, 3, false, VerifySink::Http)
+        );
+        let http: Vec<Schedule> = (0..200)
+            .map(|k| draw(7, k, false, VerifySink::Http))
+            .collect();
+        assert!(http.windows(2).any(|w| w[0] != w[1]));
+        for schedule in &http {
+            assert!((1..=DRAWN_NEMESES as usize).contains(&schedule.nemeses.len()));
+            assert_eq!(
+                schedule.to_string().parse::<Schedule>().as_ref(),
+                Ok(schedule)
+            );
+            check_schedule(schedule, false, VerifySink::Http).unwrap();
+        }
+        // Every kind comes up in 200 draws, the sustained outage among them.
+        for (kind, _) in NEMESES {
+            assert!(
+                http.iter()
+                    .flat_map(|s| &s.nemeses)
+                    .any(|n| n.kind() == kind),
+                "{kind} never drawn"
+            );
+        }
+        for k in 0..200 {
+            let nats = draw(7, k, true, VerifySink::Nats);
+            check_schedule(&nats, true, VerifySink::Nats).unwrap();
+            let redis = draw(7, k, false, VerifySink::Redis);
+            check_schedule(&redis, false, VerifySink::Redis).unwrap();
+        }
+    }
+}

@@ -490,6 +490,10 @@ mod tests {
             "kill:relay:on-delivery@3",
             "pause:relay:on-delivery@3+2.5s",
             "db:kill-backend:relay:on-delivery@7",
+            "net:down@300ms+2s",
+            "dbnet:reset:writer@1s",
+            "dbnet:partition:relay@250ms+1500ms",
+            "dbnet:commit-lost:writer@3",
         ]) {
             let nemesis: Nemesis = text.parse().unwrap();
             assert_eq!(

@@ -506,5 +506,7 @@ mod tests {
         assert!(err("dbnet:commit-lost:writer@0").contains("COMMIT number"));
         assert!(err("dbnet:commit-lost:writer").contains("needs a COMMIT number"));
         assert!(err("dbnet:drop:relay@1s").contains("unknown database link nemesis"));
+        assert!(err("net:down@1s").contains("needs how long"));
+        assert!(err("net:down@1s+0ms").contains("none"));
     }
 }
