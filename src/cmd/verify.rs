@@ -28,6 +28,7 @@ Examples:
   outbox-lab verify --relay-cmd 'outbox-lab relay --database-url {database_url} \\
       --sink {sink_url} --mode notify --name {name}' --claims lost,duplicate,order
   outbox-lab verify --relay-cmd '...' --schedule 'kill:relay@250ms'   # replay one schedule
+  outbox-lab verify --relay-cmd '...' --search 40 --seed 1   # 40 drawn schedules, to a finding
   outbox-lab verify --relay-cmd '...' --consumer naive --schedule 'kill:relay:on-delivery@10'
   outbox-lab verify --relay-cmd 'examples/relays/lease.py' --relays 2 --consumer naive \
       --schema examples/relays/lease_schema.sql --insert-sql 'INSERT INTO lease_outbox \
