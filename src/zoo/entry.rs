@@ -213,7 +213,9 @@ impl Entry {
     /// told apart in the table), `schedule` replayed as it is, or `nemeses` shrunk.
     pub fn options(&self, run: ZooRun, take: u32, settings: Settings) -> Options {
         Options {
-            label: format!("zoo_{}_{}{}", self.name, run.label(), run.take_label(take)),
+            // The take before the name: PostgreSQL cuts names at 63 bytes, and a suffix after a
+            // long entry's name was cut off (two takes, one database name).
+            label: format!("zoo{}_{}_{}", run.take_number(take), self.name, run.label()),
             relay_cmd: self.relay_cmd.clone(),
             relays: self.relays,
             nemeses: match run {
@@ -276,6 +278,14 @@ impl ZooRun {
         match self {
             ZooRun::Naive | ZooRun::Idempotent => settings.runs.max(1),
             ZooRun::NoFaults | ZooRun::Documented => 1,
+        }
+    }
+
+    /// The `take`-th time in a database's name: nothing for the first, `2` after.
+    pub fn take_number(self, take: u32) -> String {
+        match take {
+            1 => String::new(),
+            n => n.to_string(),
         }
     }
 
