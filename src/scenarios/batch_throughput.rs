@@ -246,7 +246,7 @@ async fn measure(
         false => None,
     };
     let db = match &link {
-        Some(proxy) => target.db.through(&proxy.link(0).host, proxy.link(0).port)?,
+        Some(proxy) => proxy.link(0).database(&target.db)?,
         None => target.db.clone(),
     };
     let relay = ctx

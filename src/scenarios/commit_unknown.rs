@@ -77,7 +77,8 @@ impl Application {
 /// An application retries a request this many times at most.
 const MAX_TRIES: u32 = 3;
 
-/// What each case measures.
+/// What each case measures, in the table's order: the lost answers (the link's count), what
+/// [`CASE_FIGURES`] counts, and the events lost (the judge's).
 const FIGURES: [&str; 6] = [
     "commits_lost",
     "orders",
@@ -162,18 +163,13 @@ impl Experiment for Params {
 
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let mut outcome = Outcome::default();
+    let columns: Vec<&str> = ["application", "requests"]
+        .into_iter()
+        .chain(FIGURES)
+        .collect();
     let mut summary = Table::new(
         "the application's COMMIT answer lost: what it believes, what shipped",
-        &[
-            "application",
-            "requests",
-            "commits_lost",
-            "orders",
-            "orders_believed_failed",
-            "orders_shipped_twice",
-            "shipments",
-            "lost",
-        ],
+        &columns,
     );
     for application in Application::ALL {
         let name = application.name();
@@ -213,27 +209,17 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         let lost = counts::one_row(&client, counts::DELIVERIES)
             .await?
             .get::<_, i64>("lost");
-        let m = &mut outcome.metrics;
-        m.set(format!("{name}.commits_lost"), commits_lost);
-        for figure in [
-            "orders",
-            "orders_believed_failed",
-            "orders_shipped_twice",
-            "shipments",
-        ] {
-            m.set(format!("{name}.{figure}"), figures.get::<_, i64>(figure));
+        let mut row = vec![name.to_string(), params.requests.to_string()];
+        for figure in FIGURES {
+            let value = match figure {
+                "commits_lost" => commits_lost,
+                "lost" => lost,
+                counted => figures.get::<_, i64>(counted),
+            };
+            outcome.metrics.set(format!("{name}.{figure}"), value);
+            row.push(value.to_string());
         }
-        m.set(format!("{name}.lost"), lost);
-        summary.push(vec![
-            name.to_string(),
-            params.requests.to_string(),
-            commits_lost.to_string(),
-            figures.get::<_, i64>("orders").to_string(),
-            figures.get::<_, i64>("orders_believed_failed").to_string(),
-            figures.get::<_, i64>("orders_shipped_twice").to_string(),
-            figures.get::<_, i64>("shipments").to_string(),
-            lost.to_string(),
-        ]);
+        summary.push(row);
     }
     outcome.tables.push(summary);
     relay_mark_lost(ctx, params, &mut outcome).await?;
@@ -247,7 +233,7 @@ async fn serve_request(
     application: Application,
     request: i64,
 ) -> Result<&'static str> {
-    let through = db.through(&link.host, link.port)?.config()?;
+    let through = link.database(db)?.config()?;
     for _ in 0..MAX_TRIES {
         let mut client = connect::postgres(&through).await?;
         match create_order(&mut client, application, request).await {
@@ -316,7 +302,7 @@ async fn relay_mark_lost(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome) 
         design: params.relay_design,
         ..RelayConfig::default()
     };
-    let through = db.through(&link.host, link.port)?;
+    let through = link.database(&db)?;
     let relay = ctx
         .run_relay(&through, &consumer.url, "0", &config, None)
         .await?

@@ -73,28 +73,26 @@ async fn verify(
     let relays = plan.relays(broker_url);
     let lab = Lab::prepare_foreign(server, plan.design, plan.workload, relays, plan.bounds).await?;
     let broke_a_claim = |run: &VerifyRun| {
-        let claims = plan.design.claims.iter();
-        claims
-            .into_iter()
-            .any(|claim| run.history.violations.contains_key(claim.name()))
+        let mut claims = plan.design.claims.iter();
+        claims.any(|claim| run.history.violations.contains_key(claim.name()))
+    };
+    // The next run, likely as long as `last`, must end within the limit.
+    let no_time_after = |last: &VerifyRun| {
+        clock.elapsed() + Duration::from_millis(last.history.elapsed_ms) > plan.time_limit
     };
     // The main run: the plan's schedule, or (`--search`) the first drawn schedule that breaks a
     // claim (the last drawn when none does); the drawn ones before it are the search's.
     let drawn = match &plan.search {
-        Some(search) => search.schedules.clone(),
-        None => vec![plan.schedule.clone()],
+        Some(search) => search.schedules.as_slice(),
+        None => std::slice::from_ref(&plan.schedule),
     };
     let mut searched: Vec<VerifyRun> = Vec::new();
     let mut main = None;
     let mut cut_short = false;
     for (k, schedule) in drawn.iter().enumerate() {
-        if let Some(last) = searched.last() {
-            // The next run, likely as long as the last one, must end within the limit.
-            let spent = clock.elapsed() + Duration::from_millis(last.history.elapsed_ms);
-            if spent > plan.time_limit {
-                cut_short = true;
-                break;
-            }
+        if searched.last().is_some_and(no_time_after) {
+            cut_short = true;
+            break;
         }
         let run = run::once(&lab, schedule).await?;
         if progress {
@@ -136,9 +134,7 @@ async fn verify(
     }
     let mut runs = vec![main];
     while let Some(schedule) = schedules.pop_front() {
-        // The next run, likely as long as the main one, must end within the limit.
-        let spent = clock.elapsed() + Duration::from_millis(runs[0].history.elapsed_ms);
-        if spent > plan.time_limit {
+        if no_time_after(&runs[0]) {
             cut_short = true;
             break;
         }
@@ -152,7 +148,6 @@ async fn verify(
     Ok(Verification {
         runs,
         searched,
-        seed: plan.search.as_ref().map(|search| search.seed),
         cut_short,
         elapsed: clock.elapsed(),
     })

@@ -57,8 +57,6 @@ pub struct Verification {
     pub runs: Vec<VerifyRun>,
     /// `--search`: the drawn schedules run before the main one, none breaking a claim.
     pub searched: Vec<VerifyRun>,
-    /// `--search`: the seed that drew them.
-    pub seed: Option<u64>,
     /// Shrinking stopped at the time limit.
     pub cut_short: bool,
     pub elapsed: Duration,

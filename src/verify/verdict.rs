@@ -57,7 +57,7 @@ pub fn report(plan: &Plan, verification: &Verification, environment: Environment
         latency_table(figures),
         timeline,
     ];
-    if let Some(seed) = verification.seed {
+    if let Some(seed) = plan.search.as_ref().map(|search| search.seed) {
         let drawn = verification.searched.len() + 1;
         metrics.set("verify.search.seed", seed as i64);
         metrics.set("verify.search.drawn", drawn as i64);
@@ -373,7 +373,7 @@ fn notes(plan: &Plan, verification: &Verification) -> Vec<String> {
             ),
         );
     }
-    if let Some(seed) = verification.seed {
+    if let Some(seed) = plan.search.as_ref().map(|search| search.seed) {
         notes.push(format!(
             "search: seed {seed}, {} schedule(s) drawn and run; replay the search with \
              --search N --seed {seed}, the finding alone with its --schedule line",

@@ -291,8 +291,8 @@ impl ZooRun {
 
     /// What tells the `take`-th time apart in names: nothing for the first, `_2` after.
     pub fn take_label(self, take: u32) -> String {
-        match take {
-            1 => String::new(),
+        match self.take_number(take) {
+            n if n.is_empty() => n,
             n => format!("_{n}"),
         }
     }

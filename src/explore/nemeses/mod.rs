@@ -197,7 +197,7 @@ impl DbLinks {
             Role::Relay => self.relay(index),
             _ => self.of(role),
         };
-        db.through(&link.host, link.port)
+        link.database(db)
     }
 
     /// Whether a relay ever had a session.

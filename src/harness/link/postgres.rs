@@ -29,6 +29,7 @@ use tokio_postgres::config::Host;
 use tokio_postgres::Config;
 use tokio_util::either::Either;
 
+use crate::harness::db::Database;
 use crate::harness::throwaway::RunDir;
 
 /// The startup phase's special requests (their "protocol version" field).
@@ -172,6 +173,11 @@ impl Drop for PgProxy {
 }
 
 impl PgLink {
+    /// `db` as an actor reaches it through this link.
+    pub fn database(&self, db: &Database) -> Result<Database> {
+        db.through(&self.host, self.port)
+    }
+
     /// The pids of the server backends serving this link's open connections now.
     pub fn backends(&self) -> Vec<i32> {
         let open = self.open.lock().expect("not poisoned");
