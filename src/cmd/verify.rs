@@ -15,6 +15,7 @@ use crate::harness::db::{PgServer, ServerChoice};
 use crate::harness::foreign::PLACEHOLDERS;
 use crate::harness::nemesis::parse_duration;
 use crate::harness::run::{new_run_id, on_server};
+use crate::harness::run_as::RunAs;
 use crate::outbox::consumer::ConsumerKind;
 use crate::report::{Environment, Report};
 use crate::verify::plan::{Options, Plan, VerifySink};
@@ -68,6 +69,10 @@ pub struct VerifyArgs {
     /// The command that starts your relay (split like a shell does, run without one).
     #[arg(long, value_name = "CMD")]
     relay_cmd: String,
+    /// Run the relay as this unprivileged user (when outbox-lab runs as root it never runs a
+    /// relay as root: by default as outbox-lab-relay, created the first time).
+    #[arg(long, value_name = "USER")]
+    run_as: Option<String>,
     /// Copies of the relay running at once.
     #[arg(long, default_value_t = 1, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=8))]
@@ -158,6 +163,7 @@ impl VerifyArgs {
         Ok(Options {
             label: "verify".into(),
             relay_cmd: self.relay_cmd.clone(),
+            run_as: RunAs::resolve(self.run_as.as_deref())?,
             relays: self.relays,
             nemeses: self.nemesis.clone(),
             schedule: self.schedule.clone(),

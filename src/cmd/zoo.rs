@@ -13,6 +13,7 @@ use crate::explore::history;
 use crate::harness::db::{PgServer, ServerChoice};
 use crate::harness::nemesis::parse_duration;
 use crate::harness::run::{new_run_id, on_server};
+use crate::harness::run_as::RunAs;
 use crate::report::{Environment, Report};
 use crate::zoo::entry::{Entry, ZooRun, ZOO_DIR};
 use crate::zoo::{self, table, Outcome, Settings};
@@ -65,6 +66,10 @@ pub struct ZooArgs {
     /// Where the entries are.
     #[arg(long, default_value = ZOO_DIR, value_name = "DIR")]
     zoo_dir: PathBuf,
+    /// Run the libraries' relays as this unprivileged user (when outbox-lab runs as root they
+    /// never run as root: by default as outbox-lab-relay, created the first time).
+    #[arg(long, value_name = "USER")]
+    run_as: Option<String>,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -106,7 +111,8 @@ pub async fn run(args: ZooArgs) -> Result<ExitCode> {
         runs: args.runs,
     };
     // Every entry's runs are planned before a server starts: bad input leaves nothing behind.
-    let planned = zoo::plan(entries, runs, settings)?;
+    let run_as = RunAs::resolve(args.run_as.as_deref())?;
+    let planned = zoo::plan(entries, runs, settings, run_as.as_ref())?;
     let run_id = new_run_id();
     let results_dir = args.run.results_dir.join(&run_id);
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);

@@ -7,6 +7,9 @@
 //! the first word is the program, so that a kill or pause nemesis hits the relay itself. A
 //! relay that needs a pipeline is written `sh -c '...'`.
 //!
+//! When outbox-lab runs as root, the relay runs as an unprivileged user ([`RunAs`]) in a home of
+//! its own.
+//!
 //! A command line is readable by every local user, so a value filled into one never carries a
 //! credential (the private NATS server's token, RabbitMQ's password): it is in the environment
 //! only.
@@ -24,6 +27,7 @@ use tokio::task::JoinHandle;
 
 use super::nemesis::OwnChild;
 use super::process_group::GroupLeader;
+use super::run_as::{RelayHome, RunAs};
 use crate::secrets::without_secrets;
 
 /// The placeholders a template may hold, each also given in the environment.
@@ -92,6 +96,8 @@ const OUTPUT_DRAIN: Duration = Duration::from_millis(500);
 pub struct RelayTemplate {
     pub text: String,
     words: Vec<String>,
+    /// Who it runs as, when not as outbox-lab itself (which is root).
+    pub run_as: Option<RunAs>,
 }
 
 /// What a template's placeholders stand for in one run (`name` and `index` are per relay).
@@ -112,9 +118,9 @@ pub struct Endpoints {
 }
 
 impl RelayTemplate {
-    /// Checks the template without running it: an unknown `{placeholder}` or a program that
-    /// is not there is an error that says so.
-    pub fn parse(text: &str) -> Result<RelayTemplate> {
+    /// Checks the template without running it: an unknown `{placeholder}`, a program that is
+    /// not there, or a path `run_as` cannot reach is an error that says so.
+    pub fn parse(text: &str, run_as: Option<RunAs>) -> Result<RelayTemplate> {
         let words = shell_words::split(text)
             .map_err(|e| anyhow!("--relay-cmd '{text}' does not parse: {e}"))?;
         let Some(program) = words.first() else {
@@ -140,16 +146,20 @@ impl RelayTemplate {
                  file)"
             );
         }
+        if let Some(run_as) = &run_as {
+            run_as.check_reachable(&words)?;
+        }
         Ok(RelayTemplate {
             text: text.to_string(),
             words,
+            run_as,
         })
     }
 
     /// The command for relay `index`, its placeholders filled in, the values also in its
     /// environment, killed if we die ([`RelayTemplate::spawn`] starts it leading a process group
-    /// of its own).
-    fn command(&self, endpoints: &Endpoints, index: u32) -> Command {
+    /// of its own), as [`RunAs`] in `home` if there is one.
+    fn command(&self, endpoints: &Endpoints, index: u32, home: Option<&RelayHome>) -> Command {
         let name = relay_name(index);
         let index = index.to_string();
         let values: [(&str, &str); 9] = [
@@ -169,6 +179,9 @@ impl RelayTemplate {
             })
         };
         let mut cmd = Command::new(fill(&self.words[0]));
+        if let (Some(run_as), Some(home)) = (&self.run_as, home) {
+            run_as.confine(&mut cmd, &home.path());
+        }
         cmd.args(self.words[1..].iter().map(|w| fill(w)));
         for ((placeholder, var, _), (filled, value)) in PLACEHOLDERS.iter().zip(values) {
             debug_assert_eq!(placeholder, &filled);
@@ -190,8 +203,16 @@ impl RelayTemplate {
 
     /// Starts relay `index`.
     pub fn spawn(&self, endpoints: &Endpoints, index: u32) -> Result<ForeignRelay> {
-        let mut process = GroupLeader::spawn(&mut self.command(endpoints, index))
-            .with_context(|| format!("cannot start --relay-cmd '{}'", self.text))?;
+        let home = self.run_as.as_ref().map(RunAs::home).transpose()?;
+        let mut process = GroupLeader::spawn(&mut self.command(endpoints, index, home.as_ref()))
+            .with_context(|| match &self.run_as {
+                Some(run_as) => format!(
+                    "cannot start --relay-cmd '{}' as the user {}",
+                    self.text,
+                    run_as.name()
+                ),
+                None => format!("cannot start --relay-cmd '{}'", self.text),
+            })?;
         let pid = process.id().context("the relay ended before it was seen")?;
         let tail = Tail::default();
         let child = process.child_mut();
@@ -212,6 +233,7 @@ impl RelayTemplate {
         Ok(ForeignRelay {
             own: OwnChild::spawned(pid),
             process,
+            _home: home,
             tail,
             readers,
             started: Instant::now(),
@@ -271,6 +293,9 @@ pub struct ForeignRelay {
     /// The tasks reading its stdout and stderr into the tail.
     readers: Vec<JoinHandle<()>>,
     pub started: Instant,
+    /// Its HOME and TMPDIR when it runs as another user: removed after it (a field dropped
+    /// after `process`, whose drop kills its group).
+    _home: Option<RelayHome>,
 }
 
 impl ForeignRelay {
@@ -361,9 +386,9 @@ mod tests {
 
     #[test]
     fn templates_are_checked() {
-        let t = RelayTemplate::parse("sh -c 'echo {name} {database_url}'").unwrap();
+        let t = RelayTemplate::parse("sh -c 'echo {name} {database_url}'", None).unwrap();
         assert_eq!(t.words, ["sh", "-c", "echo {name} {database_url}"]);
-        let err = |t: &str| RelayTemplate::parse(t).unwrap_err().to_string();
+        let err = |t: &str| RelayTemplate::parse(t, None).unwrap_err().to_string();
         assert!(err("sh {bogus}").contains("unknown placeholder {bogus}"));
         assert!(err("no-such-relay-xyz --x").contains("not found"));
         assert!(err("sh 'unclosed").contains("does not parse"));

@@ -2,7 +2,8 @@
 //! throwaway PostgreSQL [`cluster`], [`redis_server`], [`nats_server`] and [`rabbitmq_server`] (in [`throwaway`]
 //! directories; the last three [`on_demand`]: the user's or a private one started on first use), the
 //! [`db`] server and databases of a run, the [`run`]'s life around them (its id, Ctrl-C), [`child`]
-//! processes that die for real, a [`foreign`] relay (the user's command), each leading a
+//! processes that die for real, a [`foreign`] relay (the user's command, [`run_as`] an
+//! unprivileged user when we are root), each leading a
 //! [`process_group`] that goes with it, the [`link`]s between the actors and their servers
 //! (proxies on the wire: HTTP and RESP to the sink, PostgreSQL's to the database, with the
 //! faults they do and the deliveries they watch), the
@@ -22,5 +23,6 @@ pub mod process_group;
 pub mod rabbitmq_server;
 pub mod redis_server;
 pub mod run;
+pub mod run_as;
 pub mod server;
 pub mod throwaway;

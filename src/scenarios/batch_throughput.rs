@@ -242,7 +242,7 @@ async fn measure(
         ..RelayConfig::default()
     };
     let link = match params.database_link {
-        true => Some(PgProxy::start(&target.db.config()?, 1).await?),
+        true => Some(PgProxy::start(&target.db.config()?, 1, None).await?),
         false => None,
     };
     let db = match &link {

@@ -179,7 +179,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         if application == Application::IdempotencyKey {
             client.batch_execute(ADD_IDEMPOTENCY_KEY).await?;
         }
-        let proxy = PgProxy::start(&db.config()?, 1).await?;
+        let proxy = PgProxy::start(&db.config()?, 1, None).await?;
         let link = proxy.link(0);
         for &n in &params.commits_lost {
             link.lose_commit(n);
@@ -289,7 +289,7 @@ async fn relay_mark_lost(ctx: &Ctx<'_>, params: &Params, outcome: &mut Outcome) 
     ctx.run_writer(&db, params.relay_events, Ending::Commit, None)
         .await?
         .expect(|e| *e == ChildEnd::Ok, "the writer")?;
-    let proxy = PgProxy::start(&db.config()?, 1).await?;
+    let proxy = PgProxy::start(&db.config()?, 1, None).await?;
     let link = proxy.link(0);
     for &n in &params.relay_commits_lost {
         link.lose_commit(n);

@@ -12,6 +12,7 @@ use crate::explore::lab::{Bounds, Delivery, ForeignRelays, Workload, COUNT_PENDI
 use crate::explore::schedule::{Nemesis, Schedule};
 use crate::harness::foreign::RelayTemplate;
 use crate::harness::nemesis::format_duration;
+use crate::harness::run_as::RunAs;
 use crate::outbox::consumer::ConsumerKind;
 use crate::outbox::sink::{AmqpSink, RedisSink};
 
@@ -80,6 +81,8 @@ pub struct Options {
     /// What the run's database is named after (`verify`; the zoo names its entry's runs).
     pub label: String,
     pub relay_cmd: String,
+    /// Who the relay runs as (`--run-as`, resolved): when outbox-lab is root, never root.
+    pub run_as: Option<RunAs>,
     pub relays: u32,
     /// `--nemesis`: kinds by name (`all`, `none`).
     pub nemeses: Vec<String>,
@@ -163,7 +166,7 @@ pub struct Plan {
 impl Plan {
     pub fn new(options: &Options) -> Result<Plan> {
         // --relays and --events are checked by their parsers.
-        let template = RelayTemplate::parse(&options.relay_cmd)?;
+        let template = RelayTemplate::parse(&options.relay_cmd, options.run_as.clone())?;
         if options.time_limit < Duration::from_secs(5) {
             bail!("--time-limit must be at least 5s (a run needs time to drain)");
         }

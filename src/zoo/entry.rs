@@ -9,6 +9,7 @@ use clap::ValueEnum;
 use serde::Deserialize;
 
 use super::Settings;
+use crate::harness::run_as::RunAs;
 use crate::judge::invariants::Invariant;
 use crate::outbox::consumer::ConsumerKind;
 use crate::verify::plan::{Options, VerifySink};
@@ -211,12 +212,19 @@ impl Entry {
 
     /// What `verify` is told for one of its runs: every invariant judged (its promises are
     /// told apart in the table), `schedule` replayed as it is, or `nemeses` shrunk.
-    pub fn options(&self, run: ZooRun, take: u32, settings: Settings) -> Options {
+    pub fn options(
+        &self,
+        run: ZooRun,
+        take: u32,
+        settings: Settings,
+        run_as: Option<&RunAs>,
+    ) -> Options {
         Options {
             // The take before the name: PostgreSQL cuts names at 63 bytes, and a suffix after a
             // long entry's name was cut off (two takes, one database name).
             label: format!("zoo{}_{}_{}", run.take_number(take), self.name, run.label()),
             relay_cmd: self.relay_cmd.clone(),
+            run_as: run_as.cloned(),
             relays: self.relays,
             nemeses: match run {
                 ZooRun::NoFaults => vec!["none".into()],

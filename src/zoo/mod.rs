@@ -20,6 +20,7 @@ use anyhow::Result;
 
 use crate::error::{self, Error};
 use crate::harness::db::PgServer;
+use crate::harness::run_as::RunAs;
 use crate::verify;
 use crate::verify::plan::Plan;
 use crate::verify::run::Verification;
@@ -95,7 +96,12 @@ pub struct Planned {
 
 /// Plans `runs` of each installed entry, before any server starts: an entry's bad input (a
 /// relay command, a schedule) ends the zoo with nothing left behind.
-pub fn plan(entries: Vec<Entry>, runs: &[ZooRun], settings: Settings) -> Result<Vec<Planned>> {
+pub fn plan(
+    entries: Vec<Entry>,
+    runs: &[ZooRun],
+    settings: Settings,
+    run_as: Option<&RunAs>,
+) -> Result<Vec<Planned>> {
     entries
         .into_iter()
         .map(|entry| {
@@ -105,7 +111,7 @@ pub fn plan(entries: Vec<Entry>, runs: &[ZooRun], settings: Settings) -> Result<
                     runs.iter()
                         .flat_map(|&run| (1..=run.takes(settings)).map(move |take| (run, take)))
                         .map(|(run, take)| {
-                            let plan = Plan::new(&entry.options(run, take, settings))
+                            let plan = Plan::new(&entry.options(run, take, settings, run_as))
                                 .map_err(|e| e.context(format!("zoo entry {}", entry.name)))?;
                             Ok((run, take, plan))
                         })

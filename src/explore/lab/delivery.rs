@@ -3,6 +3,7 @@
 //! a run, and what a broker still holds for the consumer (a run is not drained before that).
 
 use anyhow::{anyhow, Result};
+use tokio::sync::mpsc;
 
 use super::Lab;
 use crate::harness::child::role::{
@@ -11,6 +12,7 @@ use crate::harness::child::role::{
 use crate::harness::child::ChildCommand;
 use crate::harness::link::http::{Proxy, ProxyFaults};
 use crate::harness::link::resp::RedisProxy;
+use crate::harness::link::watch::{DeliveryWatch, WatchedDelivery};
 use crate::outbox::consumer::Faults;
 use crate::outbox::crash::CrashPlan;
 use crate::outbox::jetstream_consumer;
@@ -179,6 +181,24 @@ impl Middle {
 }
 
 impl Lab<'_> {
+    /// With no fault on the way, a proxy all the same where the relays could not reach the
+    /// sink otherwise: the private Redis' socket is its server's, and a relay running as
+    /// another user ([`RunAs`](crate::harness::run_as::RunAs)) goes through a proxy that
+    /// watches nothing.
+    pub(super) fn let_relays_in(
+        &self,
+        tell: mpsc::UnboundedSender<WatchedDelivery>,
+    ) -> Result<Option<Middle>> {
+        match (self.delivery(), self.relay_user()) {
+            (Delivery::Redis { url, .. }, Some(user)) => {
+                let watch = DeliveryWatch::new(Vec::new(), tell);
+                let proxy = RedisProxy::start(&url, watch, self.design.relays, Some(user))?;
+                Ok(Some(Middle::Redis(proxy)))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// The proxy that does `faults` to the relays' deliveries, in front of where they go.
     pub(super) async fn stand_between(&self, faults: ProxyFaults) -> Result<Middle> {
         let relays = self.design.relays;
@@ -189,9 +209,9 @@ impl Lab<'_> {
                     Proxy::start(&self.sink_url(), faults, relays).await?,
                 ))
             }
-            (Delivery::Redis { url, .. }, Some(watch)) if faults.plans.is_empty() => {
-                Ok(Middle::Redis(RedisProxy::start(&url, watch, relays)?))
-            }
+            (Delivery::Redis { url, .. }, Some(watch)) if faults.plans.is_empty() => Ok(
+                Middle::Redis(RedisProxy::start(&url, watch, relays, self.relay_user())?),
+            ),
             // verify's plan refuses them before a run.
             (delivery, _) => Err(anyhow!(
                 "no proxy for these faults in front of {delivery:?}"

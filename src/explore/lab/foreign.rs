@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use nix::unistd::User;
 use tokio_postgres::config::Host;
 use tokio_postgres::error::SqlState;
 
@@ -14,6 +15,7 @@ use super::{Lab, Relays, Stage};
 use crate::error;
 use crate::harness::db::Database;
 use crate::harness::foreign::{relay_name, Endpoints, RelayTemplate};
+use crate::harness::run_as::RunAs;
 use crate::judge::invariants::pending;
 
 /// A relay of the user's must have connected to the database within this time of the start.
@@ -65,6 +67,15 @@ pub enum ForeignRelayError {
 }
 
 impl Lab<'_> {
+    /// The user strangers' relays run as, when not as ourselves: the sockets they are given
+    /// let it in.
+    pub(super) fn relay_user(&self) -> Option<&User> {
+        match &self.relays {
+            Relays::Foreign(foreign) => foreign.template.run_as.as_ref().map(RunAs::user),
+            Relays::Ours => None,
+        }
+    }
+
     /// For the user's relays: fails the run if none connects within [`CONNECT_BOUND`]; once
     /// the writer is done, says when the outbox is drained (nothing pending, nothing left for
     /// our consumer at the broker, nothing new at the consumer for [`DRAIN_SETTLE`]), and

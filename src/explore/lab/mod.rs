@@ -154,14 +154,14 @@ impl<'s> Lab<'s> {
         let mut faults = FaultLog::new(schedule);
         let (tell, deliveries) = tokio::sync::mpsc::unbounded_channel();
         let relays = self.design.relays;
-        let proxy_faults = nemeses::proxy_faults(schedule, tell);
+        let proxy_faults = nemeses::proxy_faults(schedule, tell.clone());
         let watch = proxy_faults
             .as_ref()
             .and_then(|faults| faults.watch.clone());
         let sink_down = proxy_faults.as_ref().map(|faults| faults.down.clone());
         let middle = match proxy_faults {
             Some(faults) => Some(self.stand_between(faults).await?),
-            None => None,
+            None => self.let_relays_in(tell)?,
         };
         let stage = Stage {
             schedule,
@@ -176,7 +176,7 @@ impl<'s> Lab<'s> {
                     None => self.sink_url(),
                 })
                 .collect(),
-            links: DbLinks::start(&self.db, relays, schedule).await?,
+            links: DbLinks::start(&self.db, relays, schedule, self.relay_user()).await?,
             writer_done: watch::channel(false).0,
             drained: watch::channel(false).0,
             relay_tail: Mutex::new(Tail::default()),

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use futures_util::future::join_all;
 use nix::sys::signal::Signal;
+use nix::unistd::User;
 use tokio::sync::{mpsc, watch};
 
 use super::designs::Design;
@@ -161,9 +162,14 @@ pub struct DbLinks {
 
 impl DbLinks {
     /// The links of `relays` relays and the writer to `db`, with the schedule's lost COMMITs
-    /// planned.
-    pub async fn start(db: &Database, relays: u32, schedule: &Schedule) -> Result<DbLinks> {
-        let proxy = PgProxy::start(&db.config()?, relays as usize + 1).await?;
+    /// planned; `relay_user` (strangers' relays run as it) may connect to them.
+    pub async fn start(
+        db: &Database,
+        relays: u32,
+        schedule: &Schedule,
+        relay_user: Option<&User>,
+    ) -> Result<DbLinks> {
+        let proxy = PgProxy::start(&db.config()?, relays as usize + 1, relay_user).await?;
         let links = DbLinks { proxy, relays };
         for nemesis in &schedule.nemeses {
             if let Nemesis::DbNet {

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use nix::unistd::User;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::watch;
@@ -30,6 +31,7 @@ use tokio_postgres::Config;
 use tokio_util::either::Either;
 
 use crate::harness::db::Database;
+use crate::harness::run_as;
 use crate::harness::throwaway::RunDir;
 
 /// The startup phase's special requests (their "protocol version" field).
@@ -109,13 +111,14 @@ pub struct PgLink {
 }
 
 impl PgProxy {
-    /// Starts `links` links to the server `config` names (its first host and port).
-    pub async fn start(config: &Config, links: usize) -> Result<PgProxy> {
+    /// Starts `links` links to the server `config` names (its first host and port); on a Unix
+    /// socket, `client` (the user strangers' relays run as) may connect too.
+    pub async fn start(config: &Config, links: usize, client: Option<&User>) -> Result<PgProxy> {
         let upstream = Upstream::of(config);
         let mut tasks = JoinSet::new();
         let mut made = Vec::new();
         let dir = match upstream {
-            Upstream::Unix(_) => Some(RunDir::create("pg-link", None)?),
+            Upstream::Unix(_) => Some(RunDir::create("pg-link", client)?),
             Upstream::Tcp(..) => None,
         };
         for i in 0..links {
@@ -125,6 +128,7 @@ impl PgProxy {
                     let path = dir.path().join(format!(".s.PGSQL.{port}"));
                     let listener = UnixListener::bind(&path)
                         .with_context(|| format!("cannot listen on {}", path.display()))?;
+                    run_as::let_in(&path, client)?;
                     let host = dir.path().to_string_lossy().into_owned();
                     (host, port, Either::Left(listener))
                 }

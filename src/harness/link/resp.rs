@@ -15,11 +15,13 @@ use std::sync::Arc;
 use anyhow::{anyhow, Result};
 use std::borrow::Cow;
 
+use nix::unistd::User;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 
 use super::watch::{DeliveryMoment, DeliveryWatch};
+use crate::harness::run_as;
 use crate::harness::throwaway::RunDir;
 
 /// A running Redis proxy; it stops (with every connection through it) and its directory goes
@@ -32,13 +34,19 @@ pub struct RedisProxy {
 
 impl RedisProxy {
     /// Listens for each of `relays` relays on a socket of its own and passes connections on to
-    /// the Redis at `upstream_url` (`redis+unix:///path`, as the private Redis listens).
-    pub fn start(upstream_url: &str, watch: DeliveryWatch, relays: u32) -> Result<RedisProxy> {
+    /// the Redis at `upstream_url` (`redis+unix:///path`, as the private Redis listens);
+    /// `client` (the user strangers' relays run as) may connect too.
+    pub fn start(
+        upstream_url: &str,
+        watch: DeliveryWatch,
+        relays: u32,
+        client: Option<&User>,
+    ) -> Result<RedisProxy> {
         let upstream =
             PathBuf::from(upstream_url.strip_prefix("redis+unix://").ok_or_else(|| {
                 anyhow!("cannot watch deliveries to '{upstream_url}': not redis+unix://")
             })?);
-        let dir = RunDir::create("redis-proxy", None)?;
+        let dir = RunDir::create("redis-proxy", client)?;
         let watch = Arc::new(watch);
         let deliveries = Arc::new(AtomicU32::new(0));
         let mut tasks = JoinSet::new();
@@ -46,6 +54,7 @@ impl RedisProxy {
         for relay in 0..relays {
             let socket = dir.path().join(format!("relay-{relay}.sock"));
             let listener = UnixListener::bind(&socket)?;
+            run_as::let_in(&socket, client)?;
             relay_urls.push(format!("redis+unix://{}", socket.display()));
             let way_in = WayIn {
                 upstream: upstream.clone(),
