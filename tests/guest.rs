@@ -13,8 +13,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::host::{as_nobody, command_lines_with, is_root, tcp_listen_addresses, walk};
+use common::verify::verify;
 use common::{
-    clean, marker_of, one_at_a_time, outbox_lab, run_tracked, scratch_dir, throwaway_dirs_of,
+    assert_passed, assert_usage_error, clean, marker_of, one_at_a_time, outbox_lab, run_tracked,
+    scratch_dir, throwaway_dirs_of,
 };
 use nix::unistd::geteuid;
 use outbox_lab::harness::throwaway;
@@ -187,4 +189,42 @@ fn a_server_that_never_gets_ready_leaves_nothing() {
     );
     assert!(gone.is_some(), "{:?}", command_lines_with("sleep 6001.25"));
     assert_eq!(throwaway_dirs_of("pg", pid), Vec::<PathBuf>::new());
+}
+
+/// Runs when the tests run as root: a stranger's relay then runs as an unprivileged user (not
+/// uid 0), with a HOME only it can enter and none of our environment, and still reaches its
+/// database link and sink. A relay that needs root does not start, and `--run-as root` is
+/// refused.
+#[test]
+fn a_strangers_relay_never_runs_as_root() {
+    if !is_root() {
+        eprintln!("skipped: outbox-lab runs the relay as itself when it is not root");
+        return;
+    }
+    let relay = |check: &str| {
+        format!("sh -c '{check} && exec examples/relays/article.py --batch 20 --mode notify'")
+    };
+    let confined = "test \"$(id -u)\" -ne 0 && test -O \"$HOME\" && \
+                    test \"$(stat -c %a \"$HOME\")\" = 700 && test -z \"$CARGO_MANIFEST_DIR\"";
+    let run = verify(&[
+        "--relay-cmd",
+        &relay(confined),
+        "--events",
+        "40",
+        "--nemesis",
+        "none",
+    ]);
+    assert_passed(&run);
+    let as_root = relay("test \"$(id -u)\" -eq 0");
+    let run = verify(&[
+        "--relay-cmd",
+        &as_root,
+        "--events",
+        "40",
+        "--nemesis",
+        "none",
+    ]);
+    assert_usage_error(&run, "exited by itself");
+    let run = verify(&["--relay-cmd", &relay("true"), "--run-as", "root"]);
+    assert_usage_error(&run, "never runs as root");
 }

@@ -12,6 +12,7 @@ use crate::explore::history::{FaultOutcome, History};
 use crate::explore::schedule::Nemesis;
 use crate::explore::watchdog::LIVENESS_BOUND;
 use crate::harness::nemesis::format_duration;
+use crate::harness::run_as;
 use crate::judge::expectations::CheckResult;
 use crate::report::{Environment, Metrics, Report, Table};
 
@@ -272,6 +273,12 @@ pub(crate) fn replay_line(plan: &Plan, schedule: &str) -> String {
     }
     if let Some(sql) = &plan.insert_sql {
         line.push_str(&format!(" --insert-sql {}", quote(sql)));
+    }
+    match &plan.template.run_as {
+        Some(run_as) if run_as.name() != run_as::DEFAULT_USER => {
+            line.push_str(&format!(" --run-as {}", run_as.name()))
+        }
+        _ => {}
     }
     line
 }
