@@ -1,6 +1,7 @@
 //! scripts/setup installs chromium only for the tests (`--test`), the zoo's libraries once per
-//! lock file (`--zoo`, and `--test`; npm's without install scripts), and CI runs the README's test command. Runs the script with stand-ins for apt-get and the programs it looks for, so that
-//! nothing is installed.
+//! lock file (`--zoo`, and `--test`; npm's without install scripts, pip's hash-checked wheels in
+//! a venv of Debian's python3), and CI runs the README's test command. Runs the script with
+//! stand-ins for apt-get and the programs it looks for, so that nothing is installed.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,7 +11,8 @@ fn root() -> &'static Path {
 }
 
 /// A PATH of stand-ins: everything present but chromium (unless `with_chromium`); `apt-get`
-/// writes what it was asked to `calls`.
+/// writes what it was asked to `calls`. Its `python3` (a pyenv one, say) must not be used: it
+/// fails, and says so in `calls`. Beside it, outside PATH, a Debian `python3` (`debian/python3`).
 fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("setup-{name}-{}", std::process::id()));
@@ -27,7 +29,6 @@ fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
         "redis-cli",
         "cargo",
         "useradd",
-        "python3",
         "rabbitmq-server",
         "node",
     ];
@@ -53,6 +54,10 @@ fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
     );
     write_script(&bin.join("npm"), &npm);
     write_script(&bin.join("sudo"), "\"$@\"");
+    let path_python3 = format!("echo \"PATH's python3 $*\" >> {}\nexit 1", calls.display());
+    write_script(&bin.join("python3"), &path_python3);
+    std::fs::create_dir_all(dir.join("debian")).unwrap();
+    debian_python3(&dir.join("debian/python3"), "3.11.2", true);
     for tool in [
         "id",
         "sort",
@@ -65,6 +70,7 @@ fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
         "cut",
         "wc",
         "sha256sum",
+        "rm",
     ] {
         let real = ["/usr/bin", "/bin"]
             .iter()
@@ -76,6 +82,28 @@ fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
     (bin, calls)
 }
 
+/// A stand-in for Debian's python3 at `path`: `--version` says `version`; `-m venv DIR` writes
+/// itself to the calls (`$STAND_IN_CALLS`) and makes a venv whose `pip` writes there what it was
+/// asked; without `with_venv`, `import ensurepip, venv` fails (no python3-venv).
+fn debian_python3(path: &Path, version: &str, with_venv: bool) {
+    let no_venv = if with_venv {
+        ""
+    } else {
+        "*ensurepip*) exit 1 ;;"
+    };
+    let body = format!(
+        "case \"$*\" in\n\
+         {no_venv}\n\
+         --version) echo 'Python {version}' ;;\n\
+         '-m venv '*) echo \"$0 $*\" >> \"$STAND_IN_CALLS\"\n\
+           mkdir -p \"$3/bin\"\n\
+           printf '#!/bin/bash\\necho \"pip $*\" >> \"$STAND_IN_CALLS\"\\n' > \"$3/bin/pip\"\n\
+           chmod +x \"$3/bin/pip\" ;;\n\
+         esac"
+    );
+    write_script(path, &body);
+}
+
 fn write_script(path: &Path, body: &str) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, format!("#!/bin/bash\n{body}\n")).unwrap();
@@ -84,16 +112,28 @@ fn write_script(path: &Path, body: &str) {
 
 /// Runs scripts/setup with `args` on the stand-ins and an empty zoo; what apt-get was asked.
 fn setup(name: &str, args: &[&str], with_chromium: bool) -> String {
+    let zoo = empty_zoo(name);
+    setup_with_zoo(name, args, with_chromium, &zoo, None)
+}
+
+fn empty_zoo(name: &str) -> PathBuf {
     let zoo = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("setup-zoo-{name}"));
     let _ = std::fs::remove_dir_all(&zoo);
     std::fs::create_dir_all(&zoo).unwrap();
-    setup_with_zoo(name, args, with_chromium, &zoo)
+    zoo
 }
 
-/// Runs scripts/setup with `args` on the stand-ins and the zoo at `zoo`; what apt-get and npm
-/// were asked.
-fn setup_with_zoo(name: &str, args: &[&str], with_chromium: bool, zoo: &Path) -> String {
+/// Runs scripts/setup with `args` on the stand-ins and the zoo at `zoo`, with `python3` as
+/// Debian's (else fake_path's); what apt-get, npm, Debian's python3 and pip were asked.
+fn setup_with_zoo(
+    name: &str,
+    args: &[&str],
+    with_chromium: bool,
+    zoo: &Path,
+    python3: Option<&Path>,
+) -> String {
     let (bin, calls) = fake_path(name, with_chromium);
+    let debian = bin.with_file_name("debian").join("python3");
     let out = Command::new("/bin/bash")
         .arg(root().join("scripts/setup"))
         .args(args)
@@ -101,7 +141,8 @@ fn setup_with_zoo(name: &str, args: &[&str], with_chromium: bool, zoo: &Path) ->
         .env("PATH", &bin)
         // What it looks for at fixed paths: Debian's python3 (with psycopg and redis-py) and
         // the broker's script, stand-ins too, whatever this machine has.
-        .env("OUTBOX_LAB_SETUP_PYTHON3", bin.join("python3"))
+        .env("OUTBOX_LAB_SETUP_PYTHON3", python3.unwrap_or(&debian))
+        .env("STAND_IN_CALLS", &calls)
         .env(
             "OUTBOX_LAB_SETUP_RABBITMQ_SERVER",
             bin.join("rabbitmq-server"),
@@ -140,7 +181,7 @@ fn the_zoo_is_installed_once_per_lock_file() {
     std::fs::create_dir_all(&entry).unwrap();
     std::fs::write(entry.join("zoo.toml"), "").unwrap();
     std::fs::write(entry.join("package-lock.json"), "{}").unwrap();
-    let calls = setup_with_zoo("zoo-first", &["--zoo"], false, &zoo);
+    let calls = setup_with_zoo("zoo-first", &["--zoo"], false, &zoo, None);
     // No package's install script runs: a stranger's code runs only as the relay.
     assert!(
         calls.contains("npm ci --ignore-scripts"),
@@ -150,13 +191,90 @@ fn the_zoo_is_installed_once_per_lock_file() {
         !calls.contains("chromium"),
         "scripts/setup --zoo asked: {calls}"
     );
-    let calls = setup_with_zoo("zoo-again", &["--zoo"], false, &zoo);
+    let calls = setup_with_zoo("zoo-again", &["--zoo"], false, &zoo, None);
     assert!(calls.is_empty(), "scripts/setup --zoo asked again: {calls}");
     std::fs::write(entry.join("package-lock.json"), "{\"changed\": 1}").unwrap();
-    let calls = setup_with_zoo("zoo-changed", &["--zoo"], false, &zoo);
+    let calls = setup_with_zoo("zoo-changed", &["--zoo"], false, &zoo, None);
     assert!(
         calls.contains("npm ci"),
         "a new lock file was not installed: {calls}"
+    );
+}
+
+/// A zoo entry's Python library goes into a venv made by Debian's python3 (the python3 on PATH
+/// may be a pyenv one under /root, out of the relays' user's reach), as hash-checked wheels
+/// only; a venv made by another interpreter is made anew.
+#[test]
+fn the_zoo_venvs_are_debian_python3_ones_with_hash_checked_wheels() {
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let zoo = tmp.join("setup-zoo-venvs");
+    let _ = std::fs::remove_dir_all(&zoo);
+    let entry = zoo.join("some_library");
+    std::fs::create_dir_all(&entry).unwrap();
+    std::fs::write(entry.join("zoo.toml"), "").unwrap();
+    std::fs::write(
+        entry.join("requirements.txt"),
+        "some-library==1.0 --hash=sha256:00\n",
+    )
+    .unwrap();
+    // Debian's python3 stays at one path across the runs (the stamp covers it).
+    let pythons = tmp.join(format!("setup-pythons-{}", std::process::id()));
+    std::fs::create_dir_all(&pythons).unwrap();
+    let debian = pythons.join("python3");
+    debian_python3(&debian, "3.11.2", true);
+    let venv = entry.join(".venv");
+    let made_by = |python3: &Path| format!("{} -m venv {}", python3.display(), venv.display());
+
+    let calls = setup_with_zoo("venv-first", &["--zoo"], false, &zoo, Some(&debian));
+    assert!(
+        calls.contains(&made_by(&debian)),
+        "scripts/setup --zoo asked: {calls}"
+    );
+    assert!(
+        !calls.contains("PATH's python3"),
+        "scripts/setup --zoo asked: {calls}"
+    );
+    // Every file checked against its pinned sha256; no package's build code runs.
+    assert!(
+        calls.contains("pip install")
+            && calls.contains("--require-hashes")
+            && calls.contains("--only-binary :all:"),
+        "scripts/setup --zoo asked: {calls}"
+    );
+    let calls = setup_with_zoo("venv-again", &["--zoo"], false, &zoo, Some(&debian));
+    assert!(calls.is_empty(), "scripts/setup --zoo asked again: {calls}");
+
+    // Debian's python3 upgraded in place: a fresh venv, nothing of the old one left.
+    std::fs::write(venv.join("left-over"), "").unwrap();
+    debian_python3(&debian, "3.11.9", true);
+    let calls = setup_with_zoo("venv-upgraded", &["--zoo"], false, &zoo, Some(&debian));
+    assert!(
+        calls.contains(&made_by(&debian)) && calls.contains("--require-hashes"),
+        "a new interpreter's venv was not made: {calls}"
+    );
+    assert!(!venv.join("left-over").exists(), "the old venv was kept");
+    // Another interpreter at another path: the same.
+    let other = pythons.join("python3.11");
+    debian_python3(&other, "3.11.9", true);
+    let calls = setup_with_zoo("venv-other", &["--zoo"], false, &zoo, Some(&other));
+    assert!(
+        calls.contains(&made_by(&other)),
+        "another interpreter's venv was not made: {calls}"
+    );
+
+    // Debian's python3 is the one checked for venv: without it, python3-venv is installed.
+    let lacking = pythons.join("python3-no-venv");
+    debian_python3(&lacking, "3.11.2", false);
+    let calls = setup_with_zoo(
+        "venv-lacking",
+        &["--zoo"],
+        false,
+        &empty_zoo("venv-lacking"),
+        Some(&lacking),
+    );
+    assert!(
+        calls.contains("install") && calls.contains("python3-venv"),
+        "scripts/setup --zoo asked: {calls}"
     );
 }
 
