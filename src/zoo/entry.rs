@@ -36,6 +36,10 @@ struct EntryFile {
     sink: String,
     relays: u32,
     relay_cmd: String,
+    /// Where `relay_cmd`'s settings lie outside the library's own documented constraints: which
+    /// setting, and the rule it breaks (shown with the verdict).
+    #[serde(default)]
+    outside_rules: Option<String>,
     /// A file of the entry's folder that exists once `scripts/setup --zoo` installed it.
     #[serde(default)]
     installed: Option<String>,
@@ -74,6 +78,8 @@ pub struct Entry {
     pub relays: u32,
     /// The relay command, `{entry}` and `{outbox_lab}` filled in.
     pub relay_cmd: String,
+    /// Its settings outside the library's documented constraints, and the rule they break.
+    pub outside_rules: Option<String>,
     pub installed: Option<PathBuf>,
     pub schema: Option<(String, String)>,
     pub insert_sql: Option<String>,
@@ -190,6 +196,7 @@ impl Entry {
             sink,
             relays: file.relays,
             relay_cmd,
+            outside_rules: file.outside_rules,
             installed: file.installed.map(|path| dir.join(path)),
             schema,
             insert_sql: file.insert_sql,

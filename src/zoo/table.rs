@@ -222,8 +222,20 @@ fn documented_check(
     }
 }
 
-/// One line of an entry's verdict: which promises it broke, and which unpromised invariants.
+/// One line of an entry's verdict: which promises it broke, and which unpromised invariants;
+/// and, where its settings lie outside the library's documented constraints, which: a verdict
+/// on settings its authors warn against is not one on the library as documented.
 pub fn verdict(entry: &super::entry::Entry, outcome: &Outcome) -> String {
+    let verdict = invariants_verdict(entry, outcome);
+    match (&entry.outside_rules, outcome) {
+        (Some(outside), Outcome::Ran(_)) => {
+            format!("{verdict} [OUTSIDE ITS DOCUMENTED RULES: {outside}]")
+        }
+        _ => verdict,
+    }
+}
+
+fn invariants_verdict(entry: &super::entry::Entry, outcome: &Outcome) -> String {
     let judged = match outcome {
         Outcome::NotInstalled => return "not installed: scripts/setup --zoo".into(),
         Outcome::Failed { run, why } => {
