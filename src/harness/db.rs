@@ -24,6 +24,23 @@ const MAX_NAME_LEN: usize = 63;
 /// Bounds the wait for a stopped relay's walsender to let go of its slot.
 const SLOT_RELEASE_LIMIT: Duration = Duration::from_secs(10);
 
+/// `outboxlab_<run>_<label>`; past PostgreSQL's 63 bytes, its start and a digest of the whole,
+/// so that two long labels differing only at their end (a zoo entry's runs) stay two names.
+fn database_name(run_id: &str, label: &str) -> String {
+    let name = format!("{DATABASE_PREFIX}{run_id}_{}", label.replace('-', "_"));
+    if name.len() <= MAX_NAME_LEN {
+        return name;
+    }
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::hash::Hash::hash(&name, &mut hasher);
+    let digest = format!("_{:08x}", std::hash::Hasher::finish(&hasher) as u32);
+    let mut cut = MAX_NAME_LEN - digest.len();
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}{digest}", &name[..cut])
+}
+
 /// A replication slot (the CDC relay's) keeps its database from being dropped and retains WAL
 /// for as long as it exists: before a database of ours goes, its slots go, their walsenders
 /// (of a relay killed mid-run) ended first.
@@ -186,12 +203,7 @@ impl PgServer {
 
     /// Creates `outboxlab_<run>_<label>`, empty, labelled with this run.
     pub async fn create_database(&self, label: &str) -> Result<Database> {
-        let mut name = format!(
-            "{DATABASE_PREFIX}{}_{}",
-            self.run_id,
-            label.replace('-', "_")
-        );
-        name.truncate(MAX_NAME_LEN);
+        let name = database_name(&self.run_id, label);
         if self.created.lock().expect("not poisoned").contains(&name) {
             bail!("database {name} was already created in this run");
         }
@@ -318,4 +330,23 @@ async fn drop_slots_of(admin: &Client, name: &str) -> Result<()> {
         bail!("{left} replication slots of {name} still in use after {SLOT_RELEASE_LIMIT:?}: drop them with pg_drop_replication_slot");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Long labels that differ only at their end name two databases, each within 63 bytes.
+    #[test]
+    fn long_database_names_stay_apart() {
+        let run = "20261205-122106-7a11";
+        let naive = database_name(run, "zoo2_pg_transactional_outbox_outside_naive");
+        let idempotent = database_name(run, "zoo2_pg_transactional_outbox_outside_idempotent");
+        assert_ne!(naive, idempotent);
+        assert!(naive.len() <= MAX_NAME_LEN && idempotent.len() <= MAX_NAME_LEN);
+        assert_eq!(
+            database_name(run, "verify"),
+            "outboxlab_20261205-122106-7a11_verify"
+        );
+    }
 }
