@@ -54,22 +54,33 @@ entries!(
     outbox_lab,
     article,
     txoutbox,
+    txoutbox_outside,
     faststream_outbox,
+    faststream_outbox_outside,
     nodii,
     nats_outbox,
     pg_transactional_outbox,
     pg_boss,
+    pg_boss_outside,
     backbone_outbox,
 );
 
-/// A new entry gets its test: every folder with a zoo.toml is in [`ENTRIES`].
+/// A new entry gets its test: every folder with a zoo.toml is in [`ENTRIES`], and so is its
+/// `_outside` row where it has one.
 #[test]
 fn every_entry_is_tested() {
     let mut found: Vec<String> = std::fs::read_dir(zoo_dir())
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.join("zoo.toml").is_file())
-        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .flat_map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            let toml = std::fs::read_to_string(p.join("zoo.toml")).unwrap();
+            let outside = toml
+                .contains("\n[outside]\n")
+                .then(|| format!("{name}_outside"));
+            std::iter::once(name).chain(outside)
+        })
         .collect();
     found.sort();
     let mut tested: Vec<String> = ENTRIES.iter().map(|s| s.to_string()).collect();

@@ -80,11 +80,15 @@ pub async fn run(args: ZooArgs) -> Result<ExitCode> {
     if args.list {
         for entry in &entries {
             outln!(
-                "{:<24} {} {} ({}, {}){}",
+                "{:<26} {} {} ({}{}, {}){}",
                 entry.name,
                 entry.library,
                 entry.version,
                 entry.registry,
+                match entry.outside_rules {
+                    Some(_) => ", OUTSIDE ITS DOCUMENTED RULES",
+                    None => "",
+                },
                 entry.promise,
                 match entry.is_installed() {
                     true => "",

@@ -35,11 +35,8 @@ struct EntryFile {
     order: bool,
     sink: String,
     relays: u32,
+    /// The library inside its own documented constraints.
     relay_cmd: String,
-    /// Where `relay_cmd`'s settings lie outside the library's own documented constraints: which
-    /// setting, and the rule it breaks (shown with the verdict).
-    #[serde(default)]
-    outside_rules: Option<String>,
     /// A file of the entry's folder that exists once `scripts/setup --zoo` installed it.
     #[serde(default)]
     installed: Option<String>,
@@ -49,6 +46,23 @@ struct EntryFile {
     insert_sql: Option<String>,
     #[serde(default)]
     pending_sql: Option<String>,
+    test: DocumentedFile,
+    /// A second row, `<name>_outside`: settings its documentation warns against, which a
+    /// finding needs.
+    #[serde(default)]
+    outside: Option<OutsideFile>,
+}
+
+/// `[outside]`: the entry run outside its library's documented constraints.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OutsideFile {
+    /// Which settings, and the rule of the library's documentation they break.
+    rules: String,
+    relay_cmd: String,
+    /// A DDL of its own (a queue's lease is the queue's), else the entry's.
+    #[serde(default)]
+    schema: Option<String>,
     test: DocumentedFile,
 }
 
@@ -78,7 +92,8 @@ pub struct Entry {
     pub relays: u32,
     /// The relay command, `{entry}` and `{outbox_lab}` filled in.
     pub relay_cmd: String,
-    /// Its settings outside the library's documented constraints, and the rule they break.
+    /// For the `_outside` row: its settings outside the library's documented constraints, and
+    /// the rule they break.
     pub outside_rules: Option<String>,
     pub installed: Option<PathBuf>,
     pub schema: Option<(String, String)>,
@@ -100,6 +115,28 @@ pub struct DocumentedRun {
     pub why: String,
 }
 
+impl DocumentedRun {
+    fn from_file(test: DocumentedFile) -> Result<DocumentedRun> {
+        let consumer = ConsumerKind::from_str(&test.consumer, false)
+            .map_err(|_| anyhow!("consumer '{}': naive or idempotent", test.consumer))?;
+        let broken = test
+            .broken
+            .iter()
+            .map(|name| invariant(name))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(DocumentedRun {
+            consumer,
+            schedule: test.schedule,
+            events: test.events,
+            broken,
+            why: test.why,
+        })
+    }
+}
+
+/// The name of an entry's row outside its library's documented constraints: `txoutbox_outside`.
+pub const OUTSIDE_SUFFIX: &str = "_outside";
+
 impl Entry {
     /// The entries of `zoo_dir` (every folder with a zoo.toml), by name; `names` picks some.
     pub fn find(zoo_dir: &Path, names: &[String]) -> Result<Vec<Entry>> {
@@ -115,10 +152,13 @@ impl Entry {
             .filter(|path| path.join("zoo.toml").is_file())
             .collect();
         dirs.sort();
-        let entries = dirs
+        let entries: Vec<Entry> = dirs
             .iter()
             .map(|dir| Entry::load(dir))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .collect();
         for name in names {
             if !entries.iter().any(|e| &e.name == name) {
                 let known: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
@@ -131,8 +171,8 @@ impl Entry {
             .collect())
     }
 
-    /// Reads `dir/zoo.toml`.
-    fn load(dir: &Path) -> Result<Entry> {
+    /// Reads `dir/zoo.toml`: its entry, and its `_outside` row if it has one.
+    fn load(dir: &Path) -> Result<Vec<Entry>> {
         let path = dir.join("zoo.toml");
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("cannot read {}", path.display()))?;
@@ -141,7 +181,7 @@ impl Entry {
         Entry::from_file(dir, file).with_context(|| path.display().to_string())
     }
 
-    fn from_file(dir: &Path, file: EntryFile) -> Result<Entry> {
+    fn from_file(dir: &Path, file: EntryFile) -> Result<Vec<Entry>> {
         let name = dir
             .file_name()
             .and_then(|n| n.to_str())
@@ -149,32 +189,21 @@ impl Entry {
             .to_string();
         let sink = VerifySink::from_str(&file.sink, false)
             .map_err(|_| anyhow!("sink '{}': http, redis, nats or amqp", file.sink))?;
-        let consumer = ConsumerKind::from_str(&file.test.consumer, false).map_err(|_| {
-            anyhow!(
-                "test.consumer '{}': naive or idempotent",
-                file.test.consumer
-            )
-        })?;
-        let broken = file
-            .test
-            .broken
-            .iter()
-            .map(|name| invariant(name))
-            .collect::<Result<Vec<_>>>()?;
         let dir_text = dir.display().to_string();
         let outbox_lab = std::env::current_exe().context("where is outbox-lab's own binary?")?;
-        let relay_cmd = file
-            .relay_cmd
-            .replace("{entry}", &dir_text)
-            .replace("{outbox_lab}", &outbox_lab.display().to_string());
-        let schema = match &file.schema {
-            Some(schema) => {
-                let path = dir.join(schema);
-                let ddl = std::fs::read_to_string(&path)
-                    .with_context(|| format!("schema: cannot read {}", path.display()))?;
-                Some((path.display().to_string(), ddl))
-            }
-            None => None,
+        let fill = |relay_cmd: &str| {
+            relay_cmd
+                .replace("{entry}", &dir_text)
+                .replace("{outbox_lab}", &outbox_lab.display().to_string())
+        };
+        let read_schema = |schema: &Option<String>| -> Result<Option<(String, String)>> {
+            let Some(schema) = schema else {
+                return Ok(None);
+            };
+            let path = dir.join(schema);
+            let ddl = std::fs::read_to_string(&path)
+                .with_context(|| format!("schema: cannot read {}", path.display()))?;
+            Ok(Some((path.display().to_string(), ddl)))
         };
         if file.insert_sql.is_some() && file.pending_sql.is_none() {
             bail!("insert_sql needs pending_sql: what counts the events still to deliver");
@@ -184,8 +213,8 @@ impl Entry {
             promises.push(Invariant::Order);
         }
         promises.sort();
-        Ok(Entry {
-            name,
+        let inside = Entry {
+            name: name.clone(),
             dir: dir.to_path_buf(),
             library: file.library,
             version: file.version,
@@ -195,21 +224,30 @@ impl Entry {
             design: file.design,
             sink,
             relays: file.relays,
-            relay_cmd,
-            outside_rules: file.outside_rules,
+            relay_cmd: fill(&file.relay_cmd),
+            outside_rules: None,
             installed: file.installed.map(|path| dir.join(path)),
-            schema,
+            schema: read_schema(&file.schema)?,
             insert_sql: file.insert_sql,
             pending_sql: file.pending_sql,
             promises,
-            documented: DocumentedRun {
-                consumer,
-                schedule: file.test.schedule,
-                events: file.test.events,
-                broken,
-                why: file.test.why,
-            },
-        })
+            documented: DocumentedRun::from_file(file.test).context("[test]")?,
+        };
+        let mut rows = vec![inside.clone()];
+        if let Some(outside) = file.outside {
+            rows.push(Entry {
+                name: format!("{name}{OUTSIDE_SUFFIX}"),
+                relay_cmd: fill(&outside.relay_cmd),
+                outside_rules: Some(outside.rules),
+                schema: match outside.schema {
+                    Some(_) => read_schema(&outside.schema)?,
+                    None => inside.schema,
+                },
+                documented: DocumentedRun::from_file(outside.test).context("[outside.test]")?,
+                ..inside
+            });
+        }
+        Ok(rows)
     }
 
     /// Whether `scripts/setup --zoo` installed its library.
@@ -323,6 +361,6 @@ impl ZooRun {
 
 fn invariant(name: &str) -> Result<Invariant> {
     Invariant::named(name).ok_or_else(|| {
-        anyhow!("test.broken: unknown invariant '{name}' (ghost, lost, duplicate, order, liveness)")
+        anyhow!("broken: unknown invariant '{name}' (ghost, lost, duplicate, order, liveness)")
     })
 }

@@ -173,4 +173,4 @@ CREATE INDEX archive_i1 ON pgboss.archive(archived_on);
 INSERT INTO pgboss.version(version) VALUES ('24');
     COMMIT;
   ;
-SELECT pgboss.create_queue('outbox', '{"policy":"standard","retryLimit":10,"retryDelay":1,"expireInSeconds":2}'::json);
+SELECT pgboss.create_queue('outbox', '{"policy":"standard","retryLimit":10,"retryDelay":1,"expireInSeconds":5}'::json);
