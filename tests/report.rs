@@ -262,6 +262,33 @@ fn report_rerenders_the_page_from_json_without_a_database() {
     }
 }
 
+/// Several runs make one page, in the first run's directory: every scenario of every run on it
+/// (how `scenario all` and `zoo` share one page).
+#[test]
+fn several_runs_make_one_page() {
+    let quick = quick_run();
+    let copies: Vec<PathBuf> = quick
+        .runs
+        .iter()
+        .map(|run_dir| copy_results_of(run_dir, "report-several"))
+        .collect();
+    let mut args = vec!["report"];
+    args.extend(copies.iter().map(|c| c.to_str().unwrap()));
+    let run = outbox_lab_run(&args);
+    assert_eq!(run.code, 0, "stderr: {}", run.stderr);
+    assert!(run.stdout.contains(&format!(
+        "checks pass in {} scenarios",
+        quick.scenarios.len()
+    )));
+    let page = read(&copies[0].join("report.html"));
+    for scenario in &quick.scenarios {
+        assert!(
+            page.contains(&format!("data-scenario=\"{scenario}\"")),
+            "{scenario} not on the page"
+        );
+    }
+}
+
 /// `compare` puts every metric of two runs side by side with the change from A to B.
 #[test]
 fn compare_shows_each_metric_of_two_runs_and_the_change() {

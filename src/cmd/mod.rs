@@ -104,13 +104,17 @@ failed mid-run.")]
     /// Outbox libraries nobody here wrote (examples/zoo), each under verify, side by side.
     #[command(after_help = zoo::EXAMPLES)]
     Zoo(zoo::ZooArgs),
-    /// Print a saved run's tables again and rewrite its report.html, without rerunning anything.
-    #[command(after_help = "Example:
+    /// Print a saved run's tables again and rewrite its report.html, without rerunning anything;
+    /// several runs make one page (in the first run's directory).
+    #[command(after_help = "Examples:
   outbox-lab report results/20261202-153635-38f9
-  xdg-open results/20261202-153635-38f9/report.html")]
+  xdg-open results/20261202-153635-38f9/report.html
+  outbox-lab report results/<scenario all's run> results/<zoo's run>   # one page for both")]
     Report {
-        /// A run's directory, as written by `outbox-lab scenario` (results/<run-id>).
-        dir: PathBuf,
+        /// Runs' directories, as written by `outbox-lab scenario`, `verify` or `zoo`
+        /// (results/<run-id>).
+        #[arg(required = true, num_args = 1..)]
+        dirs: Vec<PathBuf>,
     },
     /// Show two saved runs side by side: per scenario, every metric in A and B and the change.
     #[command(after_help = "Example (before and after a relay change):
@@ -309,7 +313,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             database_url,
             consumer_database_url,
         } => check::run(&database_url, consumer_database_url.as_deref()).await,
-        Command::Report { dir } => report::run(&dir),
+        Command::Report { dirs } => report::run(&dirs),
         Command::Compare { a, b } => compare::run(&a, &b),
         Command::Completions { shell } => completions::run(shell),
         Command::CrashPoints => crash_points::run(),

@@ -1,6 +1,6 @@
-//! `outbox-lab report DIR`.
+//! `outbox-lab report DIR...`.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -9,9 +9,14 @@ use super::{outln, plots};
 use crate::error::exit;
 use crate::report::{self, html};
 
-/// A saved run's tables printed again, and its report.html rewritten.
-pub fn run(dir: &Path) -> Result<ExitCode> {
-    let reports = report::read_run(dir)?;
+/// Saved runs' tables printed again, and one report.html of them all written in the first
+/// run's directory (`scenario all` and `zoo` on one page).
+pub fn run(dirs: &[PathBuf]) -> Result<ExitCode> {
+    let mut reports = Vec::new();
+    for dir in dirs {
+        reports.extend(report::read_run(dir)?);
+    }
+    let dir = &dirs[0];
     for report in &reports {
         outln!("{}", report.render_text())?;
     }
