@@ -63,6 +63,11 @@ pub struct ZooArgs {
     /// The bound of each of an entry's verifications, shrinking included.
     #[arg(long, default_value = "90s", value_name = "DURATION", value_parser = parse_duration)]
     time_limit: Duration,
+    /// How many entries run side by side, each on a throwaway cluster of its own (with
+    /// --database-url, one at a time).
+    #[arg(long, default_value_t = 2, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=8))]
+    jobs: u32,
     /// Where the entries are.
     #[arg(long, default_value = ZOO_DIR, value_name = "DIR")]
     zoo_dir: PathBuf,
@@ -126,25 +131,46 @@ pub async fn run(args: ZooArgs) -> Result<ExitCode> {
         ..args.run.server_choice()
     };
     let progress = args.run.format == Format::Text;
-    let (results, version, kind) = on_server(&choice, &run_id, async |server: &PgServer| {
-        let results = zoo::run(server, &run_id, planned, progress).await?;
-        for result in &results {
-            if let Outcome::Ran(judged) = &result.outcome {
-                for judged in judged {
-                    let run = judged.run;
-                    let name = format!(
-                        "zoo-{}-{}{}",
-                        result.entry.name,
-                        run.label(),
-                        run.take_label(judged.take)
-                    );
-                    history::save(&results_dir, &name, &judged.verification.histories())?;
+    // A lane per server: on the throwaway cluster, entries run side by side on clusters of
+    // their own; on the user's server, one after another.
+    let lanes = match args.run.database_url {
+        Some(_) => 1,
+        None => args.jobs as usize,
+    };
+    let lanes = zoo::deal(planned, lanes).into_iter().map(|lane| {
+        let (choice, run_id, results_dir) = (&choice, &run_id, &results_dir);
+        on_server(choice, run_id, async move |server: &PgServer| {
+            let (places, planned): (Vec<usize>, Vec<_>) = lane.into_iter().unzip();
+            let results = zoo::run(server, run_id, planned, progress).await?;
+            for result in &results {
+                if let Outcome::Ran(judged) = &result.outcome {
+                    for judged in judged {
+                        let run = judged.run;
+                        let name = format!(
+                            "zoo-{}-{}{}",
+                            result.entry.name,
+                            run.label(),
+                            run.take_label(judged.take)
+                        );
+                        history::save(results_dir, &name, &judged.verification.histories())?;
+                    }
                 }
             }
-        }
-        Ok((results, server.version.clone(), server.kind()))
-    })
-    .await?;
+            let placed: Vec<_> = places.into_iter().zip(results).collect();
+            Ok((placed, server.version.clone(), server.kind()))
+        })
+    });
+    // Every lane ends (its server closed) before an error of one ends the zoo.
+    let mut placed = Vec::new();
+    let mut server = None;
+    for lane in futures_util::future::join_all(lanes).await {
+        let (results, version, kind) = lane?;
+        placed.extend(results);
+        server.get_or_insert((version, kind));
+    }
+    placed.sort_by_key(|(place, _)| *place);
+    let results: Vec<_> = placed.into_iter().map(|(_, result)| result).collect();
+    let (version, kind) = server.expect("at least one lane");
     let report = table::report(
         &results,
         settings,

@@ -123,6 +123,18 @@ pub fn plan(
         .collect()
 }
 
+/// Deals the planned entries into `lanes` lanes in turn, each entry with its place in the
+/// table: a lane runs on a server of its own, beside the others (a db:restart in one lane
+/// never strikes another's relays).
+pub fn deal(planned: Vec<Planned>, lanes: usize) -> Vec<Vec<(usize, Planned)>> {
+    let lanes = lanes.clamp(1, planned.len().max(1));
+    let mut dealt: Vec<Vec<(usize, Planned)>> = (0..lanes).map(|_| Vec::new()).collect();
+    for (place, planned) in planned.into_iter().enumerate() {
+        dealt[place % lanes].push((place, planned));
+    }
+    dealt
+}
+
 /// Runs each entry's planned runs on `server`, one after another.
 pub async fn run(
     server: &PgServer,
