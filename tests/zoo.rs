@@ -63,6 +63,7 @@ entries!(
     pg_boss,
     pg_boss_outside,
     backbone_outbox,
+    backbone_outbox_outside,
 );
 
 /// A new entry gets its test: every folder with a zoo.toml is in [`ENTRIES`], and so is its

@@ -60,6 +60,9 @@ struct OutsideFile {
     /// Which settings, and the rule of the library's documentation they break.
     rules: String,
     relay_cmd: String,
+    /// Copies at once, if not the entry's (a library meant to run alone, run twice).
+    #[serde(default)]
+    relays: Option<u32>,
     /// A DDL of its own (a queue's lease is the queue's), else the entry's.
     #[serde(default)]
     schema: Option<String>,
@@ -238,6 +241,7 @@ impl Entry {
             rows.push(Entry {
                 name: format!("{name}{OUTSIDE_SUFFIX}"),
                 relay_cmd: fill(&outside.relay_cmd),
+                relays: outside.relays.unwrap_or(inside.relays),
                 outside_rules: Some(outside.rules),
                 schema: match outside.schema {
                     Some(_) => read_schema(&outside.schema)?,
