@@ -93,9 +93,10 @@ pub struct VerifyArgs {
     #[arg(long, value_name = "FAULTS", conflicts_with = "nemesis")]
     schedule: Option<String>,
     /// Draw N schedules from the nemesis grammar (1-3 nemeses each, kinds, moments, delivery
-    /// numbers and lengths at random, a sustained outage net:down among them) and run them
-    /// one after another until one breaks a claim, then shrink it.
-    #[arg(long, value_name = "N", conflicts_with_all = ["nemesis", "schedule"],
+    /// numbers and lengths at random, a sustained outage net:down among them; only the kinds
+    /// --nemesis names, if it names some) and run them one after another until one breaks a
+    /// claim, then shrink it.
+    #[arg(long, value_name = "N", conflicts_with = "schedule",
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     search: Option<u32>,
     /// The search's seed: the same seed draws the same schedules (default: one drawn from the

@@ -63,6 +63,13 @@ pub struct ZooArgs {
     /// The bound of each of an entry's verifications, shrinking included.
     #[arg(long, default_value = "90s", value_name = "DURATION", value_parser = parse_duration)]
     time_limit: Duration,
+    /// Also search each entry: draw N schedules from the nemesis grammar (naive consumer) and
+    /// run them until one breaks a promise of its library, shrunk, with its replay.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    search: Option<u32>,
+    /// The search's seed: the same seed draws the same schedules.
+    #[arg(long, default_value_t = 1, value_name = "S", requires = "search")]
+    seed: u64,
     /// How many entries run side by side, each on a throwaway cluster of its own (with
     /// --database-url, one at a time).
     #[arg(long, default_value_t = 2, value_name = "N",
@@ -109,19 +116,23 @@ pub async fn run(args: ZooArgs) -> Result<ExitCode> {
     if !entries.iter().any(Entry::is_installed) {
         bail!("no zoo entry is installed here: run scripts/setup --zoo, then again");
     }
-    let runs: &[ZooRun] = match args.documented {
-        true => &[ZooRun::Documented],
-        false => &ZooRun::ALL,
+    let mut runs = match args.documented {
+        true => vec![ZooRun::Documented],
+        false => ZooRun::ALL.to_vec(),
     };
+    if args.search.is_some() {
+        runs.push(ZooRun::Search);
+    }
     let settings = Settings {
         events: args.events,
         time_limit: args.time_limit,
         external_server: args.run.database_url.is_some(),
         runs: args.runs,
+        search: args.search.map(|count| (count, args.seed)),
     };
     // Every entry's runs are planned before a server starts: bad input leaves nothing behind.
     let run_as = RunAs::resolve(args.run_as.as_deref())?;
-    let planned = zoo::plan(entries, runs, settings, run_as.as_ref())?;
+    let planned = zoo::plan(entries, &runs, settings, run_as.as_ref())?;
     let run_id = new_run_id();
     let results_dir = args.run.results_dir.join(&run_id);
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);

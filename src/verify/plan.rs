@@ -164,6 +164,13 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// `--search`'s seed and how many schedules it draws.
+    pub fn search_budget(&self) -> Option<(u64, usize)> {
+        self.search
+            .as_ref()
+            .map(|search| (search.seed, search.schedules.len()))
+    }
+
     pub fn new(options: &Options) -> Result<Plan> {
         // --relays and --events are checked by their parsers.
         let template = RelayTemplate::parse(&options.relay_cmd, options.run_as.clone())?;
@@ -196,12 +203,27 @@ impl Plan {
             ),
         };
         check_schedule(&schedule, options.external_server, options.sink)?;
-        let search = options.search.map(|(count, seed)| Search {
-            seed,
-            schedules: (0..count)
-                .map(|k| draw(seed, k, options.external_server, options.sink))
-                .collect(),
-        });
+        let search = match options.search {
+            Some((count, seed)) => {
+                let only = drawn_only(&options.nemeses)?;
+                let mut schedules = Vec::new();
+                for k in 0..count {
+                    schedules.push(draw(
+                        seed,
+                        k,
+                        options.external_server,
+                        options.sink,
+                        only.as_deref(),
+                    )?);
+                }
+                Some(Search {
+                    seed,
+                    only,
+                    schedules,
+                })
+            }
+            None => None,
+        };
         let design: &'static Design = Box::leak(Box::new(Design {
             name: Box::leak(options.label.clone().into_boxed_str()),
             summary: "the user's relay",
@@ -270,7 +292,20 @@ impl Plan {
 /// `--search`'s schedules, drawn before anything runs.
 pub(super) struct Search {
     pub(super) seed: u64,
+    /// The kinds drawn from, where `--nemesis` named some (e.g. no crash: pause, net-delay).
+    pub(super) only: Option<Vec<String>>,
     pub(super) schedules: Vec<Schedule>,
+}
+
+/// The kinds a search draws from: those `--nemesis` names, or every kind (`all`, the default).
+fn drawn_only(kinds: &[String]) -> Result<Option<Vec<String>>> {
+    let kinds: Vec<String> = kinds.iter().map(|k| k.trim().to_string()).collect();
+    match kinds.as_slice() {
+        [] => Ok(None),
+        [one] if one == "all" => Ok(None),
+        [one] if one == "none" => bail!("--search with --nemesis none draws nothing"),
+        _ => Ok(Some(kinds)),
+    }
 }
 
 /// Nemeses in a drawn schedule: one to this many.
@@ -287,9 +322,15 @@ const DRAWN_OUTAGE_MS: std::ops::RangeInclusive<u64> = 5..=100;
 const DRAWN_NUMBER: std::ops::RangeInclusive<u32> = 1..=30;
 
 /// Schedule `k` of the search seeded `seed`: 1 to [`DRAWN_NEMESES`] nemeses of the kinds the
-/// sink and the server allow (`net-down` among them), their moments, numbers and lengths drawn
-/// too. The same seed and `k` draw the same schedule.
-pub fn draw(seed: u64, k: u32, external_server: bool, sink: VerifySink) -> Schedule {
+/// sink and the server allow (`net-down` among them), `only` those if given, their moments,
+/// numbers and lengths drawn too. The same seed and `k` draw the same schedule.
+pub fn draw(
+    seed: u64,
+    k: u32,
+    external_server: bool,
+    sink: VerifySink,
+    only: Option<&[String]>,
+) -> Result<Schedule> {
     use rand::{Rng, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     rng.set_stream(u64::from(k));
@@ -300,8 +341,21 @@ pub fn draw(seed: u64, k: u32, external_server: bool, sink: VerifySink) -> Sched
             !(external_server && *kind == "db-restart"
                 || !sink.behind_the_proxy() && kind.starts_with("net-")
                 || !sink.sees_deliveries() && kind.ends_with("-on-delivery"))
+                && only.is_none_or(|only| only.iter().any(|o| o == kind))
         })
         .collect();
+    if kinds.is_empty() {
+        bail!(
+            "--search: no nemesis of --nemesis {} can strike here (with --sink {}{})",
+            only.unwrap_or_default().join(","),
+            sink.name(),
+            if external_server {
+                ", on your server"
+            } else {
+                ""
+            }
+        );
+    }
     let count = rng.random_range(1..=DRAWN_NEMESES);
     let mut nemeses = Vec::new();
     for _ in 0..count {
@@ -337,10 +391,10 @@ pub fn draw(seed: u64, k: u32, external_server: bool, sink: VerifySink) -> Sched
             nemeses.push(nemesis);
         }
     }
-    Schedule {
+    Ok(Schedule {
         faults: Vec::new(),
         nemeses,
-    }
+    })
 }
 
 /// The schedule `--nemesis` asks for: each kind once, in [`NEMESES`]' order, the timed ones
@@ -427,11 +481,11 @@ mod tests {
     #[test]
     fn drawn_schedules_reproduce_and_fit_their_sink() {
         assert_eq!(
-            draw(7, 3, false, VerifySink::Http),
-            draw(7, 3, false, VerifySink::Http)
+            draw(7, 3, false, VerifySink::Http, None).unwrap(),
+            draw(7, 3, false, VerifySink::Http, None).unwrap()
         );
         let http: Vec<Schedule> = (0..200)
-            .map(|k| draw(7, k, false, VerifySink::Http))
+            .map(|k| draw(7, k, false, VerifySink::Http, None).unwrap())
             .collect();
         assert!(http.windows(2).any(|w| w[0] != w[1]));
         for schedule in &http {
@@ -452,10 +506,27 @@ mod tests {
             );
         }
         for k in 0..200 {
-            let nats = draw(7, k, true, VerifySink::Nats);
+            let nats = draw(7, k, true, VerifySink::Nats, None).unwrap();
             check_schedule(&nats, true, VerifySink::Nats).unwrap();
-            let redis = draw(7, k, false, VerifySink::Redis);
+            let redis = draw(7, k, false, VerifySink::Redis, None).unwrap();
             check_schedule(&redis, false, VerifySink::Redis).unwrap();
         }
+    }
+
+    /// `--nemesis` narrows what a search draws (a search without a crash); a list of which
+    /// nothing can strike here is refused.
+    #[test]
+    fn a_search_draws_only_the_kinds_named() {
+        let only = ["pause".to_string(), "pause-on-delivery".to_string()];
+        for k in 0..100 {
+            let drawn = draw(7, k, false, VerifySink::Http, Some(&only)).unwrap();
+            assert!(drawn
+                .nemeses
+                .iter()
+                .all(|n| only.contains(&n.kind().to_string())));
+        }
+        let on_delivery = ["pause-on-delivery".to_string()];
+        let err = draw(7, 0, false, VerifySink::Nats, Some(&on_delivery)).unwrap_err();
+        assert!(err.to_string().contains("can strike"), "{err}");
     }
 }

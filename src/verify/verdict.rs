@@ -380,11 +380,17 @@ fn notes(plan: &Plan, verification: &Verification) -> Vec<String> {
             ),
         );
     }
-    if let Some(seed) = plan.search.as_ref().map(|search| search.seed) {
+    if let Some(search) = &plan.search {
+        let only = match &search.only {
+            Some(kinds) => format!(" --nemesis {}", kinds.join(",")),
+            None => String::new(),
+        };
         notes.push(format!(
-            "search: seed {seed}, {} schedule(s) drawn and run; replay the search with \
-             --search N --seed {seed}, the finding alone with its --schedule line",
-            verification.searched.len() + 1
+            "search: seed {}, {} schedule(s) drawn and run; replay the search with \
+             --search N --seed {}{only}, the finding alone with its --schedule line",
+            search.seed,
+            verification.searched.len() + 1,
+            search.seed,
         ));
     }
     if verification.cut_short {
@@ -411,6 +417,7 @@ fn params(plan: &Plan) -> serde_json::Value {
         "search": plan.search.as_ref().map(|search| json!({
             "schedules": search.schedules.len(),
             "seed": search.seed,
+            "nemeses": search.only,
         })),
         "time_limit_s": plan.time_limit.as_secs_f64(),
         "schema": plan.schema.as_ref().map(|(path, _)| path.clone()),

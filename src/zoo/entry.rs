@@ -37,6 +37,10 @@ struct EntryFile {
     relays: u32,
     /// The library inside its own documented constraints.
     relay_cmd: String,
+    /// What a reader of its verdict must know that verify cannot show (a recovery its library
+    /// documents that outlasts verify's bounds): carried with the verdict.
+    #[serde(default)]
+    verdict_note: Option<String>,
     /// A file of the entry's folder that exists once `scripts/setup --zoo` installed it.
     #[serde(default)]
     installed: Option<String>,
@@ -98,6 +102,8 @@ pub struct Entry {
     /// For the `_outside` row: its settings outside the library's documented constraints, and
     /// the rule they break.
     pub outside_rules: Option<String>,
+    /// Carried with its verdict: what verify cannot show of it.
+    pub verdict_note: Option<String>,
     pub installed: Option<PathBuf>,
     pub schema: Option<(String, String)>,
     pub insert_sql: Option<String>,
@@ -229,6 +235,7 @@ impl Entry {
             relays: file.relays,
             relay_cmd: fill(&file.relay_cmd),
             outside_rules: None,
+            verdict_note: file.verdict_note,
             installed: file.installed.map(|path| dir.join(path)),
             schema: read_schema(&file.schema)?,
             insert_sql: file.insert_sql,
@@ -283,14 +290,22 @@ impl Entry {
                 ZooRun::Documented => Some(self.documented.schedule.clone()),
                 _ => None,
             },
-            search: None,
+            search: match run {
+                ZooRun::Search => settings.search,
+                _ => None,
+            },
             events: match run {
                 ZooRun::Documented => self.documented.events,
                 _ => settings.events,
             },
             time_limit: settings.time_limit,
             consumer: run.consumer(self),
-            claims: Some(Invariant::ALL.map(|i| i.name().to_string()).to_vec()),
+            // The search hunts broken promises (it stops at the first); the other runs judge
+            // every invariant, their promises told apart in the table.
+            claims: Some(match run {
+                ZooRun::Search => self.promises.iter().map(|i| i.name().to_string()).collect(),
+                _ => Invariant::ALL.map(|i| i.name().to_string()).to_vec(),
+            }),
             schema: self.schema.clone(),
             pending_sql: self.pending_sql.clone(),
             insert_sql: self.insert_sql.clone(),
@@ -311,6 +326,9 @@ pub enum ZooRun {
     NoFaults,
     /// The entry's documented schedule, its verdict held against the documented one.
     Documented,
+    /// `--search N`: schedules drawn from the nemesis grammar with the naive consumer, until one
+    /// breaks a promise, shrunk.
+    Search,
 }
 
 impl ZooRun {
@@ -327,6 +345,7 @@ impl ZooRun {
             ZooRun::Idempotent => "idempotent",
             ZooRun::NoFaults => "no_faults",
             ZooRun::Documented => "documented",
+            ZooRun::Search => "search",
         }
     }
 
@@ -334,7 +353,7 @@ impl ZooRun {
     pub fn takes(self, settings: Settings) -> u32 {
         match self {
             ZooRun::Naive | ZooRun::Idempotent => settings.runs.max(1),
-            ZooRun::NoFaults | ZooRun::Documented => 1,
+            ZooRun::NoFaults | ZooRun::Documented | ZooRun::Search => 1,
         }
     }
 
@@ -356,7 +375,7 @@ impl ZooRun {
 
     pub fn consumer(self, entry: &Entry) -> ConsumerKind {
         match self {
-            ZooRun::Naive => ConsumerKind::Naive,
+            ZooRun::Naive | ZooRun::Search => ConsumerKind::Naive,
             ZooRun::Idempotent | ZooRun::NoFaults => ConsumerKind::Idempotent,
             ZooRun::Documented => entry.documented.consumer,
         }

@@ -36,6 +36,8 @@ pub struct Settings {
     pub external_server: bool,
     /// How many times each faulted run is made (`--runs`): a cell is k of 2 × runs.
     pub runs: u32,
+    /// `--search N --seed S`: N schedules drawn per entry from seed S.
+    pub search: Option<(u32, u64)>,
 }
 
 /// What the zoo found of one entry.

@@ -53,6 +53,11 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
             "reproduced",
         ],
     );
+    let mut searches = Table::new(
+        "search: schedules drawn from the nemesis grammar (naive consumer) until one broke a \
+         promise, its smallest schedule and replay",
+        &["entry", "seed", "drawn", "broke", "schedule", "replay"],
+    );
     let mut designs = Table::new(
         "what each library promises, and how its loop works",
         &["entry", "promise", "design", "home"],
@@ -129,6 +134,9 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
                 ]);
             }
         }
+        if let Some(judged) = judged.iter().find(|j| j.run == ZooRun::Search) {
+            searches.push(search_row(entry, judged, &mut metrics));
+        }
         if let Some(judged) = judged.iter().find(|j| j.run == ZooRun::NoFaults) {
             let figures = &judged.verification.main().figures;
             let prefix = format!("zoo.{}.no_faults", entry.name);
@@ -180,7 +188,10 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
             "time_limit": format_duration(settings.time_limit),
         }),
         metrics,
-        tables: vec![zoo, findings, quiet, designs],
+        tables: match settings.search {
+            Some(_) => vec![zoo, findings, searches, quiet, designs],
+            None => vec![zoo, findings, quiet, designs],
+        },
         checks,
         targets: Vec::new(),
         notes,
@@ -222,17 +233,60 @@ fn documented_check(
     }
 }
 
+/// An entry's search: how many schedules it drew before one broke a promise, and that
+/// promise's smallest schedule with its replay (`-` where none broke one).
+fn search_row(entry: &super::entry::Entry, judged: &Judged, metrics: &mut Metrics) -> Vec<String> {
+    let verification = &judged.verification;
+    let drawn = verification.searched.len() + 1;
+    let broken: Vec<Invariant> = judged
+        .broken()
+        .into_iter()
+        .filter(|i| entry.promises.contains(i))
+        .collect();
+    let (seed, budget) = judged
+        .plan
+        .search_budget()
+        .expect("a search run was planned with its search");
+    let prefix = format!("zoo.{}.search", entry.name);
+    metrics.set(format!("{prefix}.drawn"), drawn as i64);
+    metrics.set(format!("{prefix}.found"), i64::from(!broken.is_empty()));
+    let (schedule, replay) = match broken.first() {
+        Some(invariant) => {
+            let schedule = verdict::smallest_schedule(verification, *invariant);
+            (
+                schedule.to_string(),
+                verdict::replay_line(&judged.plan, schedule),
+            )
+        }
+        None => ("-".into(), "-".into()),
+    };
+    vec![
+        entry.name.clone(),
+        seed.to_string(),
+        format!("{drawn} of {budget}"),
+        match broken.is_empty() {
+            true => "nothing promised".into(),
+            false => names(&broken),
+        },
+        schedule,
+        replay,
+    ]
+}
+
 /// One line of an entry's verdict: which promises it broke, and which unpromised invariants;
 /// and, where its settings lie outside the library's documented constraints, which: a verdict
 /// on settings its authors warn against is not one on the library as documented.
 pub fn verdict(entry: &super::entry::Entry, outcome: &Outcome) -> String {
-    let verdict = invariants_verdict(entry, outcome);
-    match (&entry.outside_rules, outcome) {
-        (Some(outside), Outcome::Ran(_)) => {
-            format!("{verdict} [OUTSIDE ITS DOCUMENTED RULES: {outside}]")
+    let mut verdict = invariants_verdict(entry, outcome);
+    if let Outcome::Ran(_) = outcome {
+        if let Some(outside) = &entry.outside_rules {
+            verdict.push_str(&format!(" [OUTSIDE ITS DOCUMENTED RULES: {outside}]"));
         }
-        _ => verdict,
+        if let Some(note) = &entry.verdict_note {
+            verdict.push_str(&format!(" [NOTE: {note}]"));
+        }
     }
+    verdict
 }
 
 fn invariants_verdict(entry: &super::entry::Entry, outcome: &Outcome) -> String {
