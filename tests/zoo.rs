@@ -64,6 +64,12 @@ entries!(
     pg_boss_outside,
     backbone_outbox,
     backbone_outbox_outside,
+    sqlxmq,
+    outbox_pattern_processor,
+    distributed_outbox,
+    graphile_worker,
+    django_outbox_pattern,
+    django_jaiminho,
 );
 
 /// A new entry gets its test: every folder with a zoo.toml is in [`ENTRIES`], and so is its
