@@ -15,7 +15,8 @@
 //!
 //! [`verify_with_sink`] here ties them, on the sink's private broker: the plan's schedule is
 //! run, and a violation found under every nemesis is run again under each one alone
-//! (shrinking), to name the smallest schedule that reproduces it. The command (arguments, server, output) is cmd/verify.rs.
+//! (shrinking), to name the smallest schedule that reproduces it, until every claim it broke
+//! broke again alone. The command (arguments, server, output) is cmd/verify.rs.
 
 pub mod plan;
 pub mod plots;
@@ -132,8 +133,20 @@ async fn verify(
             nemeses: vec![nemesis],
         }));
     }
+    // The claims the main run broke: shrinking stops once each broke again under one nemesis
+    // alone (its smallest schedule is found; the rest would only say so again).
+    let mut unreproduced: Vec<&str> = plan
+        .design
+        .claims
+        .iter()
+        .map(|claim| claim.name())
+        .filter(|claim| main.history.violations.contains_key(*claim))
+        .collect();
     let mut runs = vec![main];
     while let Some(schedule) = schedules.pop_front() {
+        if unreproduced.is_empty() {
+            break;
+        }
         if no_time_after(&runs[0]) {
             cut_short = true;
             break;
@@ -143,6 +156,7 @@ async fn verify(
             let judged = verdict::verdict_line(&run.history);
             crate::errln!("verify: {schedule} alone: {judged}");
         }
+        unreproduced.retain(|claim| !run.history.violations.contains_key(*claim));
         runs.push(run);
     }
     Ok(Verification {
