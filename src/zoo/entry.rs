@@ -80,6 +80,9 @@ struct DocumentedFile {
     schedule: String,
     events: u32,
     broken: Vec<String>,
+    /// Kinds that timing decides in this run (not promised, and not in `broken`): tolerated.
+    #[serde(default)]
+    may_break: Vec<String>,
     why: String,
 }
 
@@ -121,6 +124,8 @@ pub struct DocumentedRun {
     pub schedule: String,
     pub events: u32,
     pub broken: Vec<Invariant>,
+    /// Broken in some runs and not in others, by timing alone: neither required nor a failure.
+    pub may_break: Vec<Invariant>,
     pub why: String,
 }
 
@@ -128,16 +133,23 @@ impl DocumentedRun {
     fn from_file(test: DocumentedFile) -> Result<DocumentedRun> {
         let consumer = ConsumerKind::from_str(&test.consumer, false)
             .map_err(|_| anyhow!("consumer '{}': naive or idempotent", test.consumer))?;
-        let broken = test
-            .broken
-            .iter()
-            .map(|name| invariant(name))
-            .collect::<Result<Vec<_>>>()?;
+        let invariants = |names: &[String]| -> Result<Vec<Invariant>> {
+            names.iter().map(|name| invariant(name)).collect()
+        };
+        let broken = invariants(&test.broken)?;
+        let may_break = invariants(&test.may_break)?;
+        if let Some(both) = may_break.iter().find(|i| broken.contains(i)) {
+            bail!(
+                "'{}' is in both broken and may_break: it breaks, or timing decides",
+                both.name()
+            );
+        }
         Ok(DocumentedRun {
             consumer,
             schedule: test.schedule,
             events: test.events,
             broken,
+            may_break,
             why: test.why,
         })
     }
