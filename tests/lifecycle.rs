@@ -185,6 +185,70 @@ fn cluster_of_a_killed_run_is_removed_by_the_next_run() {
     assert!(!dir.exists(), "{} left behind", dir.display());
 }
 
+/// The failover scenario's primary and standby, of a run SIGKILLed while the replication is
+/// held (the primary's walsender stopped): both left behind, both removed (their postmasters
+/// gone) by the next run, without waiting out the stopped walsender.
+#[test]
+fn the_standby_of_a_killed_run_is_removed_by_the_next_run() {
+    let mut child = outbox_lab()
+        .args([
+            "scenario",
+            "failover",
+            "--set",
+            "hold_ms=10000",
+            "--results-dir",
+        ])
+        .arg(scratch_dir("lifecycle-failover"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let standby = wait::blocking_up_to(Duration::from_secs(60), Duration::from_millis(20), || {
+        let dir = throwaway_dirs_of("pg-standby", child.id()).pop()?;
+        let pid_file = std::fs::read_to_string(dir.join("server/data/postmaster.pid")).ok()?;
+        let pid: i32 = pid_file.lines().next()?.trim().parse().ok()?;
+        // A hot standby says "ready" once it takes reads (PostgreSQL 15), or "standby".
+        let status = pid_file.lines().nth(7).map(str::trim);
+        matches!(status, Some("ready" | "standby")).then_some((dir, pid))
+    });
+    let Some((dir, postmaster)) = standby else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the standby never became ready");
+    };
+    // Killed while the primary's walsender is held (stopped): its shutdown must not wait on it.
+    let held = wait::blocking_up_to(Duration::from_secs(30), Duration::from_millis(20), || {
+        let stopped = common::processes_whose("stat", |_, stat| stat.contains(") T "));
+        let walsenders = common::processes_whose("cmdline", |pid, cmdline| {
+            cmdline.contains("walsender") && stopped.contains(&pid)
+        });
+        !walsenders.is_empty()
+    });
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    assert!(held.is_some(), "the walsender was never held");
+    let left = any_throwaway_dirs_of(child.id());
+    assert!(dir.exists(), "a SIGKILLed run cannot clean up");
+    let next = outbox_lab()
+        .args(["scenario", "outbox-atomicity", "--results-dir"])
+        .arg(scratch_dir("lifecycle-failover-next"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        next.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&next.stderr)
+    );
+    assert!(
+        wait_gone(postmaster),
+        "standby {postmaster} of the killed run still running"
+    );
+    for dir in left {
+        assert!(!dir.exists(), "{} left behind", dir.display());
+    }
+}
+
 /// The server going away mid-run is a harness failure, not bad input: exit 3, one line on
 /// stderr, and the run's directory is still removed.
 #[test]

@@ -90,6 +90,30 @@ fn commit_unknown_counts_what_a_lost_commit_answer_does() {
     assert_eq!(marked_first.metric("relay_mark_lost.lost"), 4);
 }
 
+/// failover: on a primary with a streaming standby, the walsender held while 5 orders commit,
+/// then the primary killed and the standby promoted under the relay. Asynchronous: the 5
+/// acknowledged orders are gone and their 5 shipments are ghosts. Synchronous (the same steps,
+/// the check that bites on async): none acknowledged during the hold, none lost, no ghost. Both
+/// times the relay reconnects through its re-pointed link and delivers what the promoted
+/// standby holds.
+#[test]
+fn failover_loses_acknowledged_orders_only_when_asynchronous() {
+    let run = scenario("failover", &[]);
+    assert_passed(&run);
+    for (metric, expected) in [
+        ("async.acknowledged", 30),
+        ("async.acknowledged_lost", 5),
+        ("async.ghost_shipments", 5),
+        ("async.lost", 0),
+        ("sync.acknowledged", 25),
+        ("sync.acknowledged_lost", 0),
+        ("sync.ghost_shipments", 0),
+        ("sync.lost", 0),
+    ] {
+        assert_eq!(run.metric(metric), expected, "{metric}");
+    }
+}
+
 /// relay-crash, the article's case: 8 received, 5 distinct, naive ships 3 orders twice.
 #[test]
 fn relay_crash_default_matches_the_article() {

@@ -15,6 +15,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::User;
 
+use crate::connect;
 use crate::harness::server::{self, Server};
 use crate::harness::throwaway;
 
@@ -35,6 +36,9 @@ pub struct PgBinaries {
     /// Stops the server for the db-restart nemesis (`pg_ctl stop -m immediate`); only that
     /// needs it, so it is looked for then.
     pub pg_ctl: PathBuf,
+    /// Copies a running cluster into a streaming standby (the failover scenario); looked for
+    /// then, like `pg_ctl`.
+    pub pg_basebackup: PathBuf,
 }
 
 impl PgBinaries {
@@ -96,6 +100,7 @@ impl PgBinaries {
             initdb,
             postgres,
             pg_ctl: dir.join("pg_ctl"),
+            pg_basebackup: dir.join("pg_basebackup"),
         })
     }
 }
@@ -156,7 +161,8 @@ impl Cluster {
     }
 
     /// Starts the postmaster on the cluster's data directory and socket, and waits until it is
-    /// ready (`after_crash`: after crash recovery, when it was stopped with `-m immediate`).
+    /// ready, or a standby ready for reads (`after_crash`: after crash recovery, when it was
+    /// stopped with `-m immediate`).
     async fn start_postgres(&mut self, after_crash: bool) -> Result<()> {
         let mut postgres = Command::new(&self.bins.postgres);
         postgres
@@ -193,7 +199,8 @@ impl Cluster {
         let ready = async || {
             // The server user writes this file: read it without following a link.
             let pid_file = throwaway::read_no_follow(&pid_file);
-            Ok(pid_file.lines().nth(7).map(str::trim) == Some("ready"))
+            let status = pid_file.lines().nth(7).map(str::trim);
+            Ok(matches!(status, Some("ready" | "standby")))
         };
         let every = Duration::from_millis(20);
         self.server
@@ -234,6 +241,80 @@ impl Cluster {
         }
         self.server.collect_stopped(START_TIMEOUT).await?;
         self.start_postgres(true).await
+    }
+
+    /// A streaming standby of this cluster, started: `pg_basebackup -R` through the primary's
+    /// socket into a throwaway directory of its own, streaming from the physical replication
+    /// slot `name` (made here), under `application_name` `name` (what
+    /// `synchronous_standby_names` names). Read-only until [`Cluster::promote`].
+    pub async fn start_standby(&self, name: &str) -> Result<Cluster> {
+        if !self.bins.pg_basebackup.is_file() {
+            bail!(
+                "no pg_basebackup beside postgres: {} is missing (apt-get install postgresql)",
+                self.bins.pg_basebackup.display()
+            );
+        }
+        let primary = connect::postgres(&connect::parse_url(&self.url())?).await?;
+        primary
+            .execute(
+                "SELECT pg_create_physical_replication_slot($1, true)",
+                &[&name],
+            )
+            .await?;
+        let server = Server::prepare(
+            "pg-standby",
+            "postgres",
+            Signal::SIGINT,
+            LOG,
+            self.run_as.as_ref(),
+        )?;
+        let data_dir = server.run_dir().server_dir().join("data");
+        let mut standby = Cluster {
+            server,
+            bins: self.bins.clone(),
+            run_as: self.run_as.clone(),
+            data_dir,
+            commit_timestamps: self.commit_timestamps,
+        };
+        let primary_dir = self.server.run_dir().server_dir();
+        let mut basebackup = Command::new(&self.bins.pg_basebackup);
+        basebackup
+            .arg("-D")
+            .arg(&standby.data_dir)
+            .args(["-R", "-S", name, "-X", "stream", "--no-sync", "-d"])
+            .arg(format!(
+                "host={} port={PORT} user={SUPERUSER} application_name={name}",
+                primary_dir.display()
+            ));
+        standby
+            .server
+            .run_to_end(basebackup, self.run_as.as_ref(), START_TIMEOUT)
+            .await?;
+        standby.start_postgres(false).await?;
+        Ok(standby)
+    }
+
+    /// The machine under the server dies: the postmaster and every backend killed with SIGKILL
+    /// at once (its process group), nothing flushed or sent after. Its directory stays until
+    /// it is dropped.
+    pub async fn crash(&mut self) -> Result<()> {
+        self.server.crash(START_TIMEOUT).await
+    }
+
+    /// Promotes a standby to a primary, and waits until it takes writes.
+    pub async fn promote(&self) -> Result<()> {
+        let standby = connect::postgres(&connect::parse_url(&self.url())?).await?;
+        let promoted: bool = standby
+            .query_one(
+                "SELECT pg_promote(true, $1)",
+                &[&(START_TIMEOUT.as_secs() as i32)],
+            )
+            .await?
+            .get(0);
+        if !promoted {
+            bail!("the standby was not promoted within {START_TIMEOUT:?}");
+        }
+        Ok(())
     }
 
     /// The superuser URL of the `postgres` maintenance database, through the socket (its

@@ -138,6 +138,9 @@ pub struct PgServer {
     /// Distinguishes this run's databases from another run's on a shared server.
     run_id: String,
     pub version: String,
+    /// `--pg-bin`: where a run's own servers beside this one (the failover scenario's pair)
+    /// come from.
+    pg_bin: Option<std::path::PathBuf>,
 }
 
 /// How to get a server, from the command line.
@@ -178,7 +181,14 @@ impl PgServer {
             keep: choice.keep,
             run_id,
             version,
+            pg_bin: choice.pg_bin.map(std::path::Path::to_path_buf),
         })
+    }
+
+    /// The PostgreSQL server binaries for the run's own servers (`--pg-bin`, else found as for
+    /// the throwaway cluster), whichever server the run's databases are on.
+    pub fn binaries(&self) -> Result<PgBinaries> {
+        PgBinaries::find(self.pg_bin.as_deref())
     }
 
     /// "throwaway cluster" or "external server", for the report.

@@ -1,5 +1,6 @@
 //! The harness: everything that sets the stage for the system under test and watches it — the
-//! throwaway PostgreSQL [`cluster`], [`redis_server`], [`nats_server`] and [`rabbitmq_server`] (in [`throwaway`]
+//! throwaway PostgreSQL [`cluster`] (and a [`replicated`] pair, primary and streaming standby,
+//! for failover), [`redis_server`], [`nats_server`] and [`rabbitmq_server`] (in [`throwaway`]
 //! directories; the last three [`on_demand`]: the user's or a private one started on first use), the
 //! [`db`] server and databases of a run, the [`run`]'s life around them (its id, Ctrl-C), [`child`]
 //! processes that die for real, a [`foreign`] relay (the user's command, [`run_as`] an
@@ -22,6 +23,7 @@ pub mod on_demand;
 pub mod process_group;
 pub mod rabbitmq_server;
 pub mod redis_server;
+pub mod replicated;
 pub mod run;
 pub mod run_as;
 pub mod server;

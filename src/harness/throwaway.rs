@@ -87,6 +87,9 @@ impl ProcessId {
             return;
         }
         let pid = Pid::from_raw(self.pid);
+        // A process of its group held by a nemesis (the failover's stopped walsender) would
+        // hold the shutdown back: every one runs again first.
+        let _ = killpg(pid, Signal::SIGCONT);
         let _ = kill(pid, signal);
         wait_gone(self);
         if self.is_running() {

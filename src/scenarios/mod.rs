@@ -18,6 +18,7 @@ pub mod cleanup;
 pub mod commit_unknown;
 mod ctx;
 pub mod dual_write;
+pub mod failover;
 pub mod multi_relay_ordering;
 pub mod notify_latency;
 pub mod ordering_on_failure;
@@ -72,6 +73,7 @@ registry! {
     cdc => "cdc",
     reply_lost => "reply-lost",
     commit_unknown => "commit-unknown",
+    failover => "failover",
     broker_dedup => "broker-dedup",
     broker_confirms => "broker-confirms",
     broker_cluster => "broker-cluster",

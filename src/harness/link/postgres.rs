@@ -92,7 +92,8 @@ pub struct PgLink {
     /// The host the actor is given: the private socket directory, or `127.0.0.1`.
     pub host: String,
     pub port: u16,
-    upstream: Upstream,
+    /// Where its new connections go: re-pointed at a failover, as a virtual IP is.
+    upstream: Mutex<Upstream>,
     /// The connections open now, by their number: the backend's pid once it is known.
     open: Mutex<BTreeMap<u64, Option<i32>>>,
     connections: AtomicU64,
@@ -141,7 +142,7 @@ impl PgProxy {
             let link = Arc::new(PgLink {
                 host,
                 port,
-                upstream: upstream.clone(),
+                upstream: Mutex::new(upstream.clone()),
                 open: Mutex::new(BTreeMap::new()),
                 connections: AtomicU64::new(0),
                 cut: watch::channel(0).0,
@@ -164,6 +165,24 @@ impl PgProxy {
     /// Link `i`.
     pub fn link(&self, i: usize) -> &PgLink {
         &self.links[i]
+    }
+
+    /// Re-points every link at the server `config` names (a promoted standby), as a virtual IP
+    /// or a pgbouncer is at a failover: the connections open now are cut, and the actors that
+    /// connect again, with the same URL, reach the new server. Its way in is of the same kind
+    /// (a socket for a socket): the actors' URLs do not change.
+    pub fn repoint(&self, config: &Config) -> Result<()> {
+        let upstream = Upstream::of(config);
+        for link in &self.links {
+            let mut current = link.upstream.lock().expect("not poisoned");
+            if matches!(*current, Upstream::Unix(_)) != matches!(upstream, Upstream::Unix(_)) {
+                bail!("a link is re-pointed at a server of the same kind (socket or TCP) only");
+            }
+            *current = upstream.clone();
+            drop(current);
+            link.reset();
+        }
+        Ok(())
     }
 }
 
@@ -280,7 +299,8 @@ async fn serve(mut client: Wire, link: &PgLink, number: u64) -> Result<()> {
     let Some(startup) = startup(&mut client).await? else {
         return Ok(());
     };
-    let mut server = link.upstream.connect().await?;
+    let upstream = link.upstream.lock().expect("not poisoned").clone();
+    let mut server = upstream.connect().await?;
     server.write_all(&startup).await?;
     if i32::from_be_bytes(startup[4..8].try_into()?) == CANCEL_REQUEST {
         // The server answers a cancel by closing: nothing to pass back.

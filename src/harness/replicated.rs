@@ -1,0 +1,175 @@
+//! A throwaway primary with a streaming standby: PostgreSQL's own physical replication
+//! (`pg_basebackup -R`, a physical replication slot), asynchronous or synchronous, and its
+//! failover: the primary's machine dies (SIGKILL to every process of it at once) and the
+//! standby is promoted. Both are [`Cluster`]s, so a run that is killed leaves two directories
+//! the next run reaps.
+//!
+//! Holding the replication back, to make the asynchronous loss certain rather than lucky, is
+//! done on the primary's side: its walsender is stopped (SIGSTOP), so the primary acknowledges
+//! commits whose WAL it never sends. (Stopping the standby's WAL receiver instead would not
+//! do: what the walsender had already written stays in the socket's buffer, and the receiver
+//! reads it once it runs again, before the promotion ends.)
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio_postgres::Config;
+
+use crate::connect;
+use crate::harness::cluster::{Cluster, PgBinaries};
+use crate::wait;
+
+/// The standby's name: its replication slot, and its `application_name` on the primary (what
+/// `synchronous_standby_names` names).
+const STANDBY: &str = "standby";
+/// Bounds the waits for the standby: to stream, to be synchronous, to catch up.
+const STANDBY_LIMIT: Duration = Duration::from_secs(30);
+
+/// How the primary waits for its standby at COMMIT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replication {
+    /// The primary answers COMMIT once its own WAL is flushed (PostgreSQL's default).
+    Async,
+    /// `synchronous_standby_names` names the standby and `synchronous_commit = on`: COMMIT is
+    /// answered once the standby has flushed its WAL too.
+    Sync,
+}
+
+impl Replication {
+    pub fn name(self) -> &'static str {
+        match self {
+            Replication::Async => "async",
+            Replication::Sync => "sync",
+        }
+    }
+}
+
+/// The replicated pair: the primary (until it fails) and its standby (the primary after).
+pub struct Replicated {
+    /// `None` once it failed over: its directory went with it.
+    primary: Option<Cluster>,
+    standby: Cluster,
+    /// The primary's walsender, while it is stopped.
+    held: Option<Pid>,
+}
+
+/// The standby's walsender on the primary, once it streams (and, for `sync`, is synchronous).
+const SENDER: &str = "
+SELECT pid FROM pg_stat_replication
+ WHERE application_name = $1 AND state = 'streaming' AND ($2 = false OR sync_state = 'sync')";
+
+/// The standby has replayed everything the primary has written so far.
+const CAUGHT_UP: &str = "
+SELECT replay_lsn >= pg_current_wal_lsn() FROM pg_stat_replication WHERE application_name = $1";
+
+impl Replicated {
+    /// A fresh primary (the same server settings as the throwaway cluster) and its standby,
+    /// streaming; with [`Replication::Sync`], COMMIT waits for the standby.
+    pub async fn start(bins: &PgBinaries, replication: Replication) -> Result<Replicated> {
+        let primary = Cluster::start(bins, false, false).await?;
+        let standby = primary
+            .start_standby(STANDBY)
+            .await
+            .context("cannot start the streaming standby")?;
+        let pair = Replicated {
+            primary: Some(primary),
+            standby,
+            held: None,
+        };
+        let client = pair.primary_client().await?;
+        let sync = replication == Replication::Sync;
+        if sync {
+            // One statement each: ALTER SYSTEM refuses to run inside a transaction block.
+            for statement in [
+                format!("ALTER SYSTEM SET synchronous_standby_names = '\"{STANDBY}\"'"),
+                "ALTER SYSTEM SET synchronous_commit = 'on'".into(),
+                "SELECT pg_reload_conf()".into(),
+            ] {
+                client.batch_execute(&statement).await?;
+            }
+        }
+        wait::until(
+            "the standby to stream",
+            STANDBY_LIMIT,
+            Duration::from_millis(20),
+            async || {
+                Ok(client
+                    .query_opt(SENDER, &[&STANDBY, &sync])
+                    .await?
+                    .is_some())
+            },
+        )
+        .await?;
+        Ok(pair)
+    }
+
+    /// The primary's superuser URL (the standby's once it failed over).
+    pub fn url(&self) -> String {
+        match &self.primary {
+            Some(primary) => primary.url(),
+            None => self.standby.url(),
+        }
+    }
+
+    /// The standby's server, as a link is pointed at it.
+    pub fn standby_config(&self) -> Result<Config> {
+        connect::parse_url(&self.standby.url())
+    }
+
+    async fn primary_client(&self) -> Result<tokio_postgres::Client> {
+        let Some(primary) = &self.primary else {
+            bail!("the primary has failed over already");
+        };
+        connect::postgres(&connect::parse_url(&primary.url())?).await
+    }
+
+    /// Waits until the standby has replayed all the primary wrote.
+    pub async fn caught_up(&self) -> Result<()> {
+        let client = self.primary_client().await?;
+        wait::until(
+            "the standby to catch up",
+            STANDBY_LIMIT,
+            Duration::from_millis(10),
+            async || {
+                let row = client.query_opt(CAUGHT_UP, &[&STANDBY]).await?;
+                Ok(row.is_some_and(|r| r.get::<_, Option<bool>>(0) == Some(true)))
+            },
+        )
+        .await
+    }
+
+    /// Stops the primary's walsender (SIGSTOP): from now on the standby receives nothing.
+    /// Asynchronous, the primary goes on answering COMMITs; synchronous, they wait.
+    pub async fn hold_replication(&mut self) -> Result<()> {
+        let client = self.primary_client().await?;
+        let row = client.query_opt(SENDER, &[&STANDBY, &false]).await?;
+        let Some(pid) = row.map(|r| r.get::<_, i32>(0)) else {
+            bail!("the standby is not streaming: no walsender to hold");
+        };
+        // A backend of our own private primary, found by its own statistics.
+        kill(Pid::from_raw(pid), Signal::SIGSTOP).context("cannot stop the walsender")?;
+        self.held = Some(Pid::from_raw(pid));
+        Ok(())
+    }
+
+    /// The failover: the primary dies at once, every process of it killed (nothing it held
+    /// back is sent), and the standby is promoted. [`Replicated::url`] names it from now on.
+    pub async fn fail_over(&mut self) -> Result<()> {
+        if let Some(mut primary) = self.primary.take() {
+            primary.crash().await?;
+            self.held = None;
+        }
+        self.standby.promote().await
+    }
+}
+
+impl Drop for Replicated {
+    fn drop(&mut self) {
+        // A stopped walsender would hold the primary's shutdown back.
+        if let Some(pid) = self.held.take() {
+            let _ = kill(pid, Signal::SIGCONT);
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! failover (beyond the article: the database replicated, and its failover): the outbox lives on
+//! a [primary with a streaming standby](crate::harness::replicated), the application and the
+//! article's relay reach "the primary" through [database links](crate::harness::link::postgres)
+//! (a virtual IP), and the consumer's side effects live on another server. While the
+//! replication is held back, the application commits orders and the relay delivers their
+//! events; then the primary's machine dies, the standby is promoted and the links re-pointed at
+//! it; the relay reconnects with the same URL and goes on.
+//!
+//! - `async`: the primary answered COMMITs the standby never received. Those orders are gone
+//!   (`acknowledged_lost`: the database's loss, not the relay's), and the relay had already
+//!   shipped them: ghosts, shipments of orders that no longer exist.
+//! - `sync`: COMMIT waits for the standby, so nothing the application was told is lost and the
+//!   relay never sees an order the standby lacks; the price is each COMMIT's wait
+//!   (`commit_p50_ms`, beside async's).
+//!
+//! The orders as the promoted standby has them are brought beside the consumer's shipments
+//! ([`two_databases`]) and judged there by the one definition of a ghost.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+use super::{metric_names, Ctx, Experiment, Outcome};
+use crate::connect;
+use crate::harness::db::Database;
+use crate::harness::link::postgres::PgProxy;
+use crate::harness::replicated::{Replicated, Replication};
+use crate::judge::invariants::GHOSTS;
+use crate::judge::{counts, two_databases};
+use crate::outbox::consumer::{ConsumerKind, Faults};
+use crate::outbox::relay::{RelayConfig, Wakeup};
+use crate::outbox::schema;
+use crate::outbox::writer::{self, INSERT_ORDER, INSERT_OUTBOX};
+use crate::report::Table;
+use crate::stats;
+use crate::wait;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// Orders committed, delivered and replicated before the replication is held.
+    pub orders_before: u32,
+    /// Orders the application tries to commit while the replication is held.
+    pub orders_held: u32,
+    /// Orders committed on the promoted standby: the relay found it and goes on.
+    pub orders_after: u32,
+    /// How long the application keeps trying while the replication is held (a synchronous
+    /// COMMIT waits all of it), before the primary dies.
+    pub hold_ms: u64,
+}
+
+/// The outbox's database on the pair (the pair is the run's own: one name serves).
+const DATABASE: &str = "outboxlab_failover";
+/// The relay polls this often: it finds the held orders, and the promoted standby, quickly.
+const RELAY_POLL: Duration = Duration::from_millis(20);
+/// Bounds each wait for the relay to deliver.
+const DELIVERY_LIMIT: Duration = Duration::from_secs(30);
+/// PostgreSQL logs a sequence's value 32 ahead: orders within them get ids the promoted
+/// standby never hands out again, so a lost order's id is not taken by a new one, and a ghost is
+/// told by its order id.
+const SEQUENCE_LOG_AHEAD: u32 = 32;
+
+/// What each case reports, in the table's order.
+const FIGURES: [&str; 6] = [
+    "acknowledged",
+    "acknowledged_lost",
+    "shipments",
+    "ghost_shipments",
+    "lost",
+    "commit_p50_ms",
+];
+
+const CASES: [Replication; 2] = [Replication::Async, Replication::Sync];
+
+/// Events the consumer has shipped (one shipment per event: the idempotent consumer).
+const SHIPPED: &str = "SELECT count(*) FROM consumer.shipments";
+/// The acknowledged events the database no longer has.
+const ACKNOWLEDGED_LOST: &str = "
+SELECT count(*) FROM unnest($1::uuid[]) AS acknowledged(event_id)
+ WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = acknowledged.event_id)";
+/// What the relay still owes on the promoted standby.
+const UNPUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NULL";
+
+impl Experiment for Params {
+    fn metrics(&self) -> Vec<String> {
+        metric_names(CASES.map(Replication::name), &FIGURES)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.orders_before == 0 || self.orders_held == 0 || self.orders_after == 0 {
+            bail!("orders_before, orders_held and orders_after must each be at least 1");
+        }
+        if self.orders_before + self.orders_held > SEQUENCE_LOG_AHEAD {
+            bail!(
+                "orders_before + orders_held must be at most {SEQUENCE_LOG_AHEAD} (PostgreSQL \
+                 logs a sequence that far ahead: past it the promoted standby would give a new \
+                 order the id of a lost one)"
+            );
+        }
+        if !(100..=10_000).contains(&self.hold_ms) {
+            bail!("hold_ms must be 100..=10000");
+        }
+        Ok(())
+    }
+
+    async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
+        let bins = ctx.server.binaries()?;
+        let mut outcome = Outcome::default();
+        let columns: Vec<&str> = ["replication"].into_iter().chain(FIGURES).collect();
+        let mut table = Table::new(
+            "the primary dies with orders its standby never received; the standby is promoted",
+            &columns,
+        );
+        let progress = ctx.progress().bar(CASES.len() as u64, "failovers");
+        for replication in CASES {
+            let pair = Replicated::start(&bins, replication)
+                .await
+                .context("cannot start the primary and its standby")?;
+            let figures = fail_over(ctx, self, pair, replication).await?;
+            let name = replication.name();
+            let mut row = vec![name.to_string()];
+            for (figure, value) in FIGURES.iter().zip(figures) {
+                outcome
+                    .metrics
+                    .set(format!("{name}.{figure}"), value.clone());
+                row.push(value.to_string());
+            }
+            table.push(row);
+            progress.inc(1);
+        }
+        progress.finish_and_clear();
+        outcome.tables.push(table);
+        Ok(outcome)
+    }
+}
+
+/// One case on its own pair: the figures of [`FIGURES`].
+async fn fail_over(
+    ctx: &Ctx<'_>,
+    params: &Params,
+    mut pair: Replicated,
+    replication: Replication,
+) -> Result<Vec<serde_json::Value>> {
+    let admin = connect::postgres(&connect::parse_url(&pair.url())?).await?;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {DATABASE}"))
+        .await?;
+    let db = Database {
+        server_url: pair.url(),
+        name: DATABASE.into(),
+    };
+    schema::create(&db.connect().await?).await?;
+    // The consumer's side effects live on another server: the failover does not touch them.
+    let consumer_db = ctx.database(replication.name()).await?;
+    let consumer = ctx
+        .start_consumer(&consumer_db, ConsumerKind::Idempotent, &Faults::default())
+        .await?;
+    let shipments = consumer_db.connect().await?;
+    let proxy = PgProxy::start(&db.config()?, 2, None).await?;
+    let (app, relay_link) = (proxy.link(0).database(&db)?, proxy.link(1).database(&db)?);
+    let relay = ctx
+        .relay(&relay_link, &consumer.url, "0", &RelayConfig::default())
+        .with(|relay| relay.follow = Some(Wakeup::Poll(RELAY_POLL)))
+        .spawn()?;
+
+    let acknowledged = Arc::new(Mutex::new(Vec::new()));
+    let mut commit_ms = Vec::new();
+    let mut client = connect::postgres(&app.config()?).await?;
+    for _ in 0..params.orders_before {
+        let started = Instant::now();
+        let event = create_order(&mut client).await?;
+        commit_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        acknowledged.lock().expect("not poisoned").push(event);
+    }
+    delivered(&shipments, i64::from(params.orders_before)).await?;
+    pair.caught_up().await?;
+
+    // The standby now receives nothing: the application goes on committing (asynchronous) or
+    // waits at COMMIT (synchronous), and the relay delivers what it can see.
+    pair.hold_replication().await?;
+    let held = {
+        let acknowledged = acknowledged.clone();
+        let orders = params.orders_held;
+        tokio::spawn(async move {
+            for _ in 0..orders {
+                let event = create_order(&mut client).await?;
+                acknowledged.lock().expect("not poisoned").push(event);
+            }
+            anyhow::Ok(())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(params.hold_ms)).await;
+    let committed = acknowledged.lock().expect("not poisoned").len() as i64;
+    delivered(&shipments, committed).await?;
+
+    pair.fail_over().await.context("cannot fail over")?;
+    held.abort();
+    proxy.repoint(&pair.standby_config()?)?;
+    let mut client = connect::patiently(connect::RECONNECT_PATIENCE, async || {
+        connect::postgres(&app.config()?).await
+    })
+    .await?;
+    for _ in 0..params.orders_after {
+        let event = create_order(&mut client).await?;
+        acknowledged.lock().expect("not poisoned").push(event);
+    }
+    // The same database, on the promoted standby (the harness goes straight to it).
+    let promoted = Database {
+        server_url: pair.url(),
+        ..db.clone()
+    }
+    .connect()
+    .await?;
+    let drained = wait::up_to(DELIVERY_LIMIT, RELAY_POLL, async || {
+        Ok(promoted.query_one(UNPUBLISHED, &[]).await?.get::<_, i64>(0) == 0)
+    })
+    .await?;
+    relay.stop().await?;
+    consumer.stop().await?;
+    drop(proxy);
+    if drained.is_none() {
+        bail!("the relay did not deliver the promoted standby's outbox within {DELIVERY_LIMIT:?}");
+    }
+
+    let acknowledged = acknowledged.lock().expect("not poisoned").clone();
+    let acknowledged_lost: i64 = promoted
+        .query_one(ACKNOWLEDGED_LOST, &[&acknowledged])
+        .await?
+        .get(0);
+    two_databases::bring_application_rows(&promoted, &shipments).await?;
+    let deliveries = counts::one_row(&shipments, counts::DELIVERIES).await?;
+    let ghosts: i64 = shipments
+        .query_one(&format!("SELECT count(*) FROM ({GHOSTS}) g"), &[])
+        .await?
+        .get(0);
+    Ok(vec![
+        (acknowledged.len() as i64).into(),
+        acknowledged_lost.into(),
+        deliveries.get::<_, i64>("shipments").into(),
+        ghosts.into(),
+        deliveries.get::<_, i64>("lost").into(),
+        stats::round_ms(stats::median(&commit_ms)).into(),
+    ])
+}
+
+/// The business transaction: the order and its event, one COMMIT; the event's id once the
+/// COMMIT was answered.
+async fn create_order(client: &mut Client) -> Result<Uuid> {
+    let tx = client.transaction().await?;
+    let id: i64 = tx.query_one(INSERT_ORDER, &[&1_i64]).await?.get(0);
+    let payload = writer::order_payload(id);
+    let row = tx
+        .query_one(
+            INSERT_OUTBOX,
+            &[&id.to_string(), &writer::event_type(1), &payload],
+        )
+        .await?;
+    tx.commit().await?;
+    Ok(row.get("event_id"))
+}
+
+/// Waits until the consumer has shipped `events`.
+async fn delivered(shipments: &Client, events: i64) -> Result<()> {
+    wait::until(
+        format!("the relay to deliver {events} events"),
+        DELIVERY_LIMIT,
+        RELAY_POLL,
+        async || Ok(shipments.query_one(SHIPPED, &[]).await?.get::<_, i64>(0) >= events),
+    )
+    .await
+}
