@@ -93,11 +93,12 @@ fn commit_unknown_counts_what_a_lost_commit_answer_does() {
 /// failover: on a primary with a streaming standby, the walsender held while 5 orders commit,
 /// then the primary killed and the standby promoted under the relay. Asynchronous: the 5
 /// acknowledged orders are gone and their 5 shipments are ghosts. Synchronous (the same steps,
-/// the check that bites on async): none acknowledged during the hold, none lost, no ghost. Both
-/// times the relay reconnects through its re-pointed link and delivers what the promoted
-/// standby holds.
+/// the check that bites on async): none acknowledged during the hold, none lost, no ghost;
+/// unless each wait for the standby is cancelled: 5 ghosts again. The fenced relay on async
+/// replication ships none of the 5 the database loses. Every time the relay reconnects through
+/// its re-pointed link and delivers what the promoted standby holds.
 #[test]
-fn failover_loses_acknowledged_orders_only_when_asynchronous() {
+fn failover_loses_acknowledged_orders_unless_synchronous_and_the_fence_ships_none() {
     let run = scenario("failover", &[]);
     assert_passed(&run);
     for (metric, expected) in [
@@ -109,9 +110,17 @@ fn failover_loses_acknowledged_orders_only_when_asynchronous() {
         ("sync.acknowledged_lost", 0),
         ("sync.ghost_shipments", 0),
         ("sync.lost", 0),
+        ("fenced.acknowledged_lost", 5),
+        ("fenced.ghost_shipments", 0),
+        ("fenced.lost", 0),
     ] {
         assert_eq!(run.metric(metric), expected, "{metric}");
     }
+    // As many as the cancelled waits let through in the hold (5 here when not busy), every
+    // one shipped and lost.
+    let cancelled = run.metric("sync_cancelled.acknowledged_lost");
+    assert!(cancelled >= 1, "{}", run.stdout);
+    assert_eq!(run.metric("sync_cancelled.ghost_shipments"), cancelled);
 }
 
 /// relay-crash, the article's case: 8 received, 5 distinct, naive ships 3 orders twice.

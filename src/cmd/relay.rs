@@ -47,6 +47,11 @@ pub struct RelayArgs {
     /// Hold an aggregate's later events back while an earlier one is undelivered.
     #[arg(long)]
     guard: bool,
+    /// Send a batch only once every streaming standby has flushed the WAL its rows were
+    /// committed in (pg_stat_replication; none streaming: none waited for): a failover cannot
+    /// take back what was sent.
+    #[arg(long)]
+    fence_standby: bool,
     /// Rows per fetch (at least 1).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..))]
     batch: i64,
@@ -93,6 +98,7 @@ pub async fn run(args: RelayArgs) -> Result<ExitCode> {
             batch: args.batch,
             partition: args.partition,
             head_of_line_guard: args.guard,
+            fence_standby: args.fence_standby,
             workers: args.workers,
             ..RelayConfig::default()
         },

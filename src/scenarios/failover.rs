@@ -12,6 +12,11 @@
 //! - `sync`: COMMIT waits for the standby, so nothing the application was told is lost and the
 //!   relay never sees an order the standby lacks; the price is each COMMIT's wait
 //!   (`commit_p50_ms`, beside async's).
+//! - `sync_cancelled`: synchronous, but each COMMIT's wait for the standby is cancelled. The
+//!   order committed locally is then answered and visible: the relay ships it, the failover
+//!   loses it, a ghost even under synchronous replication (PostgreSQL's documented hole).
+//! - `fenced`: asynchronous, and the relay sends only what the standby has flushed
+//!   (`fence_standby`): the acknowledged orders are lost all the same, but none was shipped.
 //!
 //! The orders as the promoted standby has them are brought beside the consumer's shipments
 //! ([`two_databases`]) and judged there by the one definition of a ghost.
@@ -74,7 +79,48 @@ const FIGURES: [&str; 6] = [
     "commit_p50_ms",
 ];
 
-const CASES: [Replication; 2] = [Replication::Async, Replication::Sync];
+/// The cases, each on a pair of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Case {
+    Async,
+    Sync,
+    /// Synchronous, and each COMMIT's wait for the standby cancelled, the application's and the
+    /// relay's (`pg_cancel_backend`, as a timeout on every session would): PostgreSQL warns that the transaction
+    /// "has already committed locally, but might not have been replicated", answers COMMIT,
+    /// and the order is visible to the relay.
+    SyncCancelled,
+    /// Asynchronous, and the relay fenced (`fence_standby`): it sends a batch only once the
+    /// standby has flushed the WAL of its rows' commits.
+    Fenced,
+}
+
+const CASES: [Case; 4] = [Case::Async, Case::Sync, Case::SyncCancelled, Case::Fenced];
+
+impl Case {
+    fn name(self) -> &'static str {
+        match self {
+            Case::Async => "async",
+            Case::Sync => "sync",
+            Case::SyncCancelled => "sync_cancelled",
+            Case::Fenced => "fenced",
+        }
+    }
+
+    fn replication(self) -> Replication {
+        match self {
+            Case::Async | Case::Fenced => Replication::Async,
+            Case::Sync | Case::SyncCancelled => Replication::Sync,
+        }
+    }
+}
+
+/// Cancels the waits of these backends (the actors') for the synchronous standby, and
+/// nothing else: a backend running a statement would see it fail.
+const CANCEL_SYNC_WAITS: &str = "
+SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity
+ WHERE pid = ANY($1) AND wait_event = 'SyncRep'";
+/// The actors' COMMITs wait this long for the standby before their wait is cancelled.
+const CANCEL_EVERY: Duration = Duration::from_millis(50);
 
 /// Events the consumer has shipped (one shipment per event: the idempotent consumer).
 const SHIPPED: &str = "SELECT count(*) FROM consumer.shipments";
@@ -87,7 +133,7 @@ const UNPUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NUL
 
 impl Experiment for Params {
     fn metrics(&self) -> Vec<String> {
-        metric_names(CASES.map(Replication::name), &FIGURES)
+        metric_names(CASES.map(Case::name), &FIGURES)
     }
 
     fn validate(&self) -> Result<()> {
@@ -110,18 +156,18 @@ impl Experiment for Params {
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         let bins = ctx.server.binaries()?;
         let mut outcome = Outcome::default();
-        let columns: Vec<&str> = ["replication"].into_iter().chain(FIGURES).collect();
+        let columns: Vec<&str> = ["case"].into_iter().chain(FIGURES).collect();
         let mut table = Table::new(
             "the primary dies with orders its standby never received; the standby is promoted",
             &columns,
         );
         let progress = ctx.progress().bar(CASES.len() as u64, "failovers");
-        for replication in CASES {
-            let pair = Replicated::start(&bins, replication)
+        for case in CASES {
+            let pair = Replicated::start(&bins, case.replication())
                 .await
                 .context("cannot start the primary and its standby")?;
-            let figures = fail_over(ctx, self, pair, replication).await?;
-            let name = replication.name();
+            let figures = fail_over(ctx, self, pair, case).await?;
+            let name = case.name();
             let mut row = vec![name.to_string()];
             for (figure, value) in FIGURES.iter().zip(figures) {
                 outcome
@@ -143,7 +189,7 @@ async fn fail_over(
     ctx: &Ctx<'_>,
     params: &Params,
     mut pair: Replicated,
-    replication: Replication,
+    case: Case,
 ) -> Result<Vec<serde_json::Value>> {
     let admin = connect::postgres(&connect::parse_url(&pair.url())?).await?;
     admin
@@ -155,15 +201,19 @@ async fn fail_over(
     };
     schema::create(&db.connect().await?).await?;
     // The consumer's side effects live on another server: the failover does not touch them.
-    let consumer_db = ctx.database(replication.name()).await?;
+    let consumer_db = ctx.database(case.name()).await?;
     let consumer = ctx
         .start_consumer(&consumer_db, ConsumerKind::Idempotent, &Faults::default())
         .await?;
     let shipments = consumer_db.connect().await?;
     let proxy = PgProxy::start(&db.config()?, 2, None).await?;
     let (app, relay_link) = (proxy.link(0).database(&db)?, proxy.link(1).database(&db)?);
+    let relay_config = RelayConfig {
+        fence_standby: case == Case::Fenced,
+        ..RelayConfig::default()
+    };
     let relay = ctx
-        .relay(&relay_link, &consumer.url, "0", &RelayConfig::default())
+        .relay(&relay_link, &consumer.url, "0", &relay_config)
         .with(|relay| relay.follow = Some(Wakeup::Poll(RELAY_POLL)))
         .spawn()?;
 
@@ -176,7 +226,16 @@ async fn fail_over(
         commit_ms.push(started.elapsed().as_secs_f64() * 1000.0);
         acknowledged.lock().expect("not poisoned").push(event);
     }
+    // Marked too (the relay's mark would otherwise wait for a held standby), and replayed.
     delivered(&shipments, i64::from(params.orders_before)).await?;
+    let primary = db.connect().await?;
+    wait::until(
+        "the relay to mark what it delivered",
+        DELIVERY_LIMIT,
+        RELAY_POLL,
+        async || Ok(primary.query_one(UNPUBLISHED, &[]).await?.get::<_, i64>(0) == 0),
+    )
+    .await?;
     pair.caught_up().await?;
 
     // The standby now receives nothing: the application goes on committing (asynchronous) or
@@ -193,9 +252,25 @@ async fn fail_over(
             anyhow::Ok(())
         })
     };
-    tokio::time::sleep(Duration::from_millis(params.hold_ms)).await;
-    let committed = acknowledged.lock().expect("not poisoned").len() as i64;
-    delivered(&shipments, committed).await?;
+    let hold = Duration::from_millis(params.hold_ms);
+    match case {
+        Case::Async | Case::Sync | Case::Fenced => tokio::time::sleep(hold).await,
+        Case::SyncCancelled => {
+            let started = Instant::now();
+            while started.elapsed() < hold {
+                tokio::time::sleep(CANCEL_EVERY).await;
+                // The relay's mark COMMIT waits as well: cancelled too, as one timeout for
+                // every session would.
+                let backends = [proxy.link(0).backends(), proxy.link(1).backends()].concat();
+                primary.execute(CANCEL_SYNC_WAITS, &[&backends]).await?;
+            }
+        }
+    }
+    // What the relay can see, it delivers (the fenced relay waits for the standby instead).
+    if case != Case::Fenced {
+        let committed = acknowledged.lock().expect("not poisoned").len() as i64;
+        delivered(&shipments, committed).await?;
+    }
 
     pair.fail_over().await.context("cannot fail over")?;
     held.abort();

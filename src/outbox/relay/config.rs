@@ -149,6 +149,13 @@ pub struct RelayConfig {
     pub partition: Option<Partition>,
     /// Skip events whose aggregate has an earlier undelivered event.
     pub head_of_line_guard: bool,
+    /// Lock design: send a fetched batch only once every streaming standby has flushed the
+    /// WAL up to where the fetch saw it (so up to its rows' commits): a failover to a standby
+    /// cannot take back an event already sent. Waits at most [`FENCE_PATIENCE`], then lets the
+    /// batch go unsent (rolled back, fetched again). With no standby streaming it waits for
+    /// none.
+    #[serde(default)]
+    pub fence_standby: bool,
     /// An HTTP delivery unanswered for this long failed (a lost reply included).
     pub request_timeout: Duration,
     /// Also log every delivery attempt (`sending`, `sent`): the history explore audits.
@@ -169,6 +176,10 @@ pub(super) fn one_worker() -> u32 {
     1
 }
 
+/// How long a fenced relay waits for its standbys to confirm a batch before it lets the batch go
+/// (and fetches it again): a standby that fell behind holds the relay back, not forever.
+pub const FENCE_PATIENCE: Duration = Duration::from_secs(5);
+
 /// The attempts after which a row is a dead letter, unless a relay is told otherwise.
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 5;
 
@@ -185,6 +196,7 @@ impl Default for RelayConfig {
             deadline: Duration::from_secs(60),
             partition: None,
             head_of_line_guard: false,
+            fence_standby: false,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             log_attempts: false,
             log_phases: false,

@@ -8,17 +8,19 @@
 //! [`workers`](super::RelayConfig::workers) overlaps batches without that: each worker is this
 //! loop on its own connection over its own partition of the aggregates, one batch at a time.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row, Statement};
 
+use super::config::FENCE_PATIENCE;
 use super::polling::Relay;
-use super::sql::{MARK_FAILED, UNMARK_FAILED};
+use super::sql::{FENCE_POSITION, MARK_FAILED, STANDBYS_CONFIRMED, UNMARK_FAILED};
 use super::{BatchClock, Pass, RelayConfig};
 use crate::outbox::crash::{self, CrashPoint};
 use crate::outbox::phases::{self, RelayMoment};
+use crate::wait;
 
 impl Relay {
     /// The article's: fetch, deliver and mark in one transaction that holds the row locks.
@@ -41,6 +43,10 @@ impl Relay {
     async fn locked_batch(&mut self) -> Result<Pass> {
         let started = Instant::now();
         let rows = begin_and_fetch(&self.client, &self.fetch, &self.config).await?;
+        if self.config.fence_standby && !rows.is_empty() && !self.standbys_confirm().await? {
+            self.client.batch_execute("ROLLBACK").await?;
+            return Ok(Pass::default());
+        }
         let fetched = Instant::now();
         if self.config.log_phases && !rows.is_empty() {
             phases::relay_moment(RelayMoment::Fetched, &[]);
@@ -74,6 +80,21 @@ impl Relay {
         };
         self.timer.record(rows.len(), &clock);
         Ok(outcome)
+    }
+
+    /// The fence: whether every streaming standby flushed the WAL up to where the fetch saw
+    /// it, within [`FENCE_PATIENCE`].
+    async fn standbys_confirm(&self) -> Result<bool> {
+        let position: String = self.client.query_one(FENCE_POSITION, &[]).await?.get(0);
+        let confirmed = wait::up_to(FENCE_PATIENCE, Duration::from_millis(5), async || {
+            let row = self
+                .client
+                .query_one(STANDBYS_CONFIRMED, &[&position])
+                .await?;
+            Ok(row.get::<_, bool>(0))
+        })
+        .await?;
+        Ok(confirmed.is_some())
     }
 
     /// Broken on purpose (mark-before-send): fetch, mark published and COMMIT, then send. A crash

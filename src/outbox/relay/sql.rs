@@ -13,6 +13,17 @@ SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload
  LIMIT $2
  FOR UPDATE SKIP LOCKED";
 
+/// The fence (`fence_standby`): where the WAL stands after the fetch, so past the commit of
+/// every row it could see.
+pub const FENCE_POSITION: &str = "SELECT pg_current_wal_lsn()::text";
+
+/// The fence: every streaming standby has flushed the WAL up to the fetch's position. None
+/// streaming (a promoted standby, alone): nothing to wait for, so a standby that disconnects
+/// stops guarding; PostgreSQL 17's `synchronized_standby_slots` names them instead.
+pub const STANDBYS_CONFIRMED: &str = "
+SELECT COALESCE(bool_and(flush_lsn >= $1::text::pg_lsn), true)
+  FROM pg_stat_replication WHERE state = 'streaming'";
+
 /// The article's partitioning, added to the fetch: relay $3 of $4 takes only its aggregates.
 /// The article writes `abs(hashtext(aggregate_id)) % $4`, but `abs()` of the one hash -2^31 is
 /// out of integer range: while such a row is undelivered, every partitioned fetch that scans it
