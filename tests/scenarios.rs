@@ -96,7 +96,8 @@ fn commit_unknown_counts_what_a_lost_commit_answer_does() {
 /// the check that bites on async): none acknowledged during the hold, none lost, no ghost;
 /// unless each wait for the standby is cancelled: 5 ghosts again. The fenced relay on async
 /// replication ships none of the 5 the database loses. Every time the relay reconnects through
-/// its re-pointed link and delivers what the promoted standby holds.
+/// its re-pointed link and delivers what the promoted standby holds, but for the log-tailing
+/// relay: its slot stayed on the dead primary, and the 5 orders after the failover never ship.
 #[test]
 fn failover_loses_acknowledged_orders_unless_synchronous_and_the_fence_ships_none() {
     let run = scenario("failover", &[]);
@@ -113,6 +114,9 @@ fn failover_loses_acknowledged_orders_unless_synchronous_and_the_fence_ships_non
         ("fenced.acknowledged_lost", 5),
         ("fenced.ghost_shipments", 0),
         ("fenced.lost", 0),
+        ("cdc.acknowledged_lost", 5),
+        ("cdc.ghost_shipments", 5),
+        ("cdc.lost", 5),
     ] {
         assert_eq!(run.metric(metric), expected, "{metric}");
     }
@@ -121,6 +125,7 @@ fn failover_loses_acknowledged_orders_unless_synchronous_and_the_fence_ships_non
     let cancelled = run.metric("sync_cancelled.acknowledged_lost");
     assert!(cancelled >= 1, "{}", run.stdout);
     assert_eq!(run.metric("sync_cancelled.ghost_shipments"), cancelled);
+    assert!(run.stdout.contains("replication slot") && run.stdout.contains("does not exist"));
 }
 
 /// relay-crash, the article's case: 8 received, 5 distinct, naive ships 3 orders twice.

@@ -17,6 +17,9 @@
 //!   loses it, a ghost even under synchronous replication (PostgreSQL's documented hole).
 //! - `fenced`: asynchronous, and the relay sends only what the standby has flushed
 //!   (`fence_standby`): the acknowledged orders are lost all the same, but none was shipped.
+//! - `cdc`: asynchronous, and the log-tailing relay (a logical slot). The slot is not on the
+//!   promoted standby (PostgreSQL 15): the relay cannot resume, and every event committed
+//!   after the failover is never delivered (`lost`).
 //!
 //! The orders as the promoted standby has them are brought beside the consumer's shipments
 //! ([`two_databases`]) and judged there by the one definition of a ghost.
@@ -29,7 +32,7 @@ use serde::Deserialize;
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use super::{metric_names, Ctx, Experiment, Outcome};
+use super::{metric_names, Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::connect;
 use crate::harness::db::Database;
 use crate::harness::link::postgres::PgProxy;
@@ -37,7 +40,7 @@ use crate::harness::replicated::{Replicated, Replication};
 use crate::judge::invariants::GHOSTS;
 use crate::judge::{counts, two_databases};
 use crate::outbox::consumer::{ConsumerKind, Faults};
-use crate::outbox::relay::{RelayConfig, Wakeup};
+use crate::outbox::relay::{cdc, RelayConfig, Wakeup};
 use crate::outbox::schema;
 use crate::outbox::writer::{self, INSERT_ORDER, INSERT_OUTBOX};
 use crate::report::Table;
@@ -62,6 +65,8 @@ pub struct Params {
 const DATABASE: &str = "outboxlab_failover";
 /// The relay polls this often: it finds the held orders, and the promoted standby, quickly.
 const RELAY_POLL: Duration = Duration::from_millis(20);
+/// The log-tailing relay's slot, on the primary.
+const SLOT: &str = "outboxlab_failover";
 /// Bounds each wait for the relay to deliver.
 const DELIVERY_LIMIT: Duration = Duration::from_secs(30);
 /// PostgreSQL logs a sequence's value 32 ahead: orders within them get ids the promoted
@@ -92,9 +97,19 @@ enum Case {
     /// Asynchronous, and the relay fenced (`fence_standby`): it sends a batch only once the
     /// standby has flushed the WAL of its rows' commits.
     Fenced,
+    /// Asynchronous, and the log-tailing relay: its logical slot lives on the primary only
+    /// (before PostgreSQL 17's failover slots), so after the promotion it has nothing to
+    /// stream from.
+    Cdc,
 }
 
-const CASES: [Case; 4] = [Case::Async, Case::Sync, Case::SyncCancelled, Case::Fenced];
+const CASES: [Case; 5] = [
+    Case::Async,
+    Case::Sync,
+    Case::SyncCancelled,
+    Case::Fenced,
+    Case::Cdc,
+];
 
 impl Case {
     fn name(self) -> &'static str {
@@ -103,12 +118,13 @@ impl Case {
             Case::Sync => "sync",
             Case::SyncCancelled => "sync_cancelled",
             Case::Fenced => "fenced",
+            Case::Cdc => "cdc",
         }
     }
 
     fn replication(self) -> Replication {
         match self {
-            Case::Async | Case::Fenced => Replication::Async,
+            Case::Async | Case::Fenced | Case::Cdc => Replication::Async,
             Case::Sync | Case::SyncCancelled => Replication::Sync,
         }
     }
@@ -166,8 +182,11 @@ impl Experiment for Params {
             let pair = Replicated::start(&bins, case.replication())
                 .await
                 .context("cannot start the primary and its standby")?;
-            let figures = fail_over(ctx, self, pair, case).await?;
+            let (figures, said) = fail_over(ctx, self, pair, case).await?;
             let name = case.name();
+            outcome
+                .notes
+                .extend(said.map(|said| format!("[{name}] {said}")));
             let mut row = vec![name.to_string()];
             for (figure, value) in FIGURES.iter().zip(figures) {
                 outcome
@@ -184,13 +203,14 @@ impl Experiment for Params {
     }
 }
 
-/// One case on its own pair: the figures of [`FIGURES`].
+/// One case on its own pair: the figures of [`FIGURES`], and what the relay said of the
+/// promoted standby where that is the point.
 async fn fail_over(
     ctx: &Ctx<'_>,
     params: &Params,
     mut pair: Replicated,
     case: Case,
-) -> Result<Vec<serde_json::Value>> {
+) -> Result<(Vec<serde_json::Value>, Option<String>)> {
     let admin = connect::postgres(&connect::parse_url(&pair.url())?).await?;
     admin
         .batch_execute(&format!("CREATE DATABASE {DATABASE}"))
@@ -208,14 +228,31 @@ async fn fail_over(
     let shipments = consumer_db.connect().await?;
     let proxy = PgProxy::start(&db.config()?, 2, None).await?;
     let (app, relay_link) = (proxy.link(0).database(&db)?, proxy.link(1).database(&db)?);
-    let relay_config = RelayConfig {
-        fence_standby: case == Case::Fenced,
-        ..RelayConfig::default()
+    let primary = db.connect().await?;
+    if case == Case::Cdc {
+        cdc::create_slot(&primary, SLOT).await?;
+    }
+    let relay_command = |name: &str| match case {
+        Case::Cdc => ctx
+            .cdc_relay(
+                &relay_link,
+                &consumer.url,
+                name,
+                SLOT,
+                &RelayConfig::default(),
+            )
+            .any_role(),
+        _ => {
+            let config = RelayConfig {
+                fence_standby: case == Case::Fenced,
+                ..RelayConfig::default()
+            };
+            ctx.relay(&relay_link, &consumer.url, name, &config)
+                .with(|relay| relay.follow = Some(Wakeup::Poll(RELAY_POLL)))
+                .any_role()
+        }
     };
-    let relay = ctx
-        .relay(&relay_link, &consumer.url, "0", &relay_config)
-        .with(|relay| relay.follow = Some(Wakeup::Poll(RELAY_POLL)))
-        .spawn()?;
+    let relay = relay_command("0").spawn()?;
 
     let acknowledged = Arc::new(Mutex::new(Vec::new()));
     let mut commit_ms = Vec::new();
@@ -226,16 +263,21 @@ async fn fail_over(
         commit_ms.push(started.elapsed().as_secs_f64() * 1000.0);
         acknowledged.lock().expect("not poisoned").push(event);
     }
-    // Marked too (the relay's mark would otherwise wait for a held standby), and replayed.
+    // Marked (or confirmed) too, and replayed: the relay's mark would otherwise wait for a
+    // held standby.
     delivered(&shipments, i64::from(params.orders_before)).await?;
-    let primary = db.connect().await?;
-    wait::until(
-        "the relay to mark what it delivered",
-        DELIVERY_LIMIT,
-        RELAY_POLL,
-        async || Ok(primary.query_one(UNPUBLISHED, &[]).await?.get::<_, i64>(0) == 0),
-    )
-    .await?;
+    match case {
+        Case::Cdc => cdc::wait_caught_up(&primary, SLOT, DELIVERY_LIMIT).await?,
+        _ => {
+            wait::until(
+                "the relay to mark what it delivered",
+                DELIVERY_LIMIT,
+                RELAY_POLL,
+                async || Ok(primary.query_one(UNPUBLISHED, &[]).await?.get::<_, i64>(0) == 0),
+            )
+            .await?
+        }
+    }
     pair.caught_up().await?;
 
     // The standby now receives nothing: the application goes on committing (asynchronous) or
@@ -254,7 +296,7 @@ async fn fail_over(
     };
     let hold = Duration::from_millis(params.hold_ms);
     match case {
-        Case::Async | Case::Sync | Case::Fenced => tokio::time::sleep(hold).await,
+        Case::Async | Case::Sync | Case::Fenced | Case::Cdc => tokio::time::sleep(hold).await,
         Case::SyncCancelled => {
             let started = Instant::now();
             while started.elapsed() < hold {
@@ -290,16 +332,34 @@ async fn fail_over(
     }
     .connect()
     .await?;
-    let drained = wait::up_to(DELIVERY_LIMIT, RELAY_POLL, async || {
-        Ok(promoted.query_one(UNPUBLISHED, &[]).await?.get::<_, i64>(0) == 0)
-    })
-    .await?;
-    relay.stop().await?;
+    let mut said = None;
+    match case {
+        // The log-tailing relay's stream ended with its server; started again (as a supervisor
+        // would), it finds no slot to stream from: what it says is the case's note.
+        Case::Cdc => {
+            relay.stop().await?;
+            let again = relay_command("1").run(CHILD_TIMEOUT).await?;
+            said = Some(format!(
+                "the log-tailing relay, started again: {}",
+                again.end
+            ));
+        }
+        _ => {
+            let drained = wait::up_to(DELIVERY_LIMIT, RELAY_POLL, async || {
+                Ok(promoted.query_one(UNPUBLISHED, &[]).await?.get::<_, i64>(0) == 0)
+            })
+            .await?;
+            relay.stop().await?;
+            if drained.is_none() {
+                bail!(
+                    "the relay did not deliver the promoted standby's outbox within \
+                     {DELIVERY_LIMIT:?}"
+                );
+            }
+        }
+    }
     consumer.stop().await?;
     drop(proxy);
-    if drained.is_none() {
-        bail!("the relay did not deliver the promoted standby's outbox within {DELIVERY_LIMIT:?}");
-    }
 
     let acknowledged = acknowledged.lock().expect("not poisoned").clone();
     let acknowledged_lost: i64 = promoted
@@ -312,14 +372,15 @@ async fn fail_over(
         .query_one(&format!("SELECT count(*) FROM ({GHOSTS}) g"), &[])
         .await?
         .get(0);
-    Ok(vec![
+    let figures = vec![
         (acknowledged.len() as i64).into(),
         acknowledged_lost.into(),
         deliveries.get::<_, i64>("shipments").into(),
         ghosts.into(),
         deliveries.get::<_, i64>("lost").into(),
         stats::round_ms(stats::median(&commit_ms)).into(),
-    ])
+    ];
+    Ok((figures, said))
 }
 
 /// The business transaction: the order and its event, one COMMIT; the event's id once the
