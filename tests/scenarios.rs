@@ -97,7 +97,8 @@ fn commit_unknown_counts_what_a_lost_commit_answer_does() {
 /// unless each wait for the standby is cancelled: 5 ghosts again. The fenced relay on async
 /// replication ships none of the 5 the database loses. Every time the relay reconnects through
 /// its re-pointed link and delivers what the promoted standby holds, but for the log-tailing
-/// relay: its slot stayed on the dead primary, and the 5 orders after the failover never ship.
+/// relay: its slot stayed on the dead primary, and the 5 orders after the failover never ship;
+/// on PostgreSQL 18 with a failover slot it resumes from the standby's copy, and ships no ghost.
 #[test]
 fn failover_loses_acknowledged_orders_unless_synchronous_and_the_fence_ships_none() {
     let run = scenario("failover", &[]);
@@ -117,6 +118,9 @@ fn failover_loses_acknowledged_orders_unless_synchronous_and_the_fence_ships_non
         ("cdc.acknowledged_lost", 5),
         ("cdc.ghost_shipments", 5),
         ("cdc.lost", 5),
+        ("cdc_failover_slot.acknowledged_lost", 5),
+        ("cdc_failover_slot.ghost_shipments", 0),
+        ("cdc_failover_slot.lost", 0),
     ] {
         assert_eq!(run.metric(metric), expected, "{metric}");
     }

@@ -119,6 +119,8 @@ pub struct Cluster {
     data_dir: PathBuf,
     /// `track_commit_timestamp` on: verify times a relay from each event's commit.
     commit_timestamps: bool,
+    /// Server settings beside the throwaway cluster's own (`name=value`, for `-c`).
+    settings: Vec<String>,
 }
 
 impl Cluster {
@@ -134,6 +136,7 @@ impl Cluster {
             run_as,
             data_dir,
             commit_timestamps,
+            settings: Vec::new(),
         };
         cluster.initdb().await?;
         cluster.start_postgres(false).await?;
@@ -189,6 +192,9 @@ impl Cluster {
             ]);
         if self.commit_timestamps {
             postgres.args(["-c", "track_commit_timestamp=on"]);
+        }
+        for setting in &self.settings {
+            postgres.arg("-c").arg(setting);
         }
         if after_crash {
             // Crash recovery first flushes the data directory: one syncfs, not an fsync per
@@ -246,8 +252,11 @@ impl Cluster {
     /// A streaming standby of this cluster, started: `pg_basebackup -R` through the primary's
     /// socket into a throwaway directory of its own, streaming from the physical replication
     /// slot `name` (made here), under `application_name` `name` (what
-    /// `synchronous_standby_names` names). Read-only until [`Cluster::promote`].
-    pub async fn start_standby(&self, name: &str) -> Result<Cluster> {
+    /// `synchronous_standby_names` names). Read-only until [`Cluster::promote`]. With
+    /// `slot_sync` (PostgreSQL 17 and later), it can copy the primary's failover slots
+    /// (`pg_sync_replication_slots`: its connection names a database, and it sends
+    /// `hot_standby_feedback`).
+    pub async fn start_standby(&self, name: &str, slot_sync: bool) -> Result<Cluster> {
         if !self.bins.pg_basebackup.is_file() {
             bail!(
                 "no pg_basebackup beside postgres: {} is missing (apt-get install postgresql)",
@@ -275,6 +284,10 @@ impl Cluster {
             run_as: self.run_as.clone(),
             data_dir,
             commit_timestamps: self.commit_timestamps,
+            settings: match slot_sync {
+                true => vec!["hot_standby_feedback=on".into()],
+                false => Vec::new(),
+            },
         };
         let primary_dir = self.server.run_dir().server_dir();
         let mut basebackup = Command::new(&self.bins.pg_basebackup);
@@ -283,8 +296,9 @@ impl Cluster {
             .arg(&standby.data_dir)
             .args(["-R", "-S", name, "-X", "stream", "--no-sync", "-d"])
             .arg(format!(
-                "host={} port={PORT} user={SUPERUSER} application_name={name}",
-                primary_dir.display()
+                "host={} port={PORT} user={SUPERUSER} application_name={name}{}",
+                primary_dir.display(),
+                if slot_sync { " dbname=postgres" } else { "" }
             ));
         standby
             .server

@@ -60,17 +60,28 @@ const SENDER: &str = "
 SELECT pid FROM pg_stat_replication
  WHERE application_name = $1 AND state = 'streaming' AND ($2 = false OR sync_state = 'sync')";
 
+/// A failover slot's copy on the standby, ready to take over at a promotion (PostgreSQL 17).
+const SYNCED_SLOT: &str = "
+SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND synced AND NOT temporary";
+
 /// The standby has replayed everything the primary has written so far.
 const CAUGHT_UP: &str = "
 SELECT replay_lsn >= pg_current_wal_lsn() FROM pg_stat_replication WHERE application_name = $1";
 
 impl Replicated {
     /// A fresh primary (the same server settings as the throwaway cluster) and its standby,
-    /// streaming; with [`Replication::Sync`], COMMIT waits for the standby.
-    pub async fn start(bins: &PgBinaries, replication: Replication) -> Result<Replicated> {
+    /// streaming; with [`Replication::Sync`], COMMIT waits for the standby. With
+    /// `failover_slots` (PostgreSQL 17 and later), the standby can take copies of the primary's
+    /// failover slots ([`Replicated::sync_slots`]), and the primary sends a failover slot's
+    /// changes to its reader only once the standby has them (`synchronized_standby_slots`).
+    pub async fn start(
+        bins: &PgBinaries,
+        replication: Replication,
+        failover_slots: bool,
+    ) -> Result<Replicated> {
         let primary = Cluster::start(bins, false, false).await?;
         let standby = primary
-            .start_standby(STANDBY)
+            .start_standby(STANDBY, failover_slots)
             .await
             .context("cannot start the streaming standby")?;
         let pair = Replicated {
@@ -80,15 +91,24 @@ impl Replicated {
         };
         let client = pair.primary_client().await?;
         let sync = replication == Replication::Sync;
+        let mut settings = Vec::new();
         if sync {
-            // One statement each: ALTER SYSTEM refuses to run inside a transaction block.
-            for statement in [
-                format!("ALTER SYSTEM SET synchronous_standby_names = '\"{STANDBY}\"'"),
-                "ALTER SYSTEM SET synchronous_commit = 'on'".into(),
-                "SELECT pg_reload_conf()".into(),
-            ] {
-                client.batch_execute(&statement).await?;
-            }
+            settings.push(format!(
+                "ALTER SYSTEM SET synchronous_standby_names = '\"{STANDBY}\"'"
+            ));
+            settings.push("ALTER SYSTEM SET synchronous_commit = 'on'".into());
+        }
+        if failover_slots {
+            settings.push(format!(
+                "ALTER SYSTEM SET synchronized_standby_slots = '{STANDBY}'"
+            ));
+        }
+        if !settings.is_empty() {
+            settings.push("SELECT pg_reload_conf()".into());
+        }
+        // One statement each: ALTER SYSTEM refuses to run inside a transaction block.
+        for statement in settings {
+            client.batch_execute(&statement).await?;
         }
         wait::until(
             "the standby to stream",
@@ -135,6 +155,26 @@ impl Replicated {
             async || {
                 let row = client.query_opt(CAUGHT_UP, &[&STANDBY]).await?;
                 Ok(row.is_some_and(|r| r.get::<_, Option<bool>>(0) == Some(true)))
+            },
+        )
+        .await
+    }
+
+    /// The standby copies the primary's failover slots now (`pg_sync_replication_slots`, what
+    /// its slot sync worker does every few seconds), and waits until `slot`'s copy is ready to
+    /// take over.
+    pub async fn sync_slots(&self, slot: &str) -> Result<()> {
+        let standby = connect::postgres(&self.standby_config()?).await?;
+        wait::until(
+            format!("the standby's copy of slot {slot}"),
+            STANDBY_LIMIT,
+            Duration::from_millis(50),
+            async || {
+                standby
+                    .batch_execute("SELECT pg_sync_replication_slots()")
+                    .await?;
+                let ready = standby.query_opt(SYNCED_SLOT, &[&slot]).await?;
+                Ok(ready.is_some())
             },
         )
         .await

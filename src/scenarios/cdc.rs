@@ -166,7 +166,7 @@ impl<'a> Bench<'a> {
         let slot = cdc::slot_name(&db.name);
         match design {
             Design::Notify => client.batch_execute(schema::NOTIFY_TRIGGER).await?,
-            Design::Cdc => cdc::create_slot(&client, &slot).await?,
+            Design::Cdc => cdc::create_slot(&client, &slot, false).await?,
             Design::Poll100 => {}
         }
         let consumer = ctx

@@ -20,20 +20,25 @@
 //! - `cdc`: asynchronous, and the log-tailing relay (a logical slot). The slot is not on the
 //!   promoted standby (PostgreSQL 15): the relay cannot resume, and every event committed
 //!   after the failover is never delivered (`lost`).
+//! - `cdc_failover_slot`: the same on PostgreSQL 17 or later with a failover slot: the
+//!   standby's copy takes over, the relay resumes, nothing is lost, and the primary never sent
+//!   it what the standby lacked: no ghost either.
 //!
 //! The orders as the promoted standby has them are brought beside the consumer's shipments
 //! ([`two_databases`]) and judged there by the one definition of a ghost.
 
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
 use tokio_postgres::Client;
 use uuid::Uuid;
 
 use super::{metric_names, Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::connect;
+use crate::harness::cluster::PgBinaries;
 use crate::harness::db::Database;
 use crate::harness::link::postgres::PgProxy;
 use crate::harness::replicated::{Replicated, Replication};
@@ -59,6 +64,28 @@ pub struct Params {
     /// How long the application keeps trying while the replication is held (a synchronous
     /// COMMIT waits all of it), before the primary dies.
     pub hold_ms: u64,
+    /// PostgreSQL 17 or later, for the failover slot's case: its server bin directory (a
+    /// relative one is taken from the checkout outbox-lab was built in). `scripts/setup`
+    /// installs PostgreSQL 18 there.
+    pub failover_slot_pg_bin: PathBuf,
+}
+
+impl Params {
+    /// The server binaries of `case`'s pair.
+    fn binaries(&self, ctx: &Ctx<'_>, case: Case) -> Result<PgBinaries> {
+        if case != Case::CdcFailoverSlot {
+            return ctx.server.binaries();
+        }
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(&self.failover_slot_pg_bin);
+        PgBinaries::find(Some(&dir)).map_err(|_| {
+            anyhow!(
+                "the failover scenario's failover slot needs PostgreSQL 17 or later, not found \
+                 in {}: run scripts/setup (it installs PostgreSQL 18 there), or --set \
+                 failover_slot_pg_bin='\"DIR\"'",
+                dir.display()
+            )
+        })
+    }
 }
 
 /// The outbox's database on the pair (the pair is the run's own: one name serves).
@@ -101,14 +128,19 @@ enum Case {
     /// (before PostgreSQL 17's failover slots), so after the promotion it has nothing to
     /// stream from.
     Cdc,
+    /// The same on PostgreSQL 17 or later (`failover_slot_pg_bin`), its slot a failover slot:
+    /// the standby holds a copy that takes over at the promotion, and the primary sends the
+    /// slot's changes only once the standby has them (`synchronized_standby_slots`).
+    CdcFailoverSlot,
 }
 
-const CASES: [Case; 5] = [
+const CASES: [Case; 6] = [
     Case::Async,
     Case::Sync,
     Case::SyncCancelled,
     Case::Fenced,
     Case::Cdc,
+    Case::CdcFailoverSlot,
 ];
 
 impl Case {
@@ -119,12 +151,24 @@ impl Case {
             Case::SyncCancelled => "sync_cancelled",
             Case::Fenced => "fenced",
             Case::Cdc => "cdc",
+            Case::CdcFailoverSlot => "cdc_failover_slot",
         }
+    }
+
+    /// The log-tailing relay's cases.
+    fn tails_the_log(self) -> bool {
+        matches!(self, Case::Cdc | Case::CdcFailoverSlot)
+    }
+
+    /// What the relay sees of the held orders: all of them, but for a relay that waits for the
+    /// standby (the fence, the failover slot's reader).
+    fn ships_what_the_primary_has(self) -> bool {
+        !matches!(self, Case::Fenced | Case::CdcFailoverSlot)
     }
 
     fn replication(self) -> Replication {
         match self {
-            Case::Async | Case::Fenced | Case::Cdc => Replication::Async,
+            Case::Async | Case::Fenced | Case::Cdc | Case::CdcFailoverSlot => Replication::Async,
             Case::Sync | Case::SyncCancelled => Replication::Sync,
         }
     }
@@ -144,6 +188,8 @@ const SHIPPED: &str = "SELECT count(*) FROM consumer.shipments";
 const ACKNOWLEDGED_LOST: &str = "
 SELECT count(*) FROM unnest($1::uuid[]) AS acknowledged(event_id)
  WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = acknowledged.event_id)";
+/// The events the promoted standby holds.
+const EVENTS: &str = "SELECT count(*) FROM outbox";
 /// What the relay still owes on the promoted standby.
 const UNPUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NULL";
 
@@ -170,7 +216,6 @@ impl Experiment for Params {
     }
 
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
-        let bins = ctx.server.binaries()?;
         let mut outcome = Outcome::default();
         let columns: Vec<&str> = ["case"].into_iter().chain(FIGURES).collect();
         let mut table = Table::new(
@@ -179,7 +224,8 @@ impl Experiment for Params {
         );
         let progress = ctx.progress().bar(CASES.len() as u64, "failovers");
         for case in CASES {
-            let pair = Replicated::start(&bins, case.replication())
+            let bins = self.binaries(ctx, case)?;
+            let pair = Replicated::start(&bins, case.replication(), case == Case::CdcFailoverSlot)
                 .await
                 .context("cannot start the primary and its standby")?;
             let (figures, said) = fail_over(ctx, self, pair, case).await?;
@@ -229,11 +275,11 @@ async fn fail_over(
     let proxy = PgProxy::start(&db.config()?, 2, None).await?;
     let (app, relay_link) = (proxy.link(0).database(&db)?, proxy.link(1).database(&db)?);
     let primary = db.connect().await?;
-    if case == Case::Cdc {
-        cdc::create_slot(&primary, SLOT).await?;
+    if case.tails_the_log() {
+        cdc::create_slot(&primary, SLOT, case == Case::CdcFailoverSlot).await?;
     }
     let relay_command = |name: &str| match case {
-        Case::Cdc => ctx
+        Case::Cdc | Case::CdcFailoverSlot => ctx
             .cdc_relay(
                 &relay_link,
                 &consumer.url,
@@ -266,9 +312,9 @@ async fn fail_over(
     // Marked (or confirmed) too, and replayed: the relay's mark would otherwise wait for a
     // held standby.
     delivered(&shipments, i64::from(params.orders_before)).await?;
-    match case {
-        Case::Cdc => cdc::wait_caught_up(&primary, SLOT, DELIVERY_LIMIT).await?,
-        _ => {
+    match case.tails_the_log() {
+        true => cdc::wait_caught_up(&primary, SLOT, DELIVERY_LIMIT).await?,
+        false => {
             wait::until(
                 "the relay to mark what it delivered",
                 DELIVERY_LIMIT,
@@ -279,6 +325,9 @@ async fn fail_over(
         }
     }
     pair.caught_up().await?;
+    if case == Case::CdcFailoverSlot {
+        pair.sync_slots(SLOT).await?;
+    }
 
     // The standby now receives nothing: the application goes on committing (asynchronous) or
     // waits at COMMIT (synchronous), and the relay delivers what it can see.
@@ -296,7 +345,9 @@ async fn fail_over(
     };
     let hold = Duration::from_millis(params.hold_ms);
     match case {
-        Case::Async | Case::Sync | Case::Fenced | Case::Cdc => tokio::time::sleep(hold).await,
+        Case::Async | Case::Sync | Case::Fenced | Case::Cdc | Case::CdcFailoverSlot => {
+            tokio::time::sleep(hold).await
+        }
         Case::SyncCancelled => {
             let started = Instant::now();
             while started.elapsed() < hold {
@@ -308,8 +359,9 @@ async fn fail_over(
             }
         }
     }
-    // What the relay can see, it delivers (the fenced relay waits for the standby instead).
-    if case != Case::Fenced {
+    // What the relay can see, it delivers (the fenced relay, and the failover slot's reader,
+    // wait for the standby instead).
+    if case.ships_what_the_primary_has() {
         let committed = acknowledged.lock().expect("not poisoned").len() as i64;
         delivered(&shipments, committed).await?;
     }
@@ -343,6 +395,18 @@ async fn fail_over(
                 "the log-tailing relay, started again: {}",
                 again.end
             ));
+        }
+        // Started again, it streams from the standby's copy of its slot, until every event
+        // the promoted standby holds is shipped (or the bound: what is missing then is lost).
+        Case::CdcFailoverSlot => {
+            relay.stop().await?;
+            let again = relay_command("1").spawn()?;
+            wait::up_to(DELIVERY_LIMIT, RELAY_POLL, async || {
+                let events: i64 = promoted.query_one(EVENTS, &[]).await?.get(0);
+                Ok(shipments.query_one(SHIPPED, &[]).await?.get::<_, i64>(0) >= events)
+            })
+            .await?;
+            again.stop().await?;
         }
         _ => {
             let drained = wait::up_to(DELIVERY_LIMIT, RELAY_POLL, async || {

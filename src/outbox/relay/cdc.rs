@@ -50,6 +50,11 @@ pub const WAL_LEVEL: &str = "SELECT current_setting('wal_level')";
 /// The slot remembers from where to stream (and retains the WAL from there) until dropped.
 pub const CREATE_SLOT: &str = "SELECT pg_create_logical_replication_slot($1, 'pgoutput')";
 
+/// The same, as a failover slot (PostgreSQL 17): a standby may copy it, and its copy takes over
+/// at a promotion (not temporary, no two-phase, failover).
+pub const CREATE_FAILOVER_SLOT: &str =
+    "SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)";
+
 pub const DROP_SLOT: &str = "SELECT pg_drop_replication_slot($1)";
 
 /// Whether a walsender is streaming from the slot (a stopped relay's may take a moment to go).
@@ -100,8 +105,9 @@ pub fn slot_name(database: &str) -> String {
     database.to_string()
 }
 
-/// The publication and the slot; the slot streams what is committed from now on.
-pub async fn create_slot(client: &Client, slot: &str) -> Result<()> {
+/// The publication and the slot (a failover slot with `failover`); the slot streams what is
+/// committed from now on.
+pub async fn create_slot(client: &Client, slot: &str, failover: bool) -> Result<()> {
     let wal_level: String = client.query_one(WAL_LEVEL, &[]).await?.get(0);
     if wal_level != "logical" {
         bail!(
@@ -110,8 +116,13 @@ pub async fn create_slot(client: &Client, slot: &str) -> Result<()> {
         );
     }
     client.batch_execute(CREATE_PUBLICATION).await?;
+    let create = if failover {
+        CREATE_FAILOVER_SLOT
+    } else {
+        CREATE_SLOT
+    };
     client
-        .execute(CREATE_SLOT, &[&slot])
+        .execute(create, &[&slot])
         .await
         .with_context(|| format!("cannot create replication slot {slot}"))?;
     Ok(())
