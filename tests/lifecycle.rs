@@ -187,7 +187,7 @@ fn cluster_of_a_killed_run_is_removed_by_the_next_run() {
 
 /// The failover scenario's primary and standby, of a run SIGKILLed while the replication is
 /// held (the primary's walsender stopped): both left behind, both removed (their postmasters
-/// gone) by the next run, without waiting out the stopped walsender.
+/// gone) by the next run, without waiting out the stopped walsender, which goes too.
 #[test]
 fn the_standby_of_a_killed_run_is_removed_by_the_next_run() {
     let mut child = outbox_lab()
@@ -217,16 +217,17 @@ fn the_standby_of_a_killed_run_is_removed_by_the_next_run() {
         panic!("the standby never became ready");
     };
     // Killed while the primary's walsender is held (stopped): its shutdown must not wait on it.
+    let before = common::stopped_walsenders();
     let held = wait::blocking_up_to(Duration::from_secs(30), Duration::from_millis(20), || {
-        let stopped = common::processes_whose("stat", |_, stat| stat.contains(") T "));
-        let walsenders = common::processes_whose("cmdline", |pid, cmdline| {
-            cmdline.contains("walsender") && stopped.contains(&pid)
-        });
-        !walsenders.is_empty()
+        let held: Vec<i32> = common::stopped_walsenders()
+            .into_iter()
+            .filter(|pid| !before.contains(pid))
+            .collect();
+        (!held.is_empty()).then_some(held)
     });
     kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
     child.wait().unwrap();
-    assert!(held.is_some(), "the walsender was never held");
+    let held = held.expect("the walsender was never held");
     let left = any_throwaway_dirs_of(child.id());
     assert!(dir.exists(), "a SIGKILLed run cannot clean up");
     let next = outbox_lab()
@@ -244,6 +245,13 @@ fn the_standby_of_a_killed_run_is_removed_by_the_next_run() {
         wait_gone(postmaster),
         "standby {postmaster} of the killed run still running"
     );
+    // A backend leads a session of its own: the stopped one is not in its postmaster's group.
+    for walsender in held {
+        assert!(
+            wait_gone(walsender),
+            "the held walsender {walsender} of the killed run is still there"
+        );
+    }
     for dir in left {
         assert!(!dir.exists(), "{} left behind", dir.display());
     }

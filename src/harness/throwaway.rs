@@ -70,6 +70,20 @@ impl ProcessId {
             && stat_fields(self.pid).is_some_and(|f| f.first().map(String::as_str) == Some("T"))
     }
 
+    /// The pids whose parent is this process (children of a process of ours are ours).
+    fn children(&self) -> Vec<i32> {
+        let Ok(entries) = fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&pid| {
+                stat_fields(pid).and_then(|f| f.get(1)?.parse::<i32>().ok()) == Some(self.pid)
+            })
+            .collect()
+    }
+
     pub fn own() -> ProcessId {
         ProcessId::of(std::process::id() as i32).expect("our own /proc entry")
     }
@@ -87,9 +101,13 @@ impl ProcessId {
             return;
         }
         let pid = Pid::from_raw(self.pid);
-        // A process of its group held by a nemesis (the failover's stopped walsender) would
-        // hold the shutdown back: every one runs again first.
+        // A process of the server held by a nemesis (the failover's stopped walsender) would hold the
+        // shutdown back, and would outlive it stopped: every one runs again first, whether in
+        // its group or, as PostgreSQL's backends (each leads a session of its own), its child.
         let _ = killpg(pid, Signal::SIGCONT);
+        for child in self.children() {
+            let _ = kill(Pid::from_raw(child), Signal::SIGCONT);
+        }
         let _ = kill(pid, signal);
         wait_gone(self);
         if self.is_running() {

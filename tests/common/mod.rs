@@ -356,6 +356,14 @@ pub fn processes_whose(file: &str, matches: impl Fn(i32, &str) -> bool) -> Vec<i
         .collect()
 }
 
+/// The walsenders stopped by a signal (the failover's hold), by pid.
+pub fn stopped_walsenders() -> Vec<i32> {
+    let stopped = processes_whose("stat", |_, stat| stat.contains(") T "));
+    processes_whose("cmdline", |pid, cmdline| {
+        cmdline.contains("walsender") && stopped.contains(&pid)
+    })
+}
+
 /// `outbox-lab scenario ARGS --format json` started in the background, once `ready` finds its
 /// servers up (asked with the run's pid, for at most `limit`); the run is killed and the test
 /// fails if they never are.
