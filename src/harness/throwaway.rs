@@ -101,9 +101,9 @@ impl ProcessId {
             return;
         }
         let pid = Pid::from_raw(self.pid);
-        // A process of the server held by a nemesis (the failover's stopped walsender) would hold the
-        // shutdown back, and would outlive it stopped: every one runs again first, whether in
-        // its group or, as PostgreSQL's backends (each leads a session of its own), its child.
+        // A process of the server held by a nemesis (the failover's stopped walsender) would
+        // hold the shutdown back, and outlive it stopped: every one runs again first, whether
+        // in its group or, as PostgreSQL's backends (each leads a session of its own), a child.
         let _ = killpg(pid, Signal::SIGCONT);
         for child in self.children() {
             let _ = kill(Pid::from_raw(child), Signal::SIGCONT);
