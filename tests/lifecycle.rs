@@ -217,12 +217,9 @@ fn the_standby_of_a_killed_run_is_removed_by_the_next_run() {
         panic!("the standby never became ready");
     };
     // Killed while the primary's walsender is held (stopped): its shutdown must not wait on it.
-    let before = common::stopped_walsenders();
+    let before = common::stopped_walsenders_but(&[]);
     let held = wait::blocking_up_to(Duration::from_secs(30), Duration::from_millis(20), || {
-        let held: Vec<i32> = common::stopped_walsenders()
-            .into_iter()
-            .filter(|pid| !before.contains(pid))
-            .collect();
+        let held = common::stopped_walsenders_but(&before);
         (!held.is_empty()).then_some(held)
     });
     kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();

@@ -101,15 +101,12 @@ fn commit_unknown_counts_what_a_lost_commit_answer_does() {
 /// on PostgreSQL 18 with a failover slot it resumes from the standby's copy, and ships no ghost.
 #[test]
 fn failover_loses_acknowledged_orders_unless_synchronous_and_the_fence_ships_none() {
-    let before = common::stopped_walsenders();
+    let before = common::stopped_walsenders_but(&[]);
     let run = scenario("failover", &[]);
     assert_passed(&run);
     // Each case held its primary's walsender: none is left stopped (a backend leads a session
     // of its own, out of reach of a kill of its postmaster's group).
-    let left: Vec<i32> = common::stopped_walsenders()
-        .into_iter()
-        .filter(|pid| !before.contains(pid))
-        .collect();
+    let left = common::stopped_walsenders_but(&before);
     assert!(left.is_empty(), "walsenders left stopped: {left:?}");
     for (metric, expected) in [
         ("async.acknowledged", 30),

@@ -17,6 +17,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::process::{Child, Command};
 
+use crate::harness::throwaway::processes;
 use crate::wait;
 
 /// How long processes sent SIGKILL may take to be gone (they are, within milliseconds).
@@ -128,20 +129,9 @@ pub fn has_ended(pid: u32) -> io::Result<bool> {
 
 /// Whether a process of group `group` runs (zombies do not count: they write nothing).
 fn group_runs(group: i32) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .any(|pid| {
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                return false;
-            };
-            // After the command name: state, ppid, pgrp (proc(5) fields 3 to 5).
-            let mut fields = stat.rsplit_once(')').map_or("", |s| s.1).split_whitespace();
-            let state = fields.next();
-            let pgrp = fields.nth(1).and_then(|g| g.parse::<i32>().ok());
-            pgrp == Some(group) && state != Some("Z")
-        })
+    // After the command name: state, ppid, pgrp (proc(5) fields 3 to 5).
+    processes().any(|(_, fields)| {
+        fields.first().map(String::as_str) != Some("Z")
+            && fields.get(2).and_then(|g| g.parse().ok()) == Some(group)
+    })
 }

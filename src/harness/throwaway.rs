@@ -72,15 +72,9 @@ impl ProcessId {
 
     /// The pids whose parent is this process (children of a process of ours are ours).
     fn children(&self) -> Vec<i32> {
-        let Ok(entries) = fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|&pid| {
-                stat_fields(pid).and_then(|f| f.get(1)?.parse::<i32>().ok()) == Some(self.pid)
-            })
+        processes()
+            .filter(|(_, fields)| fields.get(1).and_then(|p| p.parse().ok()) == Some(self.pid))
+            .map(|(pid, _)| pid)
             .collect()
     }
 
@@ -118,6 +112,16 @@ impl ProcessId {
             wait_gone(self);
         }
     }
+}
+
+/// Every process now, with its [`stat_fields`].
+pub(crate) fn processes() -> impl Iterator<Item = (i32, Vec<String>)> {
+    fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| Some((pid, stat_fields(pid)?)))
 }
 
 /// The fields of `/proc/PID/stat` after the command name (which may hold spaces): the state

@@ -356,11 +356,11 @@ pub fn processes_whose(file: &str, matches: impl Fn(i32, &str) -> bool) -> Vec<i
         .collect()
 }
 
-/// The walsenders stopped by a signal (the failover's hold), by pid.
-pub fn stopped_walsenders() -> Vec<i32> {
+/// The walsenders stopped by a signal (the failover's hold), by pid, but those in `before`.
+pub fn stopped_walsenders_but(before: &[i32]) -> Vec<i32> {
     let stopped = processes_whose("stat", |_, stat| stat.contains(") T "));
     processes_whose("cmdline", |pid, cmdline| {
-        cmdline.contains("walsender") && stopped.contains(&pid)
+        cmdline.contains("walsender") && stopped.contains(&pid) && !before.contains(&pid)
     })
 }
 
