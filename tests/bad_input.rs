@@ -1,7 +1,7 @@
 //! Bad input and broken environments: one line on stderr saying what to do, exit 2, and
 //! nothing created.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::net::TcpListener;

@@ -1,15 +1,16 @@
 //! The log-tailing relay and the faulty network, on a real PostgreSQL (wal_level=logical):
 //! outcomes asserted from the run's metrics and from the server.
 
-mod common;
+use crate::common;
 
-use common::{assert_passed, query_i64, scenario};
+use common::{assert_passed, scenario, scenario_alone};
 
 /// A CDC relay that dies after sending and before confirming loses nothing: the restarted relay
 /// streams the unconfirmed transaction again (one duplicate), and the slot is dropped after.
+/// On a cluster of its own: its WAL figures are the whole cluster's.
 #[test]
 fn cdc_relay_crash_after_send_before_confirm_loses_nothing() {
-    let run = scenario("cdc", &["--quick"]);
+    let run = scenario_alone("cdc", &["--quick"]);
     assert_passed(&run);
     assert_eq!(run.metric("cdc.lost"), 0);
     assert_eq!(run.metric("cdc.duplicates"), 1);
@@ -31,12 +32,8 @@ fn cdc_relay_crash_after_send_before_confirm_loses_nothing() {
     assert!(run.metric("no_heartbeat.retained_bytes") >= unrelated);
     assert!(run.metric("heartbeat.retained_bytes") * 10 <= unrelated);
     assert_eq!(run.metric("heartbeat.unconfirmed_bytes"), 0);
+    // Nothing of the run is left on the server: no slot retains WAL (counted on the server).
     assert_eq!(run.metric("slot.left"), 0);
-    // Nothing of the run is left on the server: no slot retains WAL.
-    assert_eq!(
-        query_i64("postgres", "SELECT count(*) FROM pg_replication_slots"),
-        0
-    );
 }
 
 /// Replies lost after the consumer committed: the naive consumer ships those orders twice, the

@@ -4,7 +4,7 @@
 //!
 //! The parts that need a second user (`nobody`) run when the tests run as root, as CI does.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;

@@ -1,7 +1,7 @@
 //! The delivery scenarios (ordering, Redis Streams, latency, throughput) on a real PostgreSQL
 //! and a real redis-server, asserting what they measured.
 
-mod common;
+use crate::common;
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};

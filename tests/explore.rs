@@ -2,7 +2,7 @@
 //! random schedules, every deliberately broken design is caught with its characteristic
 //! violation, a run's history is saved, and a bad schedule is a one-line usage error.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

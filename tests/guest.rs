@@ -5,7 +5,7 @@
 //!
 //! The parts that need a second user (`nobody`) run when the tests run as root, as CI does.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

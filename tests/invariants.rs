@@ -3,7 +3,7 @@
 //! check` on a live database takes a row a relay still owes for pending, not lost, names a
 //! duplicate shipment, and judges a consumer's tables in a database of their own.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The throwaway cluster: nothing of ours is left behind after a run that passes, a run whose
 //! check fails, a run stopped with Ctrl-C, and (by the next run) a run killed with SIGKILL.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};

@@ -3,7 +3,7 @@
 //! each names the URL with its password masked. The rest of no password shown is
 //! tests/secrets.rs.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! broker-cluster on a private 3-node NATS cluster, whose nodes a SIGKILLed run leaves to the
 //! next. RabbitMQ is tests/rabbitmq.rs.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;

@@ -3,7 +3,7 @@
 //! another relay re-claimed its rows (claim-lease), which the fencing token stops
 //! (claim-lease-fenced); a restart of a server that is not ours is refused.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -2,7 +2,7 @@
 //! quietly with status 0, never a panic; nor is a standard error that is gone (closed, or a pipe
 //! whose reader left): a run goes on to its own status.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

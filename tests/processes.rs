@@ -2,7 +2,7 @@
 //! nemesis, or stopped at the end although it ignores SIGTERM), and outbox-lab's own children
 //! each lead a process group of their own that goes with them, however the run ends.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! its credentials, and that a SIGKILLed run leaves to the next one to remove; the amqp:// sink
 //! with and without publisher confirms. NATS is tests/nats.rs.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! for every aggregate id, `requeue` (dead letters only, never a row under retry or a row a
 //! relay holds), and a failed delivery unmarked after the lock design's early mark.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

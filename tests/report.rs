@@ -4,7 +4,7 @@
 //! completions). The other scenarios' sections are drawn by the same code from their tables,
 //! checks and notes, and the scenarios themselves are tested once each, in the other files.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

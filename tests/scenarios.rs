@@ -1,6 +1,6 @@
 //! Every scenario against a real PostgreSQL, asserting the figures it measured there.
 
-mod common;
+use crate::common;
 
 use common::{assert_passed, query_i64, scenario};
 
@@ -112,20 +112,20 @@ fn failover_loses_acknowledged_orders_unless_synchronous_and_the_fence_ships_non
         ("async.acknowledged", 30),
         ("async.acknowledged_lost", 5),
         ("async.ghost_shipments", 5),
-        ("async.lost", 0),
+        ("async.events_never_delivered", 0),
         ("sync.acknowledged", 25),
         ("sync.acknowledged_lost", 0),
         ("sync.ghost_shipments", 0),
-        ("sync.lost", 0),
+        ("sync.events_never_delivered", 0),
         ("fenced.acknowledged_lost", 5),
         ("fenced.ghost_shipments", 0),
-        ("fenced.lost", 0),
+        ("fenced.events_never_delivered", 0),
         ("cdc.acknowledged_lost", 5),
         ("cdc.ghost_shipments", 5),
-        ("cdc.lost", 5),
+        ("cdc.events_never_delivered", 5),
         ("cdc_failover_slot.acknowledged_lost", 5),
         ("cdc_failover_slot.ghost_shipments", 0),
-        ("cdc_failover_slot.lost", 0),
+        ("cdc_failover_slot.events_never_delivered", 0),
     ] {
         assert_eq!(run.metric(metric), expected, "{metric}");
     }

@@ -2,7 +2,7 @@
 //! relays), not in what verify prints nor in any file of its run, not in the environment of a
 //! server outbox-lab starts. A URL's password in errors and logs is tests/masked_urls.rs.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::MetadataExt;
 use std::process::{Command, Stdio};

@@ -27,7 +27,6 @@ fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
         "nats-server",
         "psql",
         "redis-cli",
-        "cargo",
         "useradd",
         "rabbitmq-server",
         "node",
@@ -53,6 +52,10 @@ fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
         calls.display()
     );
     write_script(&bin.join("npm"), &npm);
+    write_script(
+        &bin.join("cargo"),
+        &format!("echo \"cargo $*\" >> {}", calls.display()),
+    );
     write_script(&bin.join("sudo"), "\"$@\"");
     let path_python3 = format!("echo \"PATH's python3 $*\" >> {}\nexit 1", calls.display());
     write_script(&bin.join("python3"), &path_python3);
@@ -221,6 +224,7 @@ fn chromium_is_installed_only_for_the_tests() {
 }
 
 /// A zoo entry's library is installed once per lock file: again only when the lock changed.
+/// The crates build into one target directory, the zoo's.
 #[test]
 fn the_zoo_is_installed_once_per_lock_file() {
     let zoo = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("setup-zoo-entries");
@@ -229,12 +233,25 @@ fn the_zoo_is_installed_once_per_lock_file() {
     std::fs::create_dir_all(&entry).unwrap();
     std::fs::write(entry.join("zoo.toml"), "").unwrap();
     std::fs::write(entry.join("package-lock.json"), "{}").unwrap();
+    for crate_entry in ["crate_a", "crate_b"] {
+        std::fs::create_dir_all(zoo.join(crate_entry)).unwrap();
+        std::fs::write(zoo.join(crate_entry).join("zoo.toml"), "").unwrap();
+        std::fs::write(zoo.join(crate_entry).join("Cargo.lock"), crate_entry).unwrap();
+    }
     let calls = setup_with_zoo("zoo-first", &["--zoo"], false, &zoo, None);
     // No package's install script runs: a stranger's code runs only as the relay.
     assert!(
         calls.contains("npm ci --ignore-scripts"),
         "scripts/setup --zoo asked: {calls}"
     );
+    for crate_entry in ["crate_a", "crate_b"] {
+        let build = format!(
+            "cargo build -q --release --locked --manifest-path {}/Cargo.toml --target-dir {}/target",
+            zoo.join(crate_entry).display(),
+            zoo.display()
+        );
+        assert!(calls.contains(&build), "scripts/setup --zoo asked: {calls}");
+    }
     assert!(
         !calls.contains("chromium"),
         "scripts/setup --zoo asked: {calls}"

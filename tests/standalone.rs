@@ -2,7 +2,7 @@
 //! workload written while they run, SIGTERM stops the relay after its batch (nothing lost,
 //! nothing sent twice), and /metrics tells what happened.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Stdio};

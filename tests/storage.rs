@@ -2,7 +2,7 @@
 //! real PostgreSQL: the shapes and figures of the article, from the metrics and from the kept
 //! databases.
 
-mod common;
+use crate::common;
 
 use std::sync::Mutex;
 

@@ -2,7 +2,7 @@
 //! examples — under the nemeses, through HTTP and the brokers, judged by the checker. The ways
 //! a relay command is bad input, and a run cut short, are tests/verify_bad_input.rs.
 
-mod common;
+use crate::common;
 
 use common::verify::{example, our_relay, our_relay_from_its_environment, verify, verify_alone};
 use common::{assert_passed, block_on, create_database, scratch_dir, Run};

@@ -2,7 +2,7 @@
 //! never connects, user SQL that does not apply, breaks our tables or is too slow — and a run
 //! cut short by --time-limit, inconclusive rather than a verdict.
 
-mod common;
+use crate::common;
 
 use common::verify::{our_relay, verify, verify_alone};
 use common::{assert_usage_error, run_tracked, scratch_dir, throwaway_dirs_of};

@@ -3,7 +3,7 @@
 //! schedule), a wrong documented verdict fails, the full run makes the table, and bad input is
 //! one line and exit 2.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -107,7 +107,7 @@ const FIGURES: [&str; 6] = [
     "acknowledged_lost",
     "shipments",
     "ghost_shipments",
-    "lost",
+    "events_never_delivered",
     "commit_p50_ms",
 ];
 

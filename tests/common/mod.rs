@@ -1,7 +1,5 @@
-//! What the integration tests share: the binary, one throwaway cluster per test binary (each
+//! What the integration tests share: the binary, one throwaway cluster for the suite (each
 //! test works in databases of its own on it), and reading a run's JSON result.
-
-#![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod host;
 pub mod verify;
@@ -249,6 +247,19 @@ pub fn assert_usage_error(run: &Run, needle: &str) {
 pub fn scenario(name: &str, args: &[&str]) -> Run {
     let results = scratch_dir(&format!("results-{name}"));
     run_json(&["scenario", name], &results, args)
+}
+
+/// `outbox-lab scenario NAME ARGS --format json` on a throwaway cluster of its own: for figures
+/// of the whole cluster (its WAL), which the suite's other tests would move.
+pub fn scenario_alone(name: &str, args: &[&str]) -> Run {
+    let results = scratch_dir(&format!("results-{name}-alone"));
+    let output = outbox_lab()
+        .args(["scenario", name, "--format", "json", "--results-dir"])
+        .arg(&results)
+        .args(args)
+        .output()
+        .expect("outbox-lab runs");
+    Run::from(output)
 }
 
 /// `outbox-lab COMMAND --format json ARGS` against this binary's cluster, results in `results`.
