@@ -198,12 +198,9 @@ impl Replicated {
     /// back is sent), and the standby is promoted. [`Replicated::url`] names it from now on.
     pub async fn fail_over(&mut self) -> Result<()> {
         if let Some(mut primary) = self.primary.take() {
-            // PostgreSQL's backends each lead a session of their own, out of the reach of a
-            // kill of the postmaster's group: the held walsender is killed by its pid, first,
-            // still stopped, so that it sends nothing it held back and is not left stopped.
-            if let Some(pid) = self.held.take() {
-                kill(pid, Signal::SIGKILL).context("cannot kill the held walsender")?;
-            }
+            // The held walsender dies still stopped, with the primary's other processes: it
+            // sends nothing it held back, and is not left stopped.
+            self.held = None;
             primary.crash().await?;
         }
         self.standby.promote().await

@@ -14,8 +14,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::{Pid, User};
+use nix::sys::signal::Signal;
+use nix::unistd::User;
 
 use crate::harness::process_group;
 use crate::harness::throwaway::{self, Marker, ProcessId, RunDir, ServerProcess};
@@ -188,12 +188,17 @@ impl Server {
         Ok(())
     }
 
-    /// Kills the server and everything in its process group with SIGKILL (a crash, not a stop)
-    /// and collects it within `limit`: then [`Server::start`] can run it again in the same
-    /// directory. The process is our child, not yet waited for: its pid is still its own.
+    /// Kills the server, its process group and its children at once with SIGKILL (a crash, not
+    /// a stop: [`ProcessId::crash`]) and collects it within `limit`: then [`Server::start`] can
+    /// run it again in the same directory. The process is our child, not yet waited for: its
+    /// pid is still its own.
     pub async fn crash(&mut self, limit: Duration) -> Result<()> {
-        if let Some(child) = &self.process {
-            let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+        if let Some(process) = self
+            .process
+            .as_ref()
+            .and_then(|c| ProcessId::of(c.id() as i32))
+        {
+            process.crash();
         }
         self.collect_stopped(limit).await
     }

@@ -87,6 +87,30 @@ impl ProcessId {
         ProcessId::of(self.pid) == Some(*self)
     }
 
+    /// Dies at once with its children, as when its machine dies: all of them frozen (SIGSTOP,
+    /// the parent first, so that it forks no more) before any is killed. A PostgreSQL backend
+    /// leads a session of its own, out of reach of a kill of its postmaster's group, and one
+    /// left running a moment would go on: a COMMIT waiting for a synchronous standby gives up
+    /// when it sees the postmaster gone, and its order is visible to a relay's backend still
+    /// alive.
+    pub fn crash(&self) {
+        if !self.is_running() {
+            return;
+        }
+        let pid = Pid::from_raw(self.pid);
+        let _ = killpg(pid, Signal::SIGSTOP);
+        let _ = kill(pid, Signal::SIGSTOP);
+        let children = self.children();
+        for &child in &children {
+            let _ = kill(Pid::from_raw(child), Signal::SIGSTOP);
+        }
+        let _ = killpg(pid, Signal::SIGKILL);
+        let _ = kill(pid, Signal::SIGKILL);
+        for child in children {
+            let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
+        }
+    }
+
     /// Asks it to stop with `signal`; if it has not ended after [`STOP_TIMEOUT`], kills its
     /// whole process group (a server we start leads one) and waits once more. Nothing is sent to
     /// a pid that is no longer this process.
@@ -424,16 +448,44 @@ pub fn random_secret() -> String {
 
 /// `N` distinct ports of 127.0.0.1 where nothing listened a moment ago, for a server that must
 /// be told its ports (all bound at once, then let go: another process may take one meanwhile,
-/// and the server's start then fails: [`on_free_ports`] tries again).
+/// and the server's start then fails: [`on_free_ports`] tries again). Drawn below the kernel's
+/// ephemeral range where it leaves room ([`FIRST_PORT`] up): a port there is never the local
+/// end of an outgoing connection, which every client on the machine opens by the thousand, so a
+/// port kept for a consumer that restarts is not taken while it is down.
 pub fn free_ports<const N: usize>() -> Result<[u16; N]> {
-    let listeners = (0..N)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<Vec<_>>>()?;
+    let below_ephemeral = below_ephemeral_ports();
+    let mut listeners = Vec::with_capacity(N);
+    let mut draws = 0;
+    while listeners.len() < N {
+        draws += 1;
+        let port = match &below_ephemeral {
+            Some(range) if draws <= 1000 => {
+                let width = u128::from(range.end - range.start);
+                range.start + (uuid::Uuid::new_v4().as_u128() % width) as u16
+            }
+            _ => 0,
+        };
+        match std::net::TcpListener::bind(("127.0.0.1", port)) {
+            Ok(listener) => listeners.push(listener),
+            Err(e) if port == 0 => return Err(e.into()),
+            Err(_) => {}
+        }
+    }
     let mut ports = [0; N];
     for (port, listener) in ports.iter_mut().zip(&listeners) {
         *port = listener.local_addr()?.port();
     }
     Ok(ports)
+}
+
+/// The lowest port [`free_ports`] draws.
+const FIRST_PORT: u16 = 10_000;
+
+/// [`FIRST_PORT`] up to the first port of the kernel's ephemeral range, when that is wide.
+fn below_ephemeral_ports() -> Option<std::ops::Range<u16>> {
+    let range = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let first_ephemeral: u16 = range.split_whitespace().next()?.parse().ok()?;
+    (first_ephemeral >= FIRST_PORT + 1000).then_some(FIRST_PORT..first_ephemeral)
 }
 
 /// A server told its ports is started this many times at most.
@@ -505,5 +557,46 @@ mod tests {
         .await;
         assert!(failed.is_err());
         assert_eq!(tries, 1);
+    }
+
+    /// A crash takes the children that lead sessions of their own (as PostgreSQL's backends
+    /// do), not only the process's group.
+    #[test]
+    fn a_crash_kills_the_children_that_left_its_group() {
+        use std::os::unix::process::CommandExt;
+        let mut parent = std::process::Command::new("sh")
+            .args(["-c", "setsid sleep 1000 & wait"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let process = ProcessId::of(parent.id() as i32).unwrap();
+        let every = Duration::from_millis(10);
+        let child = wait::blocking_up_to(STOP_TIMEOUT, every, || {
+            process
+                .children()
+                .first()
+                .and_then(|&pid| ProcessId::of(pid))
+        })
+        .expect("its child started");
+        process.crash();
+        parent.wait().unwrap();
+        let gone = wait::blocking_up_to(STOP_TIMEOUT, every, || !child.is_running());
+        let survived = gone.is_none();
+        let _ = kill(Pid::from_raw(child.pid), Signal::SIGKILL);
+        assert!(!survived, "the child of its own session outlived the crash");
+    }
+
+    /// No outgoing connection takes a port it gives: they are below the ephemeral range.
+    #[test]
+    fn free_ports_are_below_the_ephemeral_range() {
+        let range = below_ephemeral_ports().expect("this machine's range leaves room");
+        for _ in 0..20 {
+            let ports = free_ports::<3>().unwrap();
+            assert!(
+                ports.iter().all(|p| range.contains(p)),
+                "{ports:?} not in {range:?}"
+            );
+            assert!(ports[0] != ports[1] && ports[1] != ports[2] && ports[0] != ports[2]);
+        }
     }
 }
