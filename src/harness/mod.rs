@@ -1,7 +1,8 @@
 //! The harness: everything that sets the stage for the system under test and watches it — the
 //! throwaway PostgreSQL [`cluster`] (and a [`replicated`] pair, primary and streaming standby,
-//! for failover), [`redis_server`], [`nats_server`] and [`rabbitmq_server`] (in [`throwaway`]
-//! directories; the last three [`on_demand`]: the user's or a private one started on first use), the
+//! for failover), [`redis_server`], [`nats_server`] and [`rabbitmq_server`] (on free [`ports`],
+//! in [`throwaway`] directories; the last three [`on_demand`]: the user's or a private one
+//! started on first use), the
 //! [`db`] server and databases of a run, the [`run`]'s life around them (its id, Ctrl-C), [`child`]
 //! processes that die for real, a [`foreign`] relay (the user's command, [`run_as`] an
 //! unprivileged user when we are root), each leading a
@@ -20,6 +21,7 @@ pub mod load;
 pub mod nats_server;
 pub mod nemesis;
 pub mod on_demand;
+pub mod ports;
 pub mod process_group;
 pub mod rabbitmq_server;
 pub mod redis_server;

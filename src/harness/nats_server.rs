@@ -25,6 +25,7 @@ use nix::unistd::User;
 use crate::connect;
 use crate::error::Error;
 use crate::harness::on_demand::{find_program, run_prefix, OnDemand, PrivateServer};
+use crate::harness::ports;
 use crate::harness::server::{write_owned, Server};
 use crate::harness::throwaway::{self, RunDir};
 use crate::wait;
@@ -154,8 +155,7 @@ impl NatsCluster {
     /// Starts the nodes one after another, then waits until the cluster can hold an R3 stream;
     /// again on fresh ports if one of its ports was taken meanwhile.
     async fn start(binary: PathBuf, keep: bool) -> Result<NatsCluster> {
-        throwaway::on_free_ports(async |ports| Self::start_on(binary.clone(), ports, keep).await)
-            .await
+        ports::on_free_ports(async |ports| Self::start_on(binary.clone(), ports, keep).await).await
     }
 
     /// Starts the cluster on `ports`: the nodes' client ports, then their route ports.

@@ -36,7 +36,7 @@ use crate::connect;
 use crate::error::Error;
 use crate::harness::on_demand::{find_program, OnDemand, PrivateServer};
 use crate::harness::server::{write_owned, Server};
-use crate::harness::throwaway;
+use crate::harness::{ports, throwaway};
 
 /// RabbitMQ 3.10 boots in 5 to 10 s on a busy 2-core machine (mnesia, the message stores);
 /// this bounds a wedged start.
@@ -103,8 +103,7 @@ impl PrivateServer for RabbitServer {
             bail!("{RABBITMQ_SERVER} not found: {}", Self::SETUP);
         }
         let epmd_binary = find_program("epmd", &["/usr/bin"], Self::SETUP)?;
-        throwaway::on_free_ports(async |ports| Self::start_on(&epmd_binary, ports, keep).await)
-            .await
+        ports::on_free_ports(async |ports| Self::start_on(&epmd_binary, ports, keep).await).await
     }
 
     fn url(&self) -> String {

@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::{metric_names, Ctx, Experiment, Outcome, CHILD_TIMEOUT};
 use crate::harness::child::role::NaiveAppRole;
 use crate::harness::child::ChildCommand;
-use crate::harness::throwaway;
+use crate::harness::ports;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::crash::{CrashPlan, CrashPoint};
@@ -95,7 +95,7 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
         .start_consumer(&db, ConsumerKind::Naive, &Faults::default())
         .await?;
     // An address where nothing listens: a port bound a moment ago, then let go.
-    let [closed] = throwaway::free_ports()?;
+    let [closed] = ports::free_ports()?;
     let nobody_listens = format!("http://127.0.0.1:{closed}");
     let mut outcome = Outcome::default();
     let mut per_path = Table::new(

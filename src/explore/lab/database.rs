@@ -12,7 +12,7 @@ use crate::error;
 use crate::explore::designs::Design;
 use crate::harness::db::PgServer;
 use crate::harness::nemesis::format_duration;
-use crate::harness::throwaway;
+use crate::harness::ports;
 use crate::judge::record;
 use crate::outbox::schema;
 use crate::outbox::writer;
@@ -108,7 +108,7 @@ impl<'s> Lab<'s> {
         let db = server.create_database(design.name).await?;
         let client = db.connect_as(LAB_APPLICATION_NAME).await?;
         bound_session(&client, &bounds).await?;
-        let [port] = throwaway::free_ports()?;
+        let [port] = ports::free_ports()?;
         Ok(Lab {
             design,
             relays,
