@@ -97,17 +97,20 @@ impl ProcessId {
         if !self.is_running() {
             return;
         }
-        let pid = Pid::from_raw(self.pid);
-        let _ = killpg(pid, Signal::SIGSTOP);
-        let _ = kill(pid, Signal::SIGSTOP);
+        self.signal_with(Signal::SIGSTOP, &[]);
         let children = self.children();
-        for &child in &children {
-            let _ = kill(Pid::from_raw(child), Signal::SIGSTOP);
-        }
-        let _ = killpg(pid, Signal::SIGKILL);
-        let _ = kill(pid, Signal::SIGKILL);
-        for child in children {
-            let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
+        self.signal_with(Signal::SIGSTOP, &children);
+        self.signal_with(Signal::SIGKILL, &children);
+    }
+
+    /// Sends `signal` to the process, its group and `children`: PostgreSQL's backends each
+    /// lead a session of their own, out of reach of the group.
+    fn signal_with(&self, signal: Signal, children: &[i32]) {
+        let pid = Pid::from_raw(self.pid);
+        let _ = killpg(pid, signal);
+        let _ = kill(pid, signal);
+        for &child in children {
+            let _ = kill(Pid::from_raw(child), signal);
         }
     }
 
@@ -121,11 +124,8 @@ impl ProcessId {
         let pid = Pid::from_raw(self.pid);
         // A process of the server held by a nemesis (the failover's stopped walsender) would
         // hold the shutdown back, and outlive it stopped: every one runs again first, whether
-        // in its group or, as PostgreSQL's backends (each leads a session of its own), a child.
-        let _ = killpg(pid, Signal::SIGCONT);
-        for child in self.children() {
-            let _ = kill(Pid::from_raw(child), Signal::SIGCONT);
-        }
+        // in its group or a child.
+        self.signal_with(Signal::SIGCONT, &self.children());
         let _ = kill(pid, signal);
         wait_gone(self);
         if self.is_running() {
