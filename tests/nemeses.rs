@@ -7,16 +7,15 @@ use crate::common;
 
 use std::path::PathBuf;
 
-use common::{assert_passed, assert_usage_error, outbox_lab, run_json, scratch_dir, Run};
+use common::{
+    assert_passed, assert_usage_error, on_own_cluster, outbox_lab, run_json, scratch_dir, Run,
+};
 
 /// `outbox-lab explore ARGS --format json` on a throwaway cluster of its own (a database
 /// restart restarts the whole server: not the one the other tests share).
 fn explore_on_own_cluster(name: &str, args: &[&str]) -> (Run, PathBuf) {
     let results = scratch_dir(&format!("nemeses-{name}"));
-    let output = outbox_lab()
-        .args(["explore", "--format", "json", "--results-dir"])
-        .arg(&results)
-        .args(args)
+    let output = on_own_cluster(&["explore"], &results, args)
         .output()
         .expect("outbox-lab runs");
     (Run::from(output), results)

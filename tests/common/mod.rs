@@ -253,13 +253,21 @@ pub fn scenario(name: &str, args: &[&str]) -> Run {
 /// of the whole cluster (its WAL), which the suite's other tests would move.
 pub fn scenario_alone(name: &str, args: &[&str]) -> Run {
     let results = scratch_dir(&format!("results-{name}-alone"));
-    let output = outbox_lab()
-        .args(["scenario", name, "--format", "json", "--results-dir"])
-        .arg(&results)
-        .args(args)
+    let output = on_own_cluster(&["scenario", name], &results, args)
         .output()
         .expect("outbox-lab runs");
     Run::from(output)
+}
+
+/// `outbox-lab COMMAND --format json ARGS` on a throwaway cluster of its own (no
+/// `--database-url`), results in `results`.
+pub fn on_own_cluster(command: &[&str], results: &Path, args: &[&str]) -> Command {
+    let mut run = outbox_lab();
+    run.args(command)
+        .args(["--format", "json", "--results-dir"])
+        .arg(results)
+        .args(args);
+    run
 }
 
 /// `outbox-lab COMMAND --format json ARGS` against this binary's cluster, results in `results`.

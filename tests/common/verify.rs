@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::{outbox_lab, run_json, scratch_dir, Run};
+use super::{on_own_cluster, run_json, scratch_dir, Run};
 
 /// `outbox-lab verify ARGS --format json` on this test binary's cluster.
 pub fn verify(args: &[&str]) -> Run {
@@ -14,13 +14,7 @@ pub fn verify(args: &[&str]) -> Run {
 /// `outbox-lab verify ARGS --format json` on a throwaway cluster of its own (where the database
 /// may be restarted), results in `results`.
 pub fn verify_alone(results: &Path, args: &[&str]) -> std::process::Command {
-    let mut command = outbox_lab();
-    command
-        .arg("verify")
-        .args(args)
-        .args(["--format", "json", "--results-dir"])
-        .arg(results);
-    command
+    on_own_cluster(&["verify"], results, args)
 }
 
 /// An example relay of examples/relays/.
