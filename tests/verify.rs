@@ -653,3 +653,96 @@ fn the_article_relay_killed_on_a_delivery_sends_it_again() {
     assert_passed(&idempotent);
     assert_eq!(idempotent.metric("verify.delivered_distinct"), 100);
 }
+
+/// db-failover: the outbox's database on a primary with a streaming standby, reached through
+/// one address, the primary's machine killed and the standby promoted under our relay. With
+/// synchronous replication nothing the writer was told is lost and the relay, reconnecting to
+/// the same address, holds every claim; with asynchronous replication the writer's
+/// acknowledged orders are gone (acknowledged-lost, the database's loss) and the relay had
+/// already shipped some of them: ghosts "lost in failover". The same relay, only the
+/// replication differs: the check bites on the database, not on the relay.
+#[test]
+fn a_failover_loses_acknowledged_orders_unless_synchronous() {
+    let relay = our_relay("");
+    let failover = |mode: &str| {
+        verify(&[
+            "--relay-cmd",
+            &relay,
+            "--nemesis",
+            "db-failover",
+            "--replication",
+            mode,
+            "--events",
+            "400",
+        ])
+    };
+    let sync = failover("sync");
+    assert_passed(&sync);
+    assert_eq!(sync.metric("verify.faults_fired"), 1);
+    assert_eq!(sync.metric("verify.acknowledged_lost"), 0);
+    assert_eq!(sync.metric("verify.written"), 400);
+    assert_eq!(sync.json()["params"]["replication"], "sync");
+
+    let run = failover("async");
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(run.metric("verify.faults_fired"), 1);
+    assert!(
+        run.metric("verify.acknowledged_lost") >= 1,
+        "{}",
+        run.stdout
+    );
+    assert!(run.metric("verify.ghost.violating") >= 1, "{}", run.stdout);
+    let violations = run.table("violations");
+    let row = |name: &str| {
+        let rows = violations["rows"].as_array().unwrap();
+        let found = rows.iter().find(|r| r[0] == name);
+        found
+            .unwrap_or_else(|| panic!("no {name} row in {violations}"))
+            .clone()
+    };
+    assert!(
+        row("ghost")[3]
+            .as_str()
+            .unwrap()
+            .contains("(lost in failover)"),
+        "{violations}"
+    );
+    assert_eq!(row("acknowledged-lost")[1], "the database's");
+    assert!(replay_of(&run, "ghost").contains("--replication async"));
+    // Nothing of the pair is left: no walsender held, no standby running.
+    assert!(common::stopped_walsenders_but(&[]).is_empty());
+}
+
+/// A relay that never connects again after the failover (it holds one session, then sleeps)
+/// is judged on liveness, with the reason said: not a harness error.
+#[test]
+fn a_relay_that_never_reconnects_after_a_failover_fails_liveness_and_says_why() {
+    let relay = "sh -c 'psql -Atqc \"SELECT pg_sleep(120)\"; sleep 120'";
+    let run = verify(&[
+        "--relay-cmd",
+        relay,
+        "--nemesis",
+        "db-failover",
+        "--events",
+        "10",
+        "--time-limit",
+        "60s",
+    ]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(run.metric("verify.faults_fired"), 1);
+    let violations = run.table("violations");
+    let liveness = violations["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r[0] == "liveness")
+        .unwrap_or_else(|| panic!("no liveness row in {violations}"))
+        .clone();
+    assert!(
+        liveness[3]
+            .as_str()
+            .unwrap()
+            .contains("none connected again after the failover"),
+        "{liveness}"
+    );
+}

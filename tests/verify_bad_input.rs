@@ -24,6 +24,18 @@ fn a_relay_command_that_is_not_there_is_bad_input() {
     let run = verify(&[
         "--relay-cmd",
         "sh",
+        "--nemesis",
+        "kill",
+        "--replication",
+        "sync",
+    ]);
+    assert_usage_error(
+        &run,
+        "--replication says how the database of a db-failover replicates",
+    );
+    let run = verify(&[
+        "--relay-cmd",
+        "sh",
         "--sink",
         "redis",
         "--schedule",

@@ -14,6 +14,7 @@ use crate::explore::history;
 use crate::harness::db::{PgServer, ServerChoice};
 use crate::harness::foreign::PLACEHOLDERS;
 use crate::harness::nemesis::parse_duration;
+use crate::harness::replicated::Replication;
 use crate::harness::run::{new_run_id, on_server};
 use crate::harness::run_as::RunAs;
 use crate::outbox::consumer::ConsumerKind;
@@ -37,6 +38,7 @@ Examples:
       --pending-sql 'SELECT count(*) FROM lease_outbox WHERE processed_at IS NULL' \
       --schedule 'pause:relay:on-delivery@3+2500ms'
   outbox-lab verify --database-url postgres://user@host/postgres --relay-cmd '...'
+  outbox-lab verify --relay-cmd '...' --nemesis db-failover --replication async   # ghosts
 
 The relay is started N times (--relays) from the command, with these placeholders filled in
 (the same values are in its environment, and libpq's PGHOST, PGPORT, PGUSER, PGDATABASE), the
@@ -80,7 +82,8 @@ pub struct VerifyArgs {
     /// The nemeses, comma-separated: kill, pause, db-restart, db-kill-backend, dbnet-reset,
     /// dbnet-partition, dbnet-commit-lost, net-reset, net-reply-lost, net-delay, and those on a
     /// delivery (kill-on-delivery, pause-on-delivery, db-kill-backend-on-delivery); or all, or
-    /// none.
+    /// none. Named only, not in all: net-down, and db-failover (the database on a primary
+    /// with a streaming standby, promoted under the relays; see --replication).
     #[arg(
         long,
         value_delimiter = ',',
@@ -138,6 +141,11 @@ pub struct VerifyArgs {
     /// payload (jsonb).
     #[arg(long, value_name = "SQL", requires = "pending_sql")]
     insert_sql: Option<String>,
+    /// How the primary of a db-failover replicates to its standby: async (PostgreSQL's
+    /// default: a COMMIT the application saw succeed may be lost) or sync
+    /// (synchronous_standby_names and synchronous_commit = on: none is).
+    #[arg(long, value_enum, value_name = "MODE")]
+    replication: Option<Replication>,
     #[command(flatten)]
     run: RunArgs,
 }
@@ -184,6 +192,7 @@ impl VerifyArgs {
             insert_sql: self.insert_sql.clone(),
             external_server: self.run.database_url.is_some(),
             sink: self.sink,
+            replication: self.replication,
         })
     }
 }

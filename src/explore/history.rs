@@ -11,6 +11,7 @@ use std::path::Path;
 use anyhow::Result;
 use serde::Serialize;
 
+use crate::outbox::writer;
 use crate::report;
 
 pub use crate::harness::link::watch::Held;
@@ -111,6 +112,14 @@ pub struct History {
     pub attempts: Vec<Attempt>,
     /// Offending ids per violated invariant.
     pub violations: BTreeMap<String, Vec<String>>,
+    /// The orders whose COMMIT the writer saw succeed, as its log says: (order id, customer).
+    #[serde(skip)]
+    pub acknowledged: Vec<(i64, i64)>,
+    /// Acknowledged orders the database no longer has after the run (`order 12`): a failover
+    /// lost them. The database's loss, told apart from a relay's `lost`; a shipment of one is
+    /// a ghost "lost in failover".
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub acknowledged_lost: Vec<String>,
 }
 
 impl History {
@@ -155,6 +164,11 @@ impl History {
             outcome,
             error: error.map(str::to_string),
         });
+    }
+
+    /// The orders a writer's log says were acknowledged.
+    pub fn record_acknowledged(&mut self, log: &str) {
+        self.acknowledged.extend(writer::acknowledged_in(log));
     }
 
     pub fn record_process(&mut self, process: &str, armed: Option<String>, end: String) {

@@ -28,6 +28,7 @@ use anyhow::{anyhow, bail, Result};
 use serde_json::json;
 
 use crate::harness::db::PgServer;
+use crate::harness::replicated::Replication;
 use designs::{Design, Invariant, DESIGNS};
 use lab::{Lab, Workload};
 use schedule::Nemesis;
@@ -253,8 +254,14 @@ pub async fn explore_design(
     progress: bool,
 ) -> Result<DesignResult> {
     let clock = Instant::now();
-    let lab = Lab::prepare(server, design, plan.workload).await?;
     let schedules = plan.schedules(design);
+    // A failover needs the design's database on a replicated pair (asynchronous: what loses).
+    let fails_over = schedules
+        .iter()
+        .flat_map(|s| &s.nemeses)
+        .any(|n| matches!(n, Nemesis::DbFailover { .. }));
+    let replication = fails_over.then_some(Replication::Async);
+    let lab = Lab::prepare(server, design, plan.workload, replication).await?;
     let mut runs = Vec::with_capacity(schedules.len());
     for schedule in &schedules {
         runs.push(lab.run(schedule).await?);

@@ -15,10 +15,13 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use tokio::sync::watch;
 use tokio_postgres::Config;
 
 use crate::connect;
 use crate::harness::cluster::{Cluster, PgBinaries};
+use crate::harness::db::Database;
+use crate::harness::link::postgres::PgProxy;
 use crate::wait;
 
 /// The standby's name: its replication slot, and its `application_name` on the primary (what
@@ -28,7 +31,7 @@ const STANDBY: &str = "standby";
 const STANDBY_LIMIT: Duration = Duration::from_secs(30);
 
 /// How the primary waits for its standby at COMMIT.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Replication {
     /// The primary answers COMMIT once its own WAL is flushed (PostgreSQL's default).
     Async,
@@ -69,17 +72,19 @@ const CAUGHT_UP: &str = "
 SELECT replay_lsn >= pg_current_wal_lsn() FROM pg_stat_replication WHERE application_name = $1";
 
 impl Replicated {
-    /// A fresh primary (the same server settings as the throwaway cluster) and its standby,
-    /// streaming; with [`Replication::Sync`], COMMIT waits for the standby. With
-    /// `failover_slots` (PostgreSQL 17 and later), the standby can take copies of the primary's
-    /// failover slots ([`Replicated::sync_slots`]), and the primary sends a failover slot's
-    /// changes to its reader only once the standby has them (`synchronized_standby_slots`).
+    /// A fresh primary (the same server settings as the throwaway cluster; with
+    /// `commit_timestamps`, `track_commit_timestamp` on) and its standby, streaming; with
+    /// [`Replication::Sync`], COMMIT waits for the standby. With `failover_slots` (PostgreSQL
+    /// 17 and later), the standby can take copies of the primary's failover slots
+    /// ([`Replicated::sync_slots`]), and the primary sends a failover slot's changes to its
+    /// reader only once the standby has them (`synchronized_standby_slots`).
     pub async fn start(
         bins: &PgBinaries,
         replication: Replication,
         failover_slots: bool,
+        commit_timestamps: bool,
     ) -> Result<Replicated> {
-        let primary = Cluster::start(bins, false, false).await?;
+        let primary = Cluster::start(bins, false, commit_timestamps).await?;
         let standby = primary
             .start_standby(STANDBY, failover_slots)
             .await
@@ -89,7 +94,31 @@ impl Replicated {
             standby,
             held: None,
         };
-        let client = pair.primary_client().await?;
+        pair.replicate(replication, failover_slots).await?;
+        Ok(pair)
+    }
+
+    /// After a failover, the promoted standby becomes the primary of a new standby, copied
+    /// from it as the first was (`pg_basebackup -R`), replicating as `replication` says: a
+    /// pair again, ready for the next failover. Nothing to do before one.
+    pub async fn renew(&mut self, replication: Replication) -> Result<()> {
+        if self.primary.is_some() {
+            return Ok(());
+        }
+        let standby = self
+            .standby
+            .start_standby(STANDBY, false)
+            .await
+            .context("cannot start a new streaming standby")?;
+        self.primary = Some(std::mem::replace(&mut self.standby, standby));
+        self.replicate(replication, false).await
+    }
+
+    /// The primary's settings for its standby (written with ALTER SYSTEM, which a base backup
+    /// taken before does not carry), then waits until the standby streams (for `sync`, as
+    /// the synchronous one).
+    async fn replicate(&self, replication: Replication, failover_slots: bool) -> Result<()> {
+        let client = self.primary_client().await?;
         let sync = replication == Replication::Sync;
         let mut settings = Vec::new();
         if sync {
@@ -121,8 +150,7 @@ impl Replicated {
                     .is_some())
             },
         )
-        .await?;
-        Ok(pair)
+        .await
     }
 
     /// The primary's superuser URL (the standby's once it failed over).
@@ -194,6 +222,14 @@ impl Replicated {
         Ok(())
     }
 
+    /// Lets the held walsender go on (SIGCONT): a failover that did not come (the run ended
+    /// first) leaves nothing held.
+    pub fn release_replication(&mut self) {
+        if let Some(pid) = self.held.take() {
+            let _ = kill(pid, Signal::SIGCONT);
+        }
+    }
+
     /// The failover: the primary dies at once, every process of it killed (nothing it held
     /// back is sent), and the standby is promoted. [`Replicated::url`] names it from now on.
     pub async fn fail_over(&mut self) -> Result<()> {
@@ -210,8 +246,76 @@ impl Replicated {
 impl Drop for Replicated {
     fn drop(&mut self) {
         // A stopped walsender would hold the primary's shutdown back.
-        if let Some(pid) = self.held.take() {
-            let _ = kill(pid, Signal::SIGCONT);
+        self.release_replication();
+    }
+}
+
+/// The pair behind one address, as a virtual IP is: whoever connects there reaches the
+/// primary, and after [`VirtualPrimary::fail_over`] the promoted standby (verify's
+/// `db:failover`). Everyone reaches the pair through its link (the lab, and each actor's own
+/// link, which connects to this one), so the failover cuts every connection at once and a
+/// client that connects again with the same URL finds the new primary.
+pub struct VirtualPrimary {
+    pair: tokio::sync::Mutex<Replicated>,
+    replication: Replication,
+    address: PgProxy,
+}
+
+impl VirtualPrimary {
+    /// A fresh pair of the `bins` servers, replicating as `replication` says, behind an address
+    /// of its own (a private socket).
+    pub async fn start(bins: &PgBinaries, replication: Replication) -> Result<VirtualPrimary> {
+        let pair = Replicated::start(bins, replication, false, true).await?;
+        let address = PgProxy::start(&connect::parse_url(&pair.url())?, 1, None).await?;
+        Ok(VirtualPrimary {
+            pair: tokio::sync::Mutex::new(pair),
+            replication,
+            address,
+        })
+    }
+
+    pub fn replication(&self) -> Replication {
+        self.replication
+    }
+
+    /// Creates the database `name` on the pair (its own: no other run's is there), reached at
+    /// the address.
+    pub async fn create_database(&self, name: &str) -> Result<Database> {
+        let url = self.pair.lock().await.url();
+        let admin = connect::postgres(&connect::parse_url(&url)?).await?;
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await?;
+        let on_the_pair = Database {
+            server_url: url,
+            name: name.to_string(),
+        };
+        self.address.link(0).database(&on_the_pair)
+    }
+
+    /// Before a run: a pair again if the last run failed it over (a new standby of the
+    /// promoted one).
+    pub async fn ready(&self) -> Result<()> {
+        self.pair.lock().await.renew(self.replication).await
+    }
+
+    /// The failover: the replication held (the primary's walsender stopped) for `hold`, so that
+    /// the primary answers COMMITs its standby never receives (asynchronous; synchronous ones
+    /// wait), then the primary's machine dies, the standby is promoted, and the address
+    /// re-pointed at it. Nothing is held when `over` comes first: false then, and no failover.
+    pub async fn fail_over(&self, hold: Duration, mut over: watch::Receiver<bool>) -> Result<bool> {
+        let mut pair = self.pair.lock().await;
+        pair.hold_replication().await?;
+        let due = tokio::select! {
+            _ = tokio::time::sleep(hold) => true,
+            _ = over.wait_for(|over| *over) => false,
+        };
+        if !due {
+            pair.release_replication();
+            return Ok(false);
         }
+        pair.fail_over().await?;
+        self.address.repoint(&pair.standby_config()?)?;
+        Ok(true)
     }
 }

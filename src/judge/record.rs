@@ -6,6 +6,9 @@
 //! marked published — the relay was done with them — so that every invariant, count and
 //! latency reads one outbox whatever the relay did to it.
 //!
+//! The writer's acknowledged orders are read back against the database after the run: an
+//! order it was told committed and that is gone (a failover lost it) is `acknowledged-lost`.
+//!
 //! It also owns the check that the user's DDL (`--schema`) left outbox-lab's tables usable:
 //! every statement the writer, the consumer and the judge run on them still prepares.
 
@@ -41,6 +44,37 @@ WITH restored AS (
    WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = w.id)
   RETURNING 1)
 SELECT count(*) FROM restored";
+
+/// Of the orders the writer saw acknowledged (`$1` their ids, `$2` their customers), those the
+/// database no longer has: a failover lost them. An order of another customer under the same
+/// id is a later one, given the lost order's id again by the promoted standby (a sequence is
+/// WAL-logged 32 values ahead): said so, since a consumer then takes the new order for the
+/// lost one.
+const ACKNOWLEDGED_LOST: &str = "
+SELECT 'order ' || a.id
+       || CASE WHEN EXISTS (SELECT 1 FROM orders o WHERE o.id = a.id)
+               THEN ' (its id given again to another order)' ELSE '' END
+  FROM unnest($1::bigint[], $2::bigint[]) AS a(id, customer_id)
+ WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.id = a.id AND o.customer_id = a.customer_id)
+ ORDER BY a.id";
+
+/// What a ghost shipment's offending id says when its order was acknowledged and then lost
+/// (`order 12 (lost in failover)`): the database's doing, not the relay's.
+pub const LOST_IN_FAILOVER: &str = " (lost in failover)";
+
+/// The acknowledged orders (`acknowledged`, the writer's log: order id, customer) gone from the
+/// database, as `order N`.
+pub async fn acknowledged_lost(
+    client: &Client,
+    acknowledged: &[(i64, i64)],
+) -> Result<Vec<String>> {
+    if acknowledged.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (ids, customers): (Vec<i64>, Vec<i64>) = acknowledged.iter().copied().unzip();
+    let rows = client.query(ACKNOWLEDGED_LOST, &[&ids, &customers]).await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
 
 /// Restores the outbox rows the relays deleted (see the module's doc); how many.
 pub async fn restore_deleted(client: &Client) -> Result<i64> {

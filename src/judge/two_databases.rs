@@ -2,7 +2,8 @@
 //! hosts setup): the application's rows that the invariants read are copied into temporary
 //! tables of the consumer's session, where the invariants then run unchanged. Temporary tables
 //! shadow same-named tables for that session only and vanish with it: nothing of either
-//! database is written.
+//! database is written. When the application's database is the lab's own (a replicated pair
+//! that failed over), the consumer's rows are copied into it instead.
 
 use anyhow::{Context, Result};
 use futures_util::{pin_mut, SinkExt, TryStreamExt};
@@ -34,6 +35,45 @@ pub async fn bring_application_rows(application: &Client, consumer: &Client) -> 
             .with_context(|| format!("cannot read {table} from the application's database"))?;
         let into = consumer
             .copy_in(&format!("COPY pg_temp.{table} FROM STDIN"))
+            .await?;
+        pin_mut!(rows, into);
+        while let Some(chunk) = rows.try_next().await? {
+            into.send(chunk).await?;
+        }
+        into.finish().await?;
+    }
+    Ok(())
+}
+
+/// The consumer's tables (every one of its schema, the receipts and shipments among them).
+const CONSUMER_TABLES: &str = "
+SELECT table_name::text FROM information_schema.tables
+ WHERE table_schema = 'consumer' AND table_type = 'BASE TABLE'
+ ORDER BY 1";
+
+/// The other way, when the application's database is the one that moved (a failover): the
+/// consumer's rows, from its own database, copied over the consumer's (empty) tables in the
+/// application's, so that the invariants read one database. The application's database is
+/// the run's own, reset before each run.
+pub async fn bring_consumer_rows(consumer: &Client, application: &Client) -> Result<()> {
+    let tables: Vec<String> = consumer
+        .query(CONSUMER_TABLES, &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for table in tables {
+        application
+            .batch_execute(&format!("TRUNCATE consumer.\"{table}\""))
+            .await?;
+        let rows = consumer
+            .copy_out(&format!("COPY consumer.\"{table}\" TO STDOUT"))
+            .await
+            .with_context(|| {
+                format!("cannot read consumer.{table} from the consumer's database")
+            })?;
+        let into = application
+            .copy_in(&format!("COPY consumer.\"{table}\" FROM STDIN"))
             .await?;
         pin_mut!(rows, into);
         while let Some(chunk) = rows.try_next().await? {

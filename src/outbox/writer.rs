@@ -157,7 +157,9 @@ pub async fn insert_order_with_events(
 
 /// Orders written in pairs by two sessions whose transactions overlap, as on any busy server:
 /// the second order of a pair commits first and the first `overlap` later (a slow request), so
-/// outbox ids do not become visible in id order. Each pair takes at least `pace`.
+/// outbox ids do not become visible in id order. Each pair takes at least `pace`. Each order
+/// whose COMMIT succeeded is told to `committed` at once (its id, its customer).
+#[allow(clippy::too_many_arguments)]
 pub async fn write_overlapping_pairs(
     slow: &mut Client,
     fast: &mut Client,
@@ -166,23 +168,47 @@ pub async fn write_overlapping_pairs(
     to: &EventsTo,
     overlap: Duration,
     pace: Duration,
+    committed: &mut dyn FnMut(i64, i64),
 ) -> Result<()> {
     for pair in customers.chunks(2) {
         let paced = tokio::time::sleep(pace);
         let slow_tx = slow.transaction().await?;
-        insert_order_with_events(&slow_tx, pair[0], events_per_order, to).await?;
-        if let Some(&second) = pair.get(1) {
+        let first = insert_order_with_events(&slow_tx, pair[0], events_per_order, to).await?;
+        if let Some(&customer) = pair.get(1) {
             let fast_tx = fast.transaction().await?;
-            insert_order_with_events(&fast_tx, second, events_per_order, to).await?;
+            let second = insert_order_with_events(&fast_tx, customer, events_per_order, to).await?;
             crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
             fast_tx.commit().await?;
+            committed(second, customer);
             tokio::time::sleep(overlap).await;
         }
         crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
         slow_tx.commit().await?;
+        committed(first, pair[0]);
         paced.await;
     }
     Ok(())
+}
+
+/// How the explore writer tells the lab an order's COMMIT succeeded, in its log: the
+/// acknowledged orders a failover may lose ([`acknowledged_in`] reads them back). The
+/// customer tells the order apart from a later one given the same id (a promoted standby
+/// hands out again the ids it never received).
+pub fn acknowledged_line(order_id: i64, customer_id: i64) -> String {
+    format!("order {order_id} of customer {customer_id}{ACKNOWLEDGED}")
+}
+
+const ACKNOWLEDGED: &str = " committed, acknowledged";
+
+/// The orders a writer's log says were acknowledged ([`acknowledged_line`]), in order: (order
+/// id, customer id).
+pub fn acknowledged_in(log: &str) -> impl Iterator<Item = (i64, i64)> + '_ {
+    log.lines().filter_map(|line| {
+        let line = line.split_once("] ").map_or(line, |(_, rest)| rest);
+        let order = line.strip_suffix(ACKNOWLEDGED)?.strip_prefix("order ")?;
+        let (order, customer) = order.split_once(" of customer ")?;
+        Some((order.parse().ok()?, customer.parse().ok()?))
+    })
 }
 
 /// Of `customers`, those without a committed order, in order.
@@ -241,4 +267,24 @@ pub async fn dual_write(
         }
     }
     Ok(order_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lab reads back, from the writer's log among its other lines, exactly the orders it
+    /// said were acknowledged.
+    #[test]
+    fn acknowledged_orders_round_trip_through_the_log() {
+        let log = format!(
+            "[app] {}\n[app] customer=3 sending\n[app] {}\norder 9 committed\n",
+            acknowledged_line(12, 5),
+            acknowledged_line(40, 17)
+        );
+        assert_eq!(
+            acknowledged_in(&log).collect::<Vec<_>>(),
+            [(12, 5), (40, 17)]
+        );
+    }
 }

@@ -225,9 +225,14 @@ impl Experiment for Params {
         let progress = ctx.progress().bar(CASES.len() as u64, "failovers");
         for case in CASES {
             let bins = self.binaries(ctx, case)?;
-            let pair = Replicated::start(&bins, case.replication(), case == Case::CdcFailoverSlot)
-                .await
-                .context("cannot start the primary and its standby")?;
+            let pair = Replicated::start(
+                &bins,
+                case.replication(),
+                case == Case::CdcFailoverSlot,
+                false,
+            )
+            .await
+            .context("cannot start the primary and its standby")?;
             let (figures, said) = fail_over(ctx, self, pair, case).await?;
             let name = case.name();
             outcome

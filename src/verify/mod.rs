@@ -72,7 +72,15 @@ async fn verify(
 ) -> Result<Verification> {
     let clock = Instant::now();
     let relays = plan.relays(broker_url);
-    let lab = Lab::prepare_foreign(server, plan.design, plan.workload, relays, plan.bounds).await?;
+    let lab = Lab::prepare_foreign(
+        server,
+        plan.design,
+        plan.workload,
+        relays,
+        plan.bounds,
+        plan.replication,
+    )
+    .await?;
     let broke_a_claim = |run: &VerifyRun| {
         let mut claims = plan.design.claims.iter();
         claims.any(|claim| run.history.violations.contains_key(claim.name()))

@@ -12,6 +12,7 @@ use crate::explore::lab::{Bounds, Delivery, ForeignRelays, Workload, COUNT_PENDI
 use crate::explore::schedule::{Nemesis, Schedule};
 use crate::harness::foreign::RelayTemplate;
 use crate::harness::nemesis::format_duration;
+use crate::harness::replicated::Replication;
 use crate::harness::run_as::RunAs;
 use crate::outbox::consumer::ConsumerKind;
 use crate::outbox::sink::{AmqpSink, RedisSink};
@@ -42,13 +43,14 @@ const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
 /// ended has none to end until it is answered; the kill last, since a relay that sends a batch
 /// at once (a pipeline of XADDs) may make all three deliveries in one go, and once killed it is
 /// no target for the others (a paused one is).
-const NEMESES: [(&str, &str); 14] = [
+const NEMESES: [(&str, &str); 15] = [
     ("kill", "kill:relay@{at}"),
     ("pause", "pause:relay@{at}+500ms"),
     ("db-kill-backend", "db:kill-backend:relay@{at}"),
     ("dbnet-reset", "dbnet:reset:relay@{at}"),
     ("dbnet-partition", "dbnet:partition:relay@{at}+1s"),
     ("db-restart", "db:restart@{at}"),
+    ("db-failover", "db:failover@{at}"),
     ("dbnet-commit-lost", "dbnet:commit-lost:relay@3"),
     ("net-reset", "net:reset@5"),
     ("net-reply-lost", "net:reply-lost@10"),
@@ -62,9 +64,13 @@ const NEMESES: [(&str, &str); 14] = [
     ("kill-on-delivery", "kill:relay:on-delivery@4"),
 ];
 
-/// The nemesis `all` leaves out: a sustained outage is an experiment of its own (the search
-/// draws it), not one more fault of the default run.
-const NOT_IN_ALL: &str = "net-down";
+/// The nemeses `all` leaves out: a sustained outage is an experiment of its own (the search
+/// draws it), not one more fault of the default run; a failover moves the database onto a
+/// replicated pair (started for it, renewed after each run), so it is asked for by name.
+const NOT_IN_ALL: [&str; 2] = ["net-down", FAILOVER];
+
+/// The failover's kind: only where it is named is the database on a replicated pair.
+const FAILOVER: &str = "db-failover";
 
 /// The claims made when `--claims` is not given: order only holds for some relay designs
 /// (one relay, or relays partitioned by aggregate), so it is asked for, not assumed.
@@ -104,6 +110,8 @@ pub struct Options {
     pub external_server: bool,
     /// Where deliveries go.
     pub sink: VerifySink,
+    /// `--replication`: how the pair of a db-failover replicates (async when not given).
+    pub replication: Option<Replication>,
 }
 
 /// Where the user's relay delivers.
@@ -161,6 +169,9 @@ pub struct Plan {
     pub(super) insert_sql: Option<String>,
     pub(super) events: u32,
     pub(super) sink: VerifySink,
+    /// The application's database is on a replicated pair, replicating so: a schedule fails
+    /// it over.
+    pub(super) replication: Option<Replication>,
 }
 
 impl Plan {
@@ -224,6 +235,22 @@ impl Plan {
             }
             None => None,
         };
+        let fails_over = |schedule: &Schedule| {
+            let mut nemeses = schedule.nemeses.iter();
+            nemeses.any(|n| matches!(n, Nemesis::DbFailover { .. }))
+        };
+        let drawn = search.iter().flat_map(|search| &search.schedules);
+        let replication = match (
+            fails_over(&schedule) || drawn.clone().any(fails_over),
+            options.replication,
+        ) {
+            (true, chosen) => Some(chosen.unwrap_or(Replication::Async)),
+            (false, None) => None,
+            (false, Some(_)) => bail!(
+                "--replication says how the database of a db-failover replicates: add \
+                 --nemesis db-failover (or db:failover@AT to --schedule)"
+            ),
+        };
         let design: &'static Design = Box::leak(Box::new(Design {
             name: Box::leak(options.label.clone().into_boxed_str()),
             summary: "the user's relay",
@@ -259,6 +286,7 @@ impl Plan {
             insert_sql: options.insert_sql.clone(),
             sink: options.sink,
             events: options.events,
+            replication,
         })
     }
 
@@ -340,7 +368,8 @@ pub fn draw(
         .filter(|kind| {
             !(external_server && *kind == "db-restart"
                 || !sink.behind_the_proxy() && kind.starts_with("net-")
-                || !sink.sees_deliveries() && kind.ends_with("-on-delivery"))
+                || !sink.sees_deliveries() && kind.ends_with("-on-delivery")
+                || *kind == FAILOVER && only.is_none())
                 && only.is_none_or(|only| only.iter().any(|o| o == kind))
         })
         .collect();
@@ -375,6 +404,7 @@ pub fn draw(
             "dbnet-reset" => format!("dbnet:reset:relay@{at}"),
             "dbnet-partition" => format!("dbnet:partition:relay@{at}+{hold}"),
             "db-restart" => format!("db:restart@{at}"),
+            "db-failover" => format!("db:failover@{at}"),
             "dbnet-commit-lost" => format!("dbnet:commit-lost:relay@{n}"),
             "net-reset" => format!("net:reset@{n}"),
             "net-reply-lost" => format!("net:reply-lost@{n}"),
@@ -418,7 +448,7 @@ fn schedule_of(kinds: &[String], external_server: bool, sink: VerifySink) -> Res
     let chosen = NEMESES.iter().filter(|(kind, _)| match everything {
         true => {
             !(external_server && *kind == "db-restart"
-                || *kind == NOT_IN_ALL
+                || NOT_IN_ALL.contains(kind)
                 || !sink.behind_the_proxy() && kind.starts_with("net-")
                 || !sink.sees_deliveries() && kind.ends_with("-on-delivery"))
         }
@@ -496,12 +526,13 @@ mod tests {
             );
             check_schedule(schedule, false, VerifySink::Http).unwrap();
         }
-        // Every kind comes up in 200 draws, the sustained outage among them.
-        for (kind, _) in NEMESES {
+        // Every kind comes up in 200 draws, the sustained outage among them; the failover only
+        // where it is named.
+        for (kind, _) in NEMESES.iter().filter(|(kind, _)| *kind != FAILOVER) {
             assert!(
                 http.iter()
                     .flat_map(|s| &s.nemeses)
-                    .any(|n| n.kind() == kind),
+                    .any(|n| n.kind() == *kind),
                 "{kind} never drawn"
             );
         }

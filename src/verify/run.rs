@@ -198,6 +198,10 @@ pub async fn measure(client: &Client, held: &[Held]) -> Result<Figures> {
         },
         from_commit,
         timeline,
-        held_ms: round_to(held.iter().map(|h| h.held_ms).sum(), 100.0),
+        // From 0.0, not the -0.0 an empty float sum starts from.
+        held_ms: round_to(
+            held.iter().map(|h| h.held_ms).fold(0.0, |a, b| a + b),
+            100.0,
+        ),
     })
 }

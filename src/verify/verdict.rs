@@ -37,6 +37,10 @@ pub fn report(plan: &Plan, verification: &Verification, environment: Environment
         (main.history.faults.len() - not_reached) as i64,
     );
     metrics.set("verify.faults_not_reached", not_reached as i64);
+    if plan.replication.is_some() {
+        let lost = main.history.acknowledged_lost.len();
+        metrics.set("verify.acknowledged_lost", lost as i64);
+    }
     metrics.set("verify.latency.p50_ms", figures.latency_p50_ms);
     metrics.set("verify.latency.p99_ms", figures.latency_p99_ms);
     metrics.set("verify.latency.max_ms", figures.latency_max_ms);
@@ -160,6 +164,7 @@ fn runs_table(plan: &Plan, verification: &Verification) -> Table {
     let columns: Vec<&str> = ["schedule", "written", "delivered", "deliveries"]
         .into_iter()
         .chain(Invariant::ALL.map(Invariant::name))
+        .chain(plan.replication.map(|_| ACKNOWLEDGED_LOST))
         .chain(["not reached", "s"])
         .collect();
     let mut runs = Table::new("runs: what was written, delivered, and broken", &columns);
@@ -182,6 +187,9 @@ fn runs_table(plan: &Plan, verification: &Verification) -> Table {
                 ""
             };
             row.push(format!("{n}{claimed}"));
+        }
+        if plan.replication.is_some() {
+            row.push(run.history.acknowledged_lost.len().to_string());
         }
         let not_reached = not_reached(&run.history);
         row.push(match not_reached.is_empty() {
@@ -235,8 +243,28 @@ fn violations_table(plan: &Plan, verification: &Verification) -> Table {
             replay_line(plan, &schedule),
         ]);
     }
+    let lost = &main.history.acknowledged_lost;
+    if !lost.is_empty() {
+        let mut shown: Vec<String> = lost.iter().take(SHOWN_IDS).cloned().collect();
+        if lost.len() > SHOWN_IDS {
+            shown.push(format!("... {} more", lost.len() - SHOWN_IDS));
+        }
+        let schedule = &main.history.schedule;
+        violations.push(vec![
+            ACKNOWLEDGED_LOST.into(),
+            "the database's".into(),
+            lost.len().to_string(),
+            shown.join(", "),
+            schedule.clone(),
+            replay_line(plan, schedule),
+        ]);
+    }
     violations
 }
+
+/// The judge's word for an order the writer saw commit and the database lost (a failover):
+/// the database's fault, not the relay's, and no claim of the relay's.
+const ACKNOWLEDGED_LOST: &str = "acknowledged-lost";
 
 /// The schedule to replay for `invariant`: of the runs that broke it with every fault fired,
 /// fewest nemeses first; the main run's unless one nemesis alone reproduced it.
@@ -273,6 +301,9 @@ pub(crate) fn replay_line(plan: &Plan, schedule: &str) -> String {
     }
     if let Some(sql) = &plan.insert_sql {
         line.push_str(&format!(" --insert-sql {}", quote(sql)));
+    }
+    if let Some(replication) = plan.replication {
+        line.push_str(&format!(" --replication {}", replication.name()));
     }
     match &plan.template.run_as {
         Some(run_as) if run_as.name() != run_as::DEFAULT_USER => {
@@ -367,6 +398,21 @@ fn notes(plan: &Plan, verification: &Verification) -> Vec<String> {
             notes.push(format!("{}: {}", process.process, process.end));
         }
     }
+    if let Some(replication) = plan.replication {
+        notes.push(format!(
+            "db-failover: the outbox's database on a primary with a streaming standby \
+             ({} replication), reached by every actor through one address (a virtual IP); the \
+             consumer's database apart on the run's server. {ACKNOWLEDGED_LOST}: orders whose \
+             COMMIT the writer saw succeed and that the promoted standby does not have ({} in \
+             the main run): the database's loss, not the relay's; a shipment of one is a ghost \
+             marked \"lost in failover\" (a relay can avoid it only by sending what the \
+             standby has confirmed); one whose id the promoted standby gave again to another \
+             order (a sequence is WAL-logged 32 values ahead) is taken by the consumer for that \
+             order: its shipments then count as the new order's duplicates",
+            replication.name(),
+            main.history.acknowledged_lost.len()
+        ));
+    }
     if let Some(why) = verification.inconclusive() {
         notes.insert(
             0,
@@ -423,6 +469,7 @@ fn params(plan: &Plan) -> serde_json::Value {
         "schema": plan.schema.as_ref().map(|(path, _)| path.clone()),
         "pending_sql": plan.pending_sql,
         "insert_sql": plan.insert_sql,
+        "replication": plan.replication.map(|r| r.name()),
     })
 }
 

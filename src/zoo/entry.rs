@@ -323,6 +323,7 @@ impl Entry {
             insert_sql: self.insert_sql.clone(),
             external_server: settings.external_server,
             sink: self.sink,
+            replication: None,
         }
     }
 }

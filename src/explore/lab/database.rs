@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, Context, Result};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
@@ -13,6 +13,7 @@ use crate::explore::designs::Design;
 use crate::harness::db::PgServer;
 use crate::harness::nemesis::format_duration;
 use crate::harness::ports;
+use crate::harness::replicated::{Replication, VirtualPrimary};
 use crate::judge::record;
 use crate::outbox::schema;
 use crate::outbox::writer;
@@ -25,13 +26,23 @@ const RESET_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl<'s> Lab<'s> {
     /// Creates the design's database with the article's schema, the watermark table, and the
-    /// claim designs' lease columns and fences.
+    /// claim designs' lease columns and fences; with `replication`, on a replicated pair of
+    /// its own (for db:failover).
     pub async fn prepare(
         server: &'s PgServer,
         design: &'static Design,
         workload: Workload,
+        replication: Option<Replication>,
     ) -> Result<Lab<'s>> {
-        let lab = Lab::open(server, design, workload, Relays::Ours, EXPLORE_BOUNDS).await?;
+        let lab = Lab::open(
+            server,
+            design,
+            workload,
+            Relays::Ours,
+            EXPLORE_BOUNDS,
+            replication,
+        )
+        .await?;
         {
             let client = lab.client().await?;
             schema::create(&client).await?;
@@ -44,15 +55,18 @@ impl<'s> Lab<'s> {
 
     /// A lab for the user's relays (`outbox-lab verify`): every run starts from a fresh schema,
     /// the article's tables and NOTIFY trigger then the user's DDL (made once here, so that a
-    /// schema that does not apply is found before any run).
+    /// schema that does not apply is found before any run). With `replication`, the
+    /// application's database is on a replicated pair of its own (for db:failover).
     pub async fn prepare_foreign(
         server: &'s PgServer,
         design: &'static Design,
         workload: Workload,
         foreign: ForeignRelays,
         bounds: Bounds,
+        replication: Option<Replication>,
     ) -> Result<Lab<'s>> {
-        let lab = Lab::open(server, design, workload, Relays::Foreign(foreign), bounds).await?;
+        let relays = Relays::Foreign(foreign);
+        let lab = Lab::open(server, design, workload, relays, bounds, replication).await?;
         lab.reset().await?;
         lab.try_pending_sql().await?;
         lab.try_insert_sql().await?;
@@ -104,8 +118,26 @@ impl<'s> Lab<'s> {
         workload: Workload,
         relays: Relays,
         bounds: Bounds,
+        replication: Option<Replication>,
     ) -> Result<Lab<'s>> {
-        let db = server.create_database(design.name).await?;
+        let (pair, db, consumer_db) = match replication {
+            None => {
+                let db = server.create_database(design.name).await?;
+                (None, db.clone(), db)
+            }
+            Some(replication) => {
+                let pair = VirtualPrimary::start(&server.binaries()?, replication)
+                    .await
+                    .context("cannot start the primary and its standby")?;
+                let db = pair
+                    .create_database(&format!("outboxlab_{}", design.name))
+                    .await?;
+                let consumer_db = server
+                    .create_database(&format!("{}_consumer", design.name))
+                    .await?;
+                (Some(pair), db, consumer_db)
+            }
+        };
         let client = db.connect_as(LAB_APPLICATION_NAME).await?;
         bound_session(&client, &bounds).await?;
         let [port] = ports::free_ports()?;
@@ -114,7 +146,9 @@ impl<'s> Lab<'s> {
             relays,
             bounds,
             server,
+            pair,
             db,
+            consumer_db,
             client: tokio::sync::Mutex::new(client),
             port,
             workload,
@@ -137,6 +171,15 @@ impl<'s> Lab<'s> {
     /// Empties the tables (our relays), or makes the schema anew (the user's: their own
     /// tables, a stored position, start from nothing too).
     pub(super) async fn reset(&self) -> Result<()> {
+        if self.pair.is_some() {
+            // The consumer's tables apart, on the run's server, made anew.
+            let consumer = self.consumer_db.connect().await?;
+            consumer.batch_execute(schema::RECREATE).await?;
+            schema::create(&consumer).await?;
+            if let Relays::Ours = self.relays {
+                consumer.batch_execute(schema::ADD_FENCING).await?;
+            }
+        }
         let client = self.client().await?;
         match &self.relays {
             Relays::Ours => {

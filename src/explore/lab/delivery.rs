@@ -233,7 +233,7 @@ impl Lab<'_> {
     pub(super) fn consumer_command(&self, plan: Option<CrashPlan>) -> ChildCommand<ChildRole> {
         let command = match self.delivery() {
             Delivery::Http => ChildCommand::new(
-                &self.db,
+                &self.consumer_db,
                 ConsumerRole {
                     kind: self.design.consumer,
                     port: self.port,
@@ -245,7 +245,7 @@ impl Lab<'_> {
             )
             .any_role(),
             Delivery::Redis { url, stream } => ChildCommand::new(
-                &self.db,
+                &self.consumer_db,
                 StreamWorkerRole {
                     redis_url: url,
                     stream,
@@ -257,7 +257,7 @@ impl Lab<'_> {
             )
             .any_role(),
             Delivery::Nats { url } => ChildCommand::new(
-                &self.db,
+                &self.consumer_db,
                 JetStreamWorkerRole {
                     nats_url: url,
                     stream: JETSTREAM_STREAM.into(),
@@ -269,7 +269,7 @@ impl Lab<'_> {
             )
             .any_role(),
             Delivery::Amqp { url, queue } => ChildCommand::new(
-                &self.db,
+                &self.consumer_db,
                 AmqpWorkerRole {
                     amqp_url: url,
                     queue,

@@ -89,6 +89,8 @@ impl Lab<'_> {
         let mut connected = false;
         let mut settled: Option<(i64, Instant)> = None;
         let mut broker = Backlog::new(&foreign.delivery);
+        // The consumer's receipts, where its database is apart (db:failover).
+        let mut consumer: Option<tokio_postgres::Client> = None;
         loop {
             tokio::time::sleep(DRAIN_POLL).await;
             // The database may be restarting (a nemesis): look again later.
@@ -115,8 +117,16 @@ impl Lab<'_> {
                 }
                 Err(_) => continue,
             };
+            if self.pair.is_some() && consumer.as_ref().is_none_or(|c| c.is_closed()) {
+                consumer = self.consumer_db.connect().await.ok();
+            }
+            let receipts = match (&self.pair, &consumer) {
+                (None, _) => &*client,
+                (Some(_), Some(consumer)) => consumer,
+                (Some(_), None) => continue,
+            };
             let counts = async {
-                let received: i64 = client.query_one(COUNT_RECEIPTS, &[]).await?.get(0);
+                let received: i64 = receipts.query_one(COUNT_RECEIPTS, &[]).await?.get(0);
                 let pending = pending + broker.count().await?;
                 anyhow::Ok((pending, received))
             };

@@ -105,6 +105,10 @@ impl Lab<'_> {
             let run = writer.finish(self.bounds.child).await?;
             stage.live.ended(Role::Writer, 0, &label);
             record(history, &label, plan, &run);
+            history
+                .lock()
+                .expect("not poisoned")
+                .record_acknowledged(&run.stdout);
             match run.end {
                 ChildEnd::Ok => {
                     stuck = None;

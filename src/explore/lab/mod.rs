@@ -35,7 +35,9 @@ use super::schedule::{Role, Schedule};
 use super::watchdog::LIVENESS_BOUND;
 use crate::harness::db::{Database, PgServer};
 use crate::harness::foreign::Tail;
-use crate::judge::record;
+use crate::harness::replicated::VirtualPrimary;
+use crate::judge::invariants::Invariant;
+use crate::judge::{record, two_databases};
 
 pub use delivery::Delivery;
 use delivery::Middle;
@@ -100,7 +102,13 @@ pub struct Lab<'s> {
     bounds: Bounds,
     /// The run's server: the db-restart nemesis restarts it.
     server: &'s PgServer,
+    /// The replicated pair the application's database is on instead (db:failover), behind
+    /// an address of its own; the consumer's database stays on the run's server, apart.
+    pair: Option<VirtualPrimary>,
+    /// The application's database: the orders, the outbox, the user's tables.
     db: Database,
+    /// The consumer's database: `db`, or one on the run's server when `db` is on the pair.
+    consumer_db: Database,
     /// Resets the database and runs the checker; connected again after a database restart.
     client: tokio::sync::Mutex<Client>,
     /// The consumer's port, the same for every restart so that senders find it again.
@@ -144,6 +152,9 @@ impl<'s> Lab<'s> {
     /// Runs `schedule` from an empty database and judges what it left.
     pub async fn run(&self, schedule: &Schedule) -> Result<History> {
         let started = Instant::now();
+        if let Some(pair) = &self.pair {
+            pair.ready().await?;
+        }
         self.reset().await?;
         self.delivery().make_empty().await?;
         let history = Mutex::new(History {
@@ -199,6 +210,8 @@ impl<'s> Lab<'s> {
             live: &stage.live,
             server: self.server,
             db: &self.db,
+            consumer_db: &self.consumer_db,
+            pair: self.pair.as_ref(),
             links: &stage.links,
             sink_down,
             over: over_seen,
@@ -241,24 +254,51 @@ impl<'s> Lab<'s> {
         let proxy = middle.as_ref().and_then(Middle::http);
         nemeses::settle(schedule, proxy, &stage.links, &faults);
         let client = self.client().await?;
+        if self.pair.is_some() {
+            // The consumer's side effects, beside what the application's database kept.
+            let consumer = self.consumer_db.connect().await?;
+            two_databases::bring_consumer_rows(&consumer, &client).await?;
+        }
         if let Relays::Foreign(_) = self.relays {
             // The rows the relay deleted once published come back, and what it left out of
             // its deliveries is filled in by the event id it did send.
             record::restore_deleted(&client).await?;
             client.batch_execute(COMPLETE_RECEIPTS).await?;
         }
+        let faults = faults.records(schedule);
+        let failed_over = faults
+            .iter()
+            .any(|f| f.fault.starts_with("db:failover") && f.outcome.is_reached());
+        let stuck = stuck.map(
+            |why| match failed_over && stage.links.relay_sessions() == 0 {
+                true => format!(
+                "{why}; no relay had a database session at the end: none connected again after \
+                 the failover"
+            ),
+                false => why,
+            },
+        );
         let violations = match cut_short {
             // Not drained: what is owed is pending, not lost, and liveness is not judged.
             Some(_) => checker::check_live(&client).await?,
             None => checker::check(&client, stuck.as_deref()).await?,
         };
-        drop(client);
         let mut history = history.into_inner().expect("not poisoned");
+        history.acknowledged_lost =
+            record::acknowledged_lost(&client, &history.acknowledged).await?;
+        drop(client);
         history.cut_short = cut_short;
-        history.faults = faults.records(schedule);
+        history.faults = faults;
         history.held = watch.map(|watch| watch.held()).unwrap_or_default();
         for (invariant, ids) in violations {
             history.violations.insert(invariant.name().to_string(), ids);
+        }
+        if let Some(ghosts) = history.violations.get_mut(Invariant::Ghost.name()) {
+            for ghost in ghosts.iter_mut() {
+                if history.acknowledged_lost.contains(ghost) {
+                    ghost.push_str(record::LOST_IN_FAILOVER);
+                }
+            }
         }
         history.elapsed_ms = started.elapsed().as_millis() as u64;
         Ok(history)

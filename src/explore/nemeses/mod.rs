@@ -20,13 +20,14 @@ use tokio::sync::{mpsc, watch};
 
 use super::designs::Design;
 use super::faults::FaultLog;
-use super::schedule::{DbNetFault, Nemesis, Role, Schedule};
+use super::schedule::{DbNetFault, Nemesis, Role, Schedule, FAILOVER_HOLD};
 use crate::connect;
 use crate::harness::db::{Database, PgServer};
 use crate::harness::link::http::{FaultPlan, Proxy, ProxyFaults};
 use crate::harness::link::postgres::{PgLink, PgProxy};
 use crate::harness::link::watch::{DeliveryWatch, WatchedDelivery};
-use crate::harness::nemesis::{terminate_backends, OwnChild, Sessions};
+use crate::harness::nemesis::{format_duration, terminate_backends, OwnChild, Sessions};
+use crate::harness::replicated::VirtualPrimary;
 use crate::outbox::consumer::CONSUMER_APPLICATION_NAME;
 use crate::outbox::crash::CrashPlan;
 use on_delivery::{on_delivery, strike_on_delivery, Holding};
@@ -206,6 +207,13 @@ impl DbLinks {
         link.database(db)
     }
 
+    /// The relays' sessions open now.
+    pub fn relay_sessions(&self) -> usize {
+        (0..self.relays)
+            .map(|i| self.relay(i).backends().len())
+            .sum()
+    }
+
     /// Whether a relay ever had a session.
     pub fn relay_connected(&self) -> bool {
         (0..self.relays).any(|i| self.relay(i).ever_connected())
@@ -221,7 +229,12 @@ pub struct Arena<'a> {
     pub faults: &'a FaultLog,
     pub live: &'a LiveProcesses,
     pub server: &'a PgServer,
+    /// The application's database (the outbox, the orders).
     pub db: &'a Database,
+    /// The consumer's: the application's, or a server apart when the application's fails over.
+    pub consumer_db: &'a Database,
+    /// The replicated pair the application's database is on, where it is (db:failover).
+    pub pair: Option<&'a VirtualPrimary>,
     /// The relays' and the writer's links to the database: their sessions, their faults.
     pub links: &'a DbLinks,
     /// The switch of the sink's outage (`net:down`), where the schedule has one.
@@ -342,6 +355,22 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                         arena.server.restart_immediately().await?;
                     }
                 }
+                Nemesis::DbFailover { at } => {
+                    let Some(pair) = arena.pair else {
+                        anyhow::bail!("{nemesis} needs the database on a replicated pair");
+                    };
+                    if arena.until(at).await {
+                        let at = Instant::now();
+                        if pair.fail_over(FAILOVER_HOLD, arena.over.clone()).await? {
+                            let process = format!(
+                                "the primary (replication held {}, {})",
+                                format_duration(FAILOVER_HOLD),
+                                pair.replication().name()
+                            );
+                            arena.faults.struck(i, process, at);
+                        }
+                    }
+                }
                 Nemesis::DbKillBackend { role, at } => {
                     if arena.until(at).await {
                         if let Some(label) = kill_backends(arena, role).await? {
@@ -459,14 +488,15 @@ async fn kill_backends(arena: &Arena<'_>, role: Role) -> Result<Option<String>> 
             Role::Consumer => Sessions::Named(CONSUMER_APPLICATION_NAME.to_string()),
             _ => Sessions::Backends(arena.links.of(role).backends()),
         };
+        let db = match role {
+            Role::Consumer => arena.consumer_db,
+            _ => arena.db,
+        };
         // Patiently, and again after a restart (a nemesis beside this one).
         let connected = match client.take() {
             Some(client) => client,
             None => {
-                connect::patiently(connect::RECONNECT_PATIENCE, async || {
-                    arena.db.connect().await
-                })
-                .await?
+                connect::patiently(connect::RECONNECT_PATIENCE, async || db.connect().await).await?
             }
         };
         match terminate_backends(&connected, &sessions).await {
@@ -492,6 +522,7 @@ mod tests {
         for text in DEFAULT_SCHEDULES.iter().chain(&[
             "pause:relay@1.5s+3s",
             "db:restart@1.5s",
+            "db:failover@1s",
             "kill:consumer@2s",
             "kill:relay:on-delivery@3",
             "pause:relay:on-delivery@3+2.5s",

@@ -25,6 +25,9 @@ pub enum Nemesis {
     Kill { role: Role, at: Duration },
     /// PostgreSQL's own crash (`-m immediate`) and restart, `at` after the run started.
     DbRestart { at: Duration },
+    /// The replication held from `at` for [`FAILOVER_HOLD`], then the primary's machine dies
+    /// and its streaming standby is promoted under the actors (verify on a replicated pair).
+    DbFailover { at: Duration },
     /// The role's database sessions terminated `at` after the run started.
     DbKillBackend { role: Role, at: Duration },
     /// A planned network fault on the relay-to-consumer traffic.
@@ -77,8 +80,14 @@ impl DeliveryStrike {
     }
 }
 
+/// How long `db:failover` holds the replication back before the primary dies: the primary
+/// answers the COMMITs of this window (asynchronous) that its standby never receives, or
+/// makes them wait (synchronous). Long enough for a writer to commit several orders and a
+/// relay polling every 100 ms to read them.
+pub const FAILOVER_HOLD: Duration = Duration::from_millis(500);
+
 /// Every kind, as `--list-nemeses` shows it: name, form, what it does.
-pub const KINDS: [(&str, &str, &str); 14] = [
+pub const KINDS: [(&str, &str, &str); 15] = [
     (
         "pause",
         "pause:ROLE@AT+FOR | pause:ROLE:STEP@N+FOR",
@@ -95,6 +104,13 @@ pub const KINDS: [(&str, &str, &str); 14] = [
         "db:restart@AT",
         "pg_ctl stop -m immediate (PostgreSQL's own crash), then started again on the same \
          socket and data: committed rows must survive, every actor must reconnect",
+    ),
+    (
+        "db-failover",
+        "db:failover@AT",
+        "the database on a primary with a streaming standby (--replication async|sync): the \
+         replication held from AT for 500ms, then the primary's machine dies (SIGKILL), the \
+         standby is promoted and the relays' address re-pointed at it (verify only)",
     ),
     (
         "db-kill-backend",
@@ -178,6 +194,7 @@ impl Nemesis {
             Nemesis::Pause { .. } | Nemesis::PauseAtPoint { .. } => "pause",
             Nemesis::Kill { .. } => "kill",
             Nemesis::DbRestart { .. } => "db-restart",
+            Nemesis::DbFailover { .. } => "db-failover",
             Nemesis::DbKillBackend { .. } => "db-kill-backend",
             Nemesis::Net(plan) => match plan.fault {
                 NetworkFault::Reset => "net-reset",
@@ -216,6 +233,7 @@ impl Nemesis {
                 fault: DbNetFault::Partition { at, hold },
                 ..
             } => Some(at + hold),
+            Nemesis::DbFailover { at } => Some(at + FAILOVER_HOLD),
             Nemesis::Kill { at, .. }
             | Nemesis::DbRestart { at }
             | Nemesis::DbKillBackend { at, .. }
@@ -256,6 +274,7 @@ impl fmt::Display for Nemesis {
                 write!(f, "kill:{}@{}", role.name(), format_duration(*at))
             }
             Nemesis::DbRestart { at } => write!(f, "db:restart@{}", format_duration(*at)),
+            Nemesis::DbFailover { at } => write!(f, "db:failover@{}", format_duration(*at)),
             Nemesis::DbKillBackend { role, at } => write!(
                 f,
                 "db:kill-backend:{}@{}",
@@ -437,9 +456,15 @@ impl FromStr for Nemesis {
                         at: parse_duration(at)?,
                     });
                 }
+                if let Some(at) = spec.strip_prefix("failover@") {
+                    return Ok(Nemesis::DbFailover {
+                        at: parse_duration(at)?,
+                    });
+                }
                 let Some(target) = spec.strip_prefix("kill-backend:") else {
                     return Err(format!(
-                        "unknown database nemesis '{item}' (db:restart@AT, db:kill-backend:ROLE@AT)"
+                        "unknown database nemesis '{item}' (db:restart@AT, db:failover@AT, \
+                         db:kill-backend:ROLE@AT)"
                     ));
                 };
                 if let Some(on_delivery) = on_delivery(target, item)? {

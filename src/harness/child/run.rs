@@ -254,6 +254,12 @@ async fn explore_writer(db: &Database, args: ExploreWriterRole) -> Result<()> {
                     &to,
                     args.overlap,
                     args.pace,
+                    &mut |order, customer| {
+                        log_line(format_args!(
+                            "{}",
+                            writer::acknowledged_line(order, customer)
+                        ))
+                    },
                 )
                 .await
             };
