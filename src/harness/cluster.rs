@@ -284,9 +284,13 @@ impl Cluster {
             run_as: self.run_as.clone(),
             data_dir,
             commit_timestamps: self.commit_timestamps,
+            // Streaming again within a moment of a primary's restart (db:restart), not 5 s.
             settings: match slot_sync {
-                true => vec!["hot_standby_feedback=on".into()],
-                false => Vec::new(),
+                true => vec![
+                    "hot_standby_feedback=on".into(),
+                    "wal_retrieve_retry_interval=100ms".into(),
+                ],
+                false => vec!["wal_retrieve_retry_interval=100ms".into()],
             },
         };
         let primary_dir = self.server.run_dir().server_dir();

@@ -210,16 +210,38 @@ impl Replicated {
 
     /// Stops the primary's walsender (SIGSTOP): from now on the standby receives nothing.
     /// Asynchronous, the primary goes on answering COMMITs; synchronous, they wait.
+    /// A standby reconnecting (the primary restarted a moment ago) is waited for.
     pub async fn hold_replication(&mut self) -> Result<()> {
-        let client = self.primary_client().await?;
-        let row = client.query_opt(SENDER, &[&STANDBY, &false]).await?;
-        let Some(pid) = row.map(|r| r.get::<_, i32>(0)) else {
-            bail!("the standby is not streaming: no walsender to hold");
-        };
+        let client = connect::patiently(connect::RECONNECT_PATIENCE, async || {
+            self.primary_client().await
+        })
+        .await?;
+        let mut sender = None;
+        wait::until(
+            "the standby to stream, to hold it",
+            STANDBY_LIMIT,
+            Duration::from_millis(10),
+            async || {
+                let row = client.query_opt(SENDER, &[&STANDBY, &false]).await?;
+                sender = row.map(|r| r.get::<_, i32>(0));
+                Ok(sender.is_some())
+            },
+        )
+        .await?;
+        let pid = sender.expect("waited for");
         // A backend of our own private primary, found by its own statistics.
         kill(Pid::from_raw(pid), Signal::SIGSTOP).context("cannot stop the walsender")?;
         self.held = Some(Pid::from_raw(pid));
         Ok(())
+    }
+
+    /// PostgreSQL's own crash and restart of the primary (`pg_ctl stop -m immediate`), its
+    /// standby left streaming: db:restart where the database is on the pair.
+    pub async fn restart_primary(&mut self) -> Result<()> {
+        let Some(primary) = &mut self.primary else {
+            bail!("the primary has failed over already");
+        };
+        primary.restart_immediately().await
     }
 
     /// Lets the held walsender go on (SIGCONT): a failover that did not come (the run ended
@@ -291,6 +313,16 @@ impl VirtualPrimary {
             name: name.to_string(),
         };
         self.address.link(0).database(&on_the_pair)
+    }
+
+    /// db:restart: the primary crashes and restarts (see [`Replicated::restart_primary`]); one
+    /// that failed over in this run is the promoted standby, which is restarted then.
+    pub async fn restart_immediately(&self) -> Result<()> {
+        let mut pair = self.pair.lock().await;
+        match pair.primary.is_some() {
+            true => pair.restart_primary().await,
+            false => pair.standby.restart_immediately().await,
+        }
     }
 
     /// Before a run: a pair again if the last run failed it over (a new standby of the

@@ -352,7 +352,11 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                 Nemesis::DbRestart { at } => {
                     if arena.until(at).await {
                         fire(i, "postgres".into());
-                        arena.server.restart_immediately().await?;
+                        match arena.pair {
+                            // The application's database is there, not on the run's server.
+                            Some(pair) => pair.restart_immediately().await?,
+                            None => arena.server.restart_immediately().await?,
+                        }
                     }
                 }
                 Nemesis::DbFailover { at } => {
