@@ -67,6 +67,11 @@ pub struct ZooArgs {
     /// run them until one breaks a promise of its library, shrunk, with its replay.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     search: Option<u32>,
+    /// Also fail each entry's database over: a primary with a synchronous streaming standby,
+    /// the primary's machine killed and the standby promoted under the library's relay
+    /// (db:failover@250ms, the idempotent consumer): the failover table.
+    #[arg(long)]
+    failover: bool,
     /// The search's seed: the same seed draws the same schedules.
     #[arg(long, default_value_t = 1, value_name = "S", requires = "search")]
     seed: u64,
@@ -122,6 +127,9 @@ pub async fn run(args: ZooArgs) -> Result<ExitCode> {
     };
     if args.search.is_some() {
         runs.push(ZooRun::Search);
+    }
+    if args.failover {
+        runs.push(ZooRun::Failover);
     }
     let settings = Settings {
         events: args.events,

@@ -331,17 +331,26 @@ impl VirtualPrimary {
         self.pair.lock().await.renew(self.replication).await
     }
 
-    /// The failover: the replication held (the primary's walsender stopped) for `hold`, so that
-    /// the primary answers COMMITs its standby never receives (asynchronous; synchronous ones
-    /// wait), then the primary's machine dies, the standby is promoted, and the address
-    /// re-pointed at it. Nothing is held when `over` comes first: false then, and no failover.
-    pub async fn fail_over(&self, hold: Duration, mut over: watch::Receiver<bool>) -> Result<bool> {
-        let mut pair = self.pair.lock().await;
-        pair.hold_replication().await?;
+    /// The failover's first part: the replication held (the primary's walsender stopped), so
+    /// that the primary answers COMMITs its standby never receives (asynchronous; synchronous
+    /// ones wait).
+    pub async fn hold_replication(&self) -> Result<()> {
+        self.pair.lock().await.hold_replication().await
+    }
+
+    /// The failover, `hold` after the replication was held: the primary's machine dies, the
+    /// standby is promoted, and the address re-pointed at it. Nothing stays held when `over`
+    /// comes first: false then, and no failover.
+    pub async fn fail_over_after(
+        &self,
+        hold: Duration,
+        mut over: watch::Receiver<bool>,
+    ) -> Result<bool> {
         let due = tokio::select! {
             _ = tokio::time::sleep(hold) => true,
             _ = over.wait_for(|over| *over) => false,
         };
+        let mut pair = self.pair.lock().await;
         if !due {
             pair.release_replication();
             return Ok(false);

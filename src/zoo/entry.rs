@@ -9,6 +9,7 @@ use clap::ValueEnum;
 use serde::Deserialize;
 
 use super::Settings;
+use crate::harness::replicated::Replication;
 use crate::harness::run_as::RunAs;
 use crate::judge::invariants::Invariant;
 use crate::outbox::consumer::ConsumerKind;
@@ -296,6 +297,7 @@ impl Entry {
             relays: self.relays,
             nemeses: match run {
                 ZooRun::NoFaults => vec!["none".into()],
+                ZooRun::Failover => vec!["db-failover".into()],
                 _ => Vec::new(),
             },
             schedule: match run {
@@ -323,7 +325,10 @@ impl Entry {
             insert_sql: self.insert_sql.clone(),
             external_server: settings.external_server,
             sink: self.sink,
-            replication: None,
+            replication: match run {
+                ZooRun::Failover => Some(Replication::Sync),
+                _ => None,
+            },
         }
     }
 }
@@ -342,6 +347,11 @@ pub enum ZooRun {
     /// `--search N`: schedules drawn from the nemesis grammar with the naive consumer, until one
     /// breaks a promise, shrunk.
     Search,
+    /// `--failover`: the database on a primary with a synchronous standby, failed over under
+    /// the library (the idempotent consumer): the database loses nothing acknowledged, so what
+    /// breaks is the library's (a relay that never reconnects, a position kept on the dead
+    /// primary).
+    Failover,
 }
 
 impl ZooRun {
@@ -359,6 +369,7 @@ impl ZooRun {
             ZooRun::NoFaults => "no_faults",
             ZooRun::Documented => "documented",
             ZooRun::Search => "search",
+            ZooRun::Failover => "failover",
         }
     }
 
@@ -366,7 +377,7 @@ impl ZooRun {
     pub fn takes(self, settings: Settings) -> u32 {
         match self {
             ZooRun::Naive | ZooRun::Idempotent => settings.runs.max(1),
-            ZooRun::NoFaults | ZooRun::Documented | ZooRun::Search => 1,
+            ZooRun::NoFaults | ZooRun::Documented | ZooRun::Search | ZooRun::Failover => 1,
         }
     }
 
@@ -389,7 +400,7 @@ impl ZooRun {
     pub fn consumer(self, entry: &Entry) -> ConsumerKind {
         match self {
             ZooRun::Naive | ZooRun::Search => ConsumerKind::Naive,
-            ZooRun::Idempotent | ZooRun::NoFaults => ConsumerKind::Idempotent,
+            ZooRun::Idempotent | ZooRun::NoFaults | ZooRun::Failover => ConsumerKind::Idempotent,
             ZooRun::Documented => entry.documented.consumer,
         }
     }

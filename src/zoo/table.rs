@@ -4,7 +4,7 @@
 
 use serde_json::json;
 
-use super::entry::ZooRun;
+use super::entry::{Entry, ZooRun};
 use super::{EntryResult, Judged, Outcome, Settings};
 use crate::harness::nemesis::format_duration;
 use crate::judge::invariants::Invariant;
@@ -57,6 +57,21 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
         "search: schedules drawn from the nemesis grammar (naive consumer) until one broke a \
          promise, its smallest schedule and replay",
         &["entry", "seed", "drawn", "broke", "schedule", "replay"],
+    );
+    let mut failovers = Table::new(
+        "failover: the database on a primary with a synchronous standby, failed over under the \
+         library (db:failover@250ms, idempotent consumer); the database loses nothing \
+         acknowledged, so what breaks is the library's (*: it promises it)",
+        &[
+            "entry",
+            "ghost",
+            "lost",
+            "duplicate",
+            "order",
+            "liveness",
+            "acknowledged-lost",
+            "verdict",
+        ],
     );
     let mut designs = Table::new(
         "what each library promises, and how its loop works",
@@ -137,6 +152,9 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
         if let Some(judged) = judged.iter().find(|j| j.run == ZooRun::Search) {
             searches.push(search_row(entry, judged, &mut metrics));
         }
+        if let Some(judged) = judged.iter().find(|j| j.run == ZooRun::Failover) {
+            failovers.push(failover_row(entry, judged, &mut metrics));
+        }
         if let Some(judged) = judged.iter().find(|j| j.run == ZooRun::NoFaults) {
             let figures = &judged.verification.main().figures;
             let prefix = format!("zoo.{}.no_faults", entry.name);
@@ -188,9 +206,16 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
             "time_limit": format_duration(settings.time_limit),
         }),
         metrics,
-        tables: match settings.search {
-            Some(_) => vec![zoo, findings, searches, quiet, designs],
-            None => vec![zoo, findings, quiet, designs],
+        tables: {
+            let mut tables = vec![zoo, findings];
+            if settings.search.is_some() {
+                tables.push(searches);
+            }
+            if !failovers.rows.is_empty() {
+                tables.push(failovers);
+            }
+            tables.extend([quiet, designs]);
+            tables
         },
         checks,
         targets: Vec::new(),
@@ -361,4 +386,43 @@ fn yes_no(yes: bool) -> String {
         true => "yes".into(),
         false => "no".into(),
     }
+}
+
+/// An entry's failover run: each invariant's violations (`*`: promised), the orders the
+/// database lost, and what broke of the library's promises (`survived`: none, every fault
+/// fired).
+fn failover_row(entry: &Entry, judged: &Judged, metrics: &mut Metrics) -> Vec<String> {
+    let history = &judged.verification.main().history;
+    let mut row = vec![entry.name.clone()];
+    for invariant in Invariant::ALL {
+        let n = history.violations.get(invariant.name()).map_or(0, Vec::len);
+        let promised = if entry.promises.contains(&invariant) {
+            "*"
+        } else {
+            ""
+        };
+        metrics.set(
+            format!("zoo.{}.failover.{}", entry.name, invariant.name()),
+            n as i64,
+        );
+        row.push(format!("{n}{promised}"));
+    }
+    let lost = history.acknowledged_lost.len();
+    metrics.set(
+        format!("zoo.{}.failover.acknowledged_lost", entry.name),
+        lost as i64,
+    );
+    row.push(lost.to_string());
+    let broken: Vec<&str> = judged
+        .broken()
+        .into_iter()
+        .filter(|i| entry.promises.contains(i))
+        .map(Invariant::name)
+        .collect();
+    row.push(match (judged.all_fired(), broken.is_empty()) {
+        (false, _) => "the failover did not fire".into(),
+        (true, true) => "survived".into(),
+        (true, false) => format!("broke its promise: {}", broken.join(", ")),
+    });
+    row
 }

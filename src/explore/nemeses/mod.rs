@@ -364,15 +364,18 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                         anyhow::bail!("{nemesis} needs the database on a replicated pair");
                     };
                     if arena.until(at).await {
-                        let at = Instant::now();
-                        if pair.fail_over(FAILOVER_HOLD, arena.over.clone()).await? {
-                            let process = format!(
+                        // Struck from the hold on: what the actors do from then is its doing.
+                        pair.hold_replication().await?;
+                        fire(
+                            i,
+                            format!(
                                 "the primary (replication held {}, {})",
                                 format_duration(FAILOVER_HOLD),
                                 pair.replication().name()
-                            );
-                            arena.faults.struck(i, process, at);
-                        }
+                            ),
+                        );
+                        pair.fail_over_after(FAILOVER_HOLD, arena.over.clone())
+                            .await?;
                     }
                 }
                 Nemesis::DbKillBackend { role, at } => {
