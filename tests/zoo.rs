@@ -239,3 +239,18 @@ fn bad_input_is_one_line_and_exit_2() {
     assert!(listed.status.success());
     assert!(String::from_utf8_lossy(&listed.stdout).contains("outbox-lab relay"));
 }
+
+/// `--failover`: each entry's database failed over under it (synchronous standby), in a table
+/// of its own: the article's relay reconnects, loses nothing and ships no ghost.
+#[test]
+fn the_failover_table_judges_each_entry_after_a_promotion() {
+    let run = zoo(&zoo_dir(), &["--documented", "--failover", "article"]);
+    assert_passed(&run);
+    let row = run.table("failover")["rows"][0].clone();
+    assert_eq!(row[0], "article", "{row}");
+    assert_eq!(row[8], "survived", "{row}");
+    for invariant in ["ghost", "lost", "duplicate", "liveness"] {
+        assert_eq!(run.metric(&format!("zoo.article.failover.{invariant}")), 0);
+    }
+    assert_eq!(run.metric("zoo.article.failover.acknowledged_lost"), 0);
+}

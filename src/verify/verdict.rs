@@ -9,6 +9,7 @@ use super::plan::{Plan, DEFAULT_CLAIMS};
 use super::run::{Figures, Verification, VerifyRun};
 use crate::explore::designs::Invariant;
 use crate::explore::history::{FaultOutcome, History};
+use crate::explore::lab::STOPPED_ONCE_DRAINED;
 use crate::explore::schedule::Nemesis;
 use crate::explore::watchdog::LIVENESS_BOUND;
 use crate::harness::nemesis::format_duration;
@@ -393,8 +394,7 @@ fn notes(plan: &Plan, verification: &Verification) -> Vec<String> {
         ),
     ];
     for process in &main.history.processes {
-        if process.process.starts_with("relay-") && !process.end.starts_with("stopped with SIGTERM")
-        {
+        if process.process.starts_with("relay-") && !process.end.starts_with(STOPPED_ONCE_DRAINED) {
             notes.push(format!("{}: {}", process.process, process.end));
         }
     }

@@ -6,6 +6,7 @@ use serde_json::json;
 
 use super::entry::{Entry, ZooRun};
 use super::{EntryResult, Judged, Outcome, Settings};
+use crate::explore::lab::STOPPED_ONCE_DRAINED;
 use crate::harness::nemesis::format_duration;
 use crate::judge::invariants::Invariant;
 use crate::report::{CheckResult, Environment, Metrics, Report, Table};
@@ -70,6 +71,7 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
             "order",
             "liveness",
             "acknowledged-lost",
+            "relay exits",
             "verdict",
         ],
     );
@@ -389,7 +391,8 @@ fn yes_no(yes: bool) -> String {
 }
 
 /// An entry's failover run: each invariant's violations (`*`: promised), the orders the
-/// database lost, and what broke of the library's promises (`survived`: none, every fault
+/// database lost, how often the library's relay ended by itself (and was started again), and
+/// what broke of the library's promises (`survived`: none, every fault
 /// fired).
 fn failover_row(entry: &Entry, judged: &Judged, metrics: &mut Metrics) -> Vec<String> {
     let history = &judged.verification.main().history;
@@ -413,6 +416,17 @@ fn failover_row(entry: &Entry, judged: &Judged, metrics: &mut Metrics) -> Vec<St
         lost as i64,
     );
     row.push(lost.to_string());
+    // A relay that ends at the cut and is started again, against one that reconnects itself.
+    let exits = history
+        .processes
+        .iter()
+        .filter(|p| p.process.starts_with("relay-") && !p.end.starts_with(STOPPED_ONCE_DRAINED))
+        .count();
+    metrics.set(
+        format!("zoo.{}.failover.relay_exits", entry.name),
+        exits as i64,
+    );
+    row.push(exits.to_string());
     let broken: Vec<&str> = judged
         .broken()
         .into_iter()

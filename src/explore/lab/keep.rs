@@ -10,7 +10,7 @@ use futures_util::future::try_join_all;
 use tokio::sync::watch;
 
 use super::foreign::ForeignRelayError;
-use super::{Lab, Relays, Stage};
+use super::{Lab, Relays, Stage, STOPPED_ONCE_DRAINED};
 use crate::error;
 use crate::explore::faults::FaultLog;
 use crate::explore::history::History;
@@ -202,7 +202,7 @@ impl Lab<'_> {
             let tail = relay.tail();
             let Some(status) = ended else {
                 let status = relay.stop(FOREIGN_STOP_GRACE).await?;
-                let end = format!("stopped with SIGTERM once drained ({status})");
+                let end = format!("{STOPPED_ONCE_DRAINED} ({status})");
                 record_foreign_end(history, &label, end, &tail.lines());
                 return Ok(None);
             };

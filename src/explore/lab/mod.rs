@@ -53,6 +53,10 @@ UPDATE consumer.receipts r
  WHERE o.event_id = r.event_id
    AND (r.outbox_id IS NULL OR r.event_type = '')";
 
+/// How the history says a relay of the user's ended that the lab stopped once the outbox was
+/// drained (any other end is its own: a crash, an exit).
+pub const STOPPED_ONCE_DRAINED: &str = "stopped with SIGTERM once drained";
+
 /// How long a run and its parts may take.
 #[derive(Debug, Clone, Copy)]
 pub struct Bounds {
