@@ -19,7 +19,8 @@ use common::{
 };
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{Pid, User};
-use outbox_lab::harness::throwaway::{Marker, ProcessId, ServerProcess};
+use outbox_lab::harness::process::ProcessId;
+use outbox_lab::harness::throwaway::{Marker, ServerProcess};
 
 /// A process that exited and was reaped: its pid names nobody now.
 fn dead_process() -> ProcessId {

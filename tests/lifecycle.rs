@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::{long_run, outbox_lab, run_tracked, scratch_dir, throwaway_dirs_of};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use outbox_lab::harness::throwaway::ProcessId;
+use outbox_lab::harness::process::ProcessId;
 use outbox_lab::wait;
 
 /// The postmaster's pid, once the cluster in `dir` is ready.

@@ -20,7 +20,8 @@ use common::{
 };
 use nix::unistd::geteuid;
 use outbox_lab::harness::nats_server::Nats;
-use outbox_lab::harness::throwaway::{Marker, ProcessId};
+use outbox_lab::harness::process::ProcessId;
+use outbox_lab::harness::throwaway::Marker;
 use outbox_lab::outbox::event::Event;
 use outbox_lab::outbox::sink::SinkOptions;
 use outbox_lab::wait;

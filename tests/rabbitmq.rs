@@ -16,8 +16,8 @@ use common::{
     run_with_servers_up, scratch_dir, sigkill, throwaway_dirs_of,
 };
 use nix::unistd::geteuid;
+use outbox_lab::harness::process::ProcessId;
 use outbox_lab::harness::rabbitmq_server::Amqp;
-use outbox_lab::harness::throwaway::ProcessId;
 use outbox_lab::outbox::event::Event;
 use outbox_lab::outbox::sink::SinkOptions;
 

@@ -6,7 +6,7 @@
 //! [`db`] server and databases of a run, the [`run`]'s life around them (its id, Ctrl-C), [`child`]
 //! processes that die for real, a [`foreign`] relay (the user's command, [`run_as`] an
 //! unprivileged user when we are root), each leading a
-//! [`process_group`] that goes with it, the [`link`]s between the actors and their servers
+//! [`process_group`] that goes with it, a [`process`] told apart from another of the same pid, the [`link`]s between the actors and their servers
 //! (proxies on the wire: HTTP and RESP to the sink, PostgreSQL's to the database, with the
 //! faults they do and the deliveries they watch), the
 //! [`nemesis`] machinery (signals to our own children, backends terminated), bulk [`load`]ing
@@ -22,6 +22,7 @@ pub mod nats_server;
 pub mod nemesis;
 pub mod on_demand;
 pub mod ports;
+pub mod process;
 pub mod process_group;
 pub mod rabbitmq_server;
 pub mod redis_server;

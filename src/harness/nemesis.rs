@@ -18,7 +18,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio_postgres::Client;
 
-use crate::harness::throwaway::ProcessId;
+use crate::harness::process::ProcessId;
 
 /// Ends the sessions of one actor in the current database, found by their `application_name`
 /// (`outbox-lab consumer`); the count of sessions ended.

@@ -17,7 +17,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::process::{Child, Command};
 
-use crate::harness::throwaway::processes;
+use crate::harness::process::processes;
 use crate::wait;
 
 /// How long processes sent SIGKILL may take to be gone (they are, within milliseconds).

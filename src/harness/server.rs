@@ -17,8 +17,9 @@ use anyhow::{bail, Context, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::User;
 
+use crate::harness::process::ProcessId;
 use crate::harness::process_group;
-use crate::harness::throwaway::{self, Marker, ProcessId, RunDir, ServerProcess};
+use crate::harness::throwaway::{self, Marker, RunDir, ServerProcess};
 use crate::wait;
 
 /// A server's PATH when we have none (a server script runs other programs).
