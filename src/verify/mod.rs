@@ -12,6 +12,7 @@
 //! - [`verdict`]: the runs judged and printed: the [`Report`](crate::report::Report), the
 //!   replay line, an inconclusive run;
 //! - [`plots`]: the timeline of deliveries and faults on the report page.
+//! - [`search`]: `--search`'s schedules, drawn from the nemesis grammar before anything runs.
 //!
 //! [`verify_with_sink`] here ties them, on the sink's private broker: the plan's schedule is
 //! run, and a violation found under every nemesis is run again under each one alone
@@ -21,6 +22,7 @@
 pub mod plan;
 pub mod plots;
 pub mod run;
+pub mod search;
 pub mod verdict;
 
 use std::collections::VecDeque;
