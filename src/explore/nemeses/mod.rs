@@ -3,8 +3,9 @@
 //! or the network is the harness's ([`crate::harness::nemesis`], the cluster, the proxy). This
 //! module owns the nemesis schedules of the default run and striking them during a run: which
 //! process of each role is live, the clock they strike on, and what became of each; those
-//! struck on a delivery are [`on_delivery`]'s.
+//! struck on a delivery are [`on_delivery`]'s; the actors' database links are [`db_links`].
 
+mod db_links;
 mod on_delivery;
 
 use std::collections::BTreeMap;
@@ -15,7 +16,6 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use futures_util::future::join_all;
 use nix::sys::signal::Signal;
-use nix::unistd::User;
 use tokio::sync::{mpsc, watch};
 
 use super::designs::Design;
@@ -24,12 +24,12 @@ use super::schedule::{DbNetFault, Nemesis, Role, Schedule, FAILOVER_HOLD};
 use crate::connect;
 use crate::harness::db::{Database, PgServer};
 use crate::harness::link::http::{FaultPlan, Proxy, ProxyFaults};
-use crate::harness::link::postgres::{PgLink, PgProxy};
 use crate::harness::link::watch::{DeliveryWatch, WatchedDelivery};
 use crate::harness::nemesis::{format_duration, terminate_backends, OwnChild, Sessions};
 use crate::harness::replicated::VirtualPrimary;
 use crate::outbox::consumer::CONSUMER_APPLICATION_NAME;
 use crate::outbox::crash::CrashPlan;
+pub use db_links::DbLinks;
 use on_delivery::{on_delivery, strike_on_delivery, Holding};
 
 /// The nemesis schedules of the default run: all of them for the design that claims everything.
@@ -149,74 +149,6 @@ impl LiveProcesses {
     fn now(&self, role: Role, index: u32) -> Option<(String, OwnChild)> {
         let running = self.running.lock().expect("not poisoned");
         running.get(&(role, index)).cloned()
-    }
-}
-
-/// The database links of a run's actors, one per relay then the writer's: every one of them
-/// reaches its database through a [`PgProxy`] of its own, so that a nemesis finds a relay's
-/// sessions by the backends its link serves, whatever the relay names them, and can fault the
-/// link itself.
-pub struct DbLinks {
-    proxy: PgProxy,
-    relays: u32,
-}
-
-impl DbLinks {
-    /// The links of `relays` relays and the writer to `db`, with the schedule's lost COMMITs
-    /// planned; `relay_user` (strangers' relays run as it) may connect to them.
-    pub async fn start(
-        db: &Database,
-        relays: u32,
-        schedule: &Schedule,
-        relay_user: Option<&User>,
-    ) -> Result<DbLinks> {
-        let proxy = PgProxy::start(&db.config()?, relays as usize + 1, relay_user).await?;
-        let links = DbLinks { proxy, relays };
-        for nemesis in &schedule.nemeses {
-            if let Nemesis::DbNet {
-                role,
-                fault: DbNetFault::CommitLost { on_commit },
-            } = *nemesis
-            {
-                links.of(role).lose_commit(on_commit);
-            }
-        }
-        Ok(links)
-    }
-
-    /// Relay `index`'s link.
-    pub fn relay(&self, index: u32) -> &PgLink {
-        self.proxy.link(index as usize)
-    }
-
-    /// The link a nemesis on `role` strikes: relay 0's, or the writer's (the consumer's
-    /// database is reached directly: it is the judge's side).
-    pub fn of(&self, role: Role) -> &PgLink {
-        match role {
-            Role::Relay => self.relay(0),
-            _ => self.proxy.link(self.relays as usize),
-        }
-    }
-
-    /// `db` as `role`'s process `index` reaches it: through its link.
-    pub fn database(&self, db: &Database, role: Role, index: u32) -> Result<Database> {
-        let link = match role {
-            Role::Relay => self.relay(index),
-            _ => self.of(role),
-        };
-        link.database(db)
-    }
-
-    /// The relays' sessions open now.
-    pub fn relay_sessions(&self) -> usize {
-        (0..self.relays)
-            .map(|i| self.relay(i).backends().len())
-            .sum()
-    }
-
-    /// Whether a relay ever had a session.
-    pub fn relay_connected(&self) -> bool {
-        (0..self.relays).any(|i| self.relay(i).ever_connected())
     }
 }
 
