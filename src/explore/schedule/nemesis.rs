@@ -110,7 +110,7 @@ pub const KINDS: [(&str, &str, &str); 15] = [
         "db:failover@AT",
         "the database on a primary with a streaming standby (--replication async|sync): the \
          replication held from AT for 500ms, then the primary's machine dies (SIGKILL), the \
-         standby is promoted and the relays' address re-pointed at it (verify only)",
+         standby is promoted and every actor's address re-pointed at it",
     ),
     (
         "db-kill-backend",
