@@ -746,3 +746,29 @@ fn a_relay_that_never_reconnects_after_a_failover_fails_liveness_and_says_why() 
         "{liveness}"
     );
 }
+
+/// A relay that exits when its first COMMIT's answer is lost (the connection cut under it) is
+/// judged like any relay that died of a fault, not refused as a command that "exited at once":
+/// the lost answer is a fault, though the run's log hears of it only at its end.
+#[test]
+fn a_relay_that_dies_of_a_lost_commit_answer_is_judged_not_refused() {
+    let relay = "sh -c 'psql -Atqc \"BEGIN; SELECT 1; COMMIT\" && sleep 120'";
+    let run = verify(&[
+        "--relay-cmd",
+        relay,
+        "--schedule",
+        "dbnet:commit-lost:relay@1",
+        "--events",
+        "10",
+        "--time-limit",
+        "30s",
+    ]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(run.metric("verify.faults_fired"), 1);
+    // Started again, it never delivers: a liveness failure, the relay's verdict.
+    assert!(
+        run.metric("verify.liveness.violating") >= 1,
+        "{}",
+        run.stdout
+    );
+}

@@ -71,6 +71,15 @@ impl DbLinks {
             .sum()
     }
 
+    /// Whether a link has lost a COMMIT's answer yet (a fault the run's log records only at
+    /// its end).
+    pub fn lost_a_commit(&self) -> bool {
+        let links = (0..self.relays).map(|i| self.relay(i));
+        links
+            .chain([self.of(Role::Writer)])
+            .any(|link| link.commits_lost() > 0)
+    }
+
     /// Whether a relay ever had a session.
     pub fn relay_connected(&self) -> bool {
         (0..self.relays).any(|i| self.relay(i).ever_connected())

@@ -246,6 +246,11 @@ impl PgLink {
         self.lost.lock().expect("not poisoned").get(&n).copied()
     }
 
+    /// How many COMMIT answers this link has lost so far.
+    pub fn commits_lost(&self) -> usize {
+        self.lost.lock().expect("not poisoned").len()
+    }
+
     /// COMMITs the server answered through this link so far.
     pub fn commits(&self) -> u32 {
         self.commits.load(Ordering::SeqCst)
