@@ -747,28 +747,39 @@ fn a_relay_that_never_reconnects_after_a_failover_fails_liveness_and_says_why() 
     );
 }
 
-/// A relay that exits when its first COMMIT's answer is lost (the connection cut under it) is
-/// judged like any relay that died of a fault, not refused as a command that "exited at once":
-/// the lost answer is a fault, though the run's log hears of it only at its end.
+/// A relay that exits when its first COMMIT's answer is lost (the connection cut under it), or
+/// when its first request is reset, is judged like any relay that died of a fault, not refused
+/// as a command that "exited at once": those faults are struck in the proxies, and the run's
+/// log hears of them only at its end.
 #[test]
-fn a_relay_that_dies_of_a_lost_commit_answer_is_judged_not_refused() {
-    let relay = "sh -c 'psql -Atqc \"BEGIN; SELECT 1; COMMIT\" && sleep 120'";
-    let run = verify(&[
-        "--relay-cmd",
-        relay,
-        "--schedule",
-        "dbnet:commit-lost:relay@1",
-        "--events",
-        "10",
-        "--time-limit",
-        "30s",
-    ]);
-    assert_eq!(run.code, 1, "{}", run.stderr);
-    assert_eq!(run.metric("verify.faults_fired"), 1);
-    // Started again, it never delivers: a liveness failure, the relay's verdict.
-    assert!(
-        run.metric("verify.liveness.violating") >= 1,
-        "{}",
-        run.stdout
-    );
+fn a_relay_that_dies_of_a_fault_on_a_link_is_judged_not_refused() {
+    let post = r#"python3 -c "import sys, urllib.request as r; r.urlopen(r.Request(sys.argv[1], data=bytes(1)))" "$OUTBOX_LAB_SINK_URL/e""#;
+    let dies_at_its_first_request =
+        format!("sh -c 'psql -Atqc \"SELECT 1\" && {post} && sleep 120'");
+    for (relay, fault) in [
+        (
+            "sh -c 'psql -Atqc \"BEGIN; SELECT 1; COMMIT\" && sleep 120'",
+            "dbnet:commit-lost:relay@1",
+        ),
+        (dies_at_its_first_request.as_str(), "net:reset@1"),
+    ] {
+        let run = verify(&[
+            "--relay-cmd",
+            relay,
+            "--schedule",
+            fault,
+            "--events",
+            "10",
+            "--time-limit",
+            "30s",
+        ]);
+        assert_eq!(run.code, 1, "{fault}: {}", run.stderr);
+        assert_eq!(run.metric("verify.faults_fired"), 1, "{fault}");
+        // Started again, it never delivers: a liveness failure, the relay's verdict.
+        assert!(
+            run.metric("verify.liveness.violating") >= 1,
+            "{}",
+            run.stdout
+        );
+    }
 }

@@ -207,8 +207,7 @@ impl Lab<'_> {
                 return Ok(None);
             };
             let lived = relay.started.elapsed();
-            // A lost COMMIT answer is a fault too, though the log hears of it only at the end.
-            let no_fault_yet = faults.last_fired().is_none() && !stage.links.lost_a_commit();
+            let no_fault_yet = faults.last_fired().is_none() && !stage.struck_unlogged();
             // With status 0 it may be a relay that drains what there is and ends (run from
             // cron): started again like any other, not refused — unless it never connects.
             let failed = status.code().is_some_and(|code| code != 0);

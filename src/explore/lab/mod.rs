@@ -35,6 +35,7 @@ use super::schedule::{Role, Schedule};
 use super::watchdog::LIVENESS_BOUND;
 use crate::harness::db::{Database, PgServer};
 use crate::harness::foreign::Tail;
+use crate::harness::link::http::Proxy;
 use crate::harness::replicated::VirtualPrimary;
 use crate::judge::invariants::Invariant;
 use crate::judge::{record, two_databases};
@@ -125,6 +126,8 @@ pub struct Lab<'s> {
 struct Stage<'r> {
     schedule: &'r Schedule,
     live: LiveProcesses,
+    /// The fault proxy in front of the consumer, where the schedule has one.
+    proxy: Option<&'r Proxy>,
     /// The consumer's URL, or the proxy's in front of it.
     sink: String,
     /// Each relay's way to the consumer: through a port of the proxy's of its own, so that the
@@ -142,6 +145,14 @@ struct Stage<'r> {
     nemeses_done: watch::Sender<bool>,
     /// A session of the user's relays was seen in the database.
     relay_connected: watch::Sender<bool>,
+}
+
+impl Stage<'_> {
+    /// Whether a fault has struck that the run's log hears of only at its end: a lost COMMIT
+    /// answer on a database link, a request the fault proxy reset or whose reply it lost.
+    fn struck_unlogged(&self) -> bool {
+        self.links.lost_a_commit() || self.proxy.is_some_and(Proxy::struck_any)
+    }
 }
 
 impl<'s> Lab<'s> {
@@ -181,6 +192,7 @@ impl<'s> Lab<'s> {
         let stage = Stage {
             schedule,
             live: LiveProcesses::default(),
+            proxy: middle.as_ref().and_then(Middle::http),
             sink: match middle.as_ref().and_then(Middle::http) {
                 Some(proxy) => proxy.url.clone(),
                 None => self.sink_url(),

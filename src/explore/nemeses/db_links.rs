@@ -71,7 +71,7 @@ impl DbLinks {
             .sum()
     }
 
-    /// Whether a link has lost a COMMIT's answer yet (a fault the run's log records only at
+    /// Whether a link has lost a COMMIT's answer yet (a fault the run's log hears of only at
     /// its end).
     pub fn lost_a_commit(&self) -> bool {
         let links = (0..self.relays).map(|i| self.relay(i));

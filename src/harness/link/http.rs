@@ -204,6 +204,16 @@ impl Proxy {
         struck.get(&on_request).copied()
     }
 
+    /// Whether a planned fault has struck yet.
+    pub fn struck_any(&self) -> bool {
+        !self
+            .counters
+            .struck
+            .lock()
+            .expect("not poisoned")
+            .is_empty()
+    }
+
     pub fn counts(&self) -> ProxyCounts {
         ProxyCounts {
             requests: self.counters.requests.load(Ordering::SeqCst),
