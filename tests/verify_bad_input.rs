@@ -142,6 +142,17 @@ fn a_relay_that_ends_at_once_with_status_0_is_bad_input() {
     assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
 }
 
+/// A relay whose processes keep ending by themselves before any connects to the database does
+/// not run at all, though a nemesis struck one of them meanwhile (the kill due at 250 ms): bad
+/// input, at once, not a liveness verdict after the bound (which the build before gave).
+#[test]
+fn a_relay_that_keeps_ending_unconnected_is_bad_input_whatever_struck_meanwhile() {
+    let started = std::time::Instant::now();
+    let run = verify(&["--relay-cmd", "sleep 0.1"]);
+    assert_usage_error(&run, "none connected to the database");
+    assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
+}
+
 /// A schema file that drops or changes outbox-lab's tables is bad input naming --schema.
 #[test]
 fn a_schema_that_breaks_our_tables_is_bad_input() {

@@ -49,11 +49,13 @@ pub struct ForeignRelays {
 #[derive(Debug, thiserror::Error)]
 pub enum ForeignRelayError {
     #[error(
-        "{name} exited by itself {after_ms} ms after it started ({status}), before any fault: \
-         is --relay-cmd right? its last lines: {tail}"
+        "{name} exited by itself {after_ms} ms after it started ({status}), {when}: is \
+         --relay-cmd right? its last lines: {tail}"
     )]
     ExitsAtOnce {
         name: String,
+        /// Why no fault explains it: none had struck, or no relay ever connected.
+        when: &'static str,
         status: String,
         after_ms: u128,
         tail: String,

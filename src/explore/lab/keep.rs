@@ -31,8 +31,8 @@ const EXITS_AT_ONCE: Duration = Duration::from_secs(1);
 const FOREIGN_RESTART_DELAY: Duration = Duration::from_millis(100);
 /// A relay of the user's gets this long after SIGTERM before SIGKILL.
 const FOREIGN_STOP_GRACE: Duration = Duration::from_secs(2);
-/// A relay of the user's whose first processes all end this soon, before any fault and before
-/// any relay was seen connected to the database, does not run at all (`--relay-cmd true`).
+/// A relay of the user's whose first processes all end by themselves this soon, before any
+/// relay was seen connected to the database, does not run at all (`--relay-cmd true`).
 const QUICK_EXITS_UNCONNECTED: u32 = 3;
 
 impl Lab<'_> {
@@ -212,13 +212,22 @@ impl Lab<'_> {
             // cron): started again like any other, not refused — unless it never connects.
             let failed = status.code().is_some_and(|code| code != 0);
             let quick = lived < EXITS_AT_ONCE && no_fault_yet;
-            if quick && !*stage.relay_connected.borrow() {
+            // Ending by itself at once, never connected: a nemesis meanwhile (a kill due at
+            // 250 ms, struck on the next process) explains none of it.
+            let by_itself = status.code().is_some();
+            if lived < EXITS_AT_ONCE && by_itself && !*stage.relay_connected.borrow() {
                 quick_exits += 1;
             }
-            if quick && (n == 1 && failed || quick_exits == QUICK_EXITS_UNCONNECTED) {
+            if quick && n == 1 && failed || quick_exits == QUICK_EXITS_UNCONNECTED {
                 return Err(error::Error::Usage(
                     ForeignRelayError::ExitsAtOnce {
                         name,
+                        when: match quick_exits {
+                            QUICK_EXITS_UNCONNECTED => {
+                                "as its processes before it did, none connected to the database"
+                            }
+                            _ => "before any fault",
+                        },
                         status: status.to_string(),
                         after_ms: lived.as_millis(),
                         tail: tail.lines().join(" | "),
