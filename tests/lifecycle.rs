@@ -190,6 +190,7 @@ fn cluster_of_a_killed_run_is_removed_by_the_next_run() {
 /// gone) by the next run, without waiting out the stopped walsender, which goes too.
 #[test]
 fn the_standby_of_a_killed_run_is_removed_by_the_next_run() {
+    let _alone = common::holding_replication();
     let mut child = outbox_lab()
         .args([
             "scenario",

@@ -101,6 +101,7 @@ fn commit_unknown_counts_what_a_lost_commit_answer_does() {
 /// on PostgreSQL 18 with a failover slot it resumes from the standby's copy, and ships no ghost.
 #[test]
 fn failover_loses_acknowledged_orders_unless_synchronous_and_the_fence_ships_none() {
+    let _alone = common::holding_replication();
     let before = common::stopped_walsenders_but(&[]);
     let run = scenario("failover", &[]);
     assert_passed(&run);

@@ -663,6 +663,7 @@ fn the_article_relay_killed_on_a_delivery_sends_it_again() {
 /// replication differs: the check bites on the database, not on the relay.
 #[test]
 fn a_failover_loses_acknowledged_orders_unless_synchronous() {
+    let _alone = common::holding_replication();
     let relay = our_relay("");
     let failover = |mode: &str| {
         verify(&[
@@ -717,6 +718,7 @@ fn a_failover_loses_acknowledged_orders_unless_synchronous() {
 /// is judged on liveness, with the reason said: not a harness error.
 #[test]
 fn a_relay_that_never_reconnects_after_a_failover_fails_liveness_and_says_why() {
+    let _alone = common::holding_replication();
     let relay = "sh -c 'psql -Atqc \"SELECT pg_sleep(120)\"; sleep 120'";
     let run = verify(&[
         "--relay-cmd",

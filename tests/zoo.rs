@@ -244,6 +244,7 @@ fn bad_input_is_one_line_and_exit_2() {
 /// of its own: the article's relay reconnects, loses nothing and ships no ghost.
 #[test]
 fn the_failover_table_judges_each_entry_after_a_promotion() {
+    let _alone = common::holding_replication();
     let run = zoo(&zoo_dir(), &["--documented", "--failover", "article"]);
     assert_passed(&run);
     let row = run.table("failover")["rows"][0].clone();

@@ -376,6 +376,15 @@ pub fn processes_whose(file: &str, matches: impl Fn(i32, &str) -> bool) -> Vec<i
         .collect()
 }
 
+/// Held by every test whose run holds a replication back (a failover's stopped walsender), one
+/// at a time: a test that looks for walsenders left stopped sees no other test's held one.
+pub static HOLDS_REPLICATION: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Takes [`HOLDS_REPLICATION`] (a test that failed holding it does not poison the others).
+pub fn holding_replication() -> std::sync::MutexGuard<'static, ()> {
+    HOLDS_REPLICATION.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The walsenders stopped by a signal (the failover's hold), by pid, but those in `before`.
 pub fn stopped_walsenders_but(before: &[i32]) -> Vec<i32> {
     let stopped = processes_whose("stat", |_, stat| stat.contains(") T "));
