@@ -69,7 +69,7 @@ fn children_never_show_a_password() {
     let results = scratch_dir("security-argv");
     let mut child = long_run(&results)
         .env("OUTBOX_LAB_DATABASE_URL", &url)
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -80,9 +80,24 @@ fn children_never_show_a_password() {
         children_seen = children_seen.max(children_of(child.id()));
         std::thread::sleep(Duration::from_millis(2));
     }
-    let mut stderr = String::new();
+    // The run's JSON (its few lines fit the pipe) says which check failed, if one did.
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut stdout).unwrap();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-    assert_eq!(child.wait().unwrap().code(), Some(0), "{stderr}");
+    let failed: Vec<String> = serde_json::from_str::<serde_json::Value>(&stdout)
+        .ok()
+        .and_then(|run| run["checks"].as_array().cloned())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|check| check["pass"] == false)
+        .map(|check| check.to_string())
+        .collect();
+    assert_eq!(
+        child.wait().unwrap().code(),
+        Some(0),
+        "{stderr}{}",
+        failed.join("\n")
+    );
     assert!(children_seen > 0, "no child seen: the scan proved nothing");
 }
 
