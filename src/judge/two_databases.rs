@@ -29,18 +29,14 @@ pub async fn bring_application_rows(application: &Client, consumer: &Client) -> 
         consumer
             .batch_execute(&format!("CREATE TEMPORARY TABLE {table} ({definition})"))
             .await?;
-        let rows = application
-            .copy_out(&format!("COPY (SELECT {columns} FROM {table}) TO STDOUT"))
-            .await
-            .with_context(|| format!("cannot read {table} from the application's database"))?;
-        let into = consumer
-            .copy_in(&format!("COPY pg_temp.{table} FROM STDIN"))
-            .await?;
-        pin_mut!(rows, into);
-        while let Some(chunk) = rows.try_next().await? {
-            into.send(chunk).await?;
-        }
-        into.finish().await?;
+        copy(
+            application,
+            &format!("COPY (SELECT {columns} FROM {table}) TO STDOUT"),
+            consumer,
+            &format!("COPY pg_temp.{table} FROM STDIN"),
+        )
+        .await
+        .with_context(|| format!("cannot copy {table} from the application's database"))?;
     }
     Ok(())
 }
@@ -66,20 +62,27 @@ pub async fn bring_consumer_rows(consumer: &Client, application: &Client) -> Res
         application
             .batch_execute(&format!("TRUNCATE consumer.\"{table}\""))
             .await?;
-        let rows = consumer
-            .copy_out(&format!("COPY consumer.\"{table}\" TO STDOUT"))
-            .await
-            .with_context(|| {
-                format!("cannot read consumer.{table} from the consumer's database")
-            })?;
-        let into = application
-            .copy_in(&format!("COPY consumer.\"{table}\" FROM STDIN"))
-            .await?;
-        pin_mut!(rows, into);
-        while let Some(chunk) = rows.try_next().await? {
-            into.send(chunk).await?;
-        }
-        into.finish().await?;
+        copy(
+            consumer,
+            &format!("COPY consumer.\"{table}\" TO STDOUT"),
+            application,
+            &format!("COPY consumer.\"{table}\" FROM STDIN"),
+        )
+        .await
+        .with_context(|| format!("cannot copy consumer.{table} from the consumer's database"))?;
     }
+    Ok(())
+}
+
+/// Streams what `copy_out` (a `COPY ... TO STDOUT`) reads from `from` into `copy_in` (a `COPY
+/// ... FROM STDIN`) on `to`, chunk by chunk.
+async fn copy(from: &Client, copy_out: &str, to: &Client, copy_in: &str) -> Result<()> {
+    let rows = from.copy_out(copy_out).await?;
+    let into = to.copy_in(copy_in).await?;
+    pin_mut!(rows, into);
+    while let Some(chunk) = rows.try_next().await? {
+        into.send(chunk).await?;
+    }
+    into.finish().await?;
     Ok(())
 }
