@@ -235,13 +235,14 @@ impl Replicated {
         Ok(())
     }
 
-    /// PostgreSQL's own crash and restart of the primary (`pg_ctl stop -m immediate`), its
-    /// standby left streaming: db:restart where the database is on the pair.
+    /// PostgreSQL's own crash and restart of the primary now (`pg_ctl stop -m immediate`): the
+    /// first, its standby left streaming, or the promoted standby after a failover. db:restart
+    /// where the database is on the pair.
     pub async fn restart_primary(&mut self) -> Result<()> {
-        let Some(primary) = &mut self.primary else {
-            bail!("the primary has failed over already");
-        };
-        primary.restart_immediately().await
+        match &mut self.primary {
+            Some(primary) => primary.restart_immediately().await,
+            None => self.standby.restart_immediately().await,
+        }
     }
 
     /// Lets the held walsender go on (SIGCONT): a failover that did not come (the run ended
@@ -315,14 +316,9 @@ impl VirtualPrimary {
         self.address.link(0).database(&on_the_pair)
     }
 
-    /// db:restart: the primary crashes and restarts (see [`Replicated::restart_primary`]); one
-    /// that failed over in this run is the promoted standby, which is restarted then.
+    /// db:restart: the primary now crashes and restarts ([`Replicated::restart_primary`]).
     pub async fn restart_immediately(&self) -> Result<()> {
-        let mut pair = self.pair.lock().await;
-        match pair.primary.is_some() {
-            true => pair.restart_primary().await,
-            false => pair.standby.restart_immediately().await,
-        }
+        self.pair.lock().await.restart_primary().await
     }
 
     /// Before a run: a pair again if the last run failed it over (a new standby of the
