@@ -31,7 +31,7 @@ use super::designs::Design;
 use super::faults::FaultLog;
 use super::history::History;
 use super::nemeses::{self, Arena, DbLinks, LiveProcesses};
-use super::schedule::{Role, Schedule};
+use super::schedule::{Nemesis, Role, Schedule};
 use super::watchdog::LIVENESS_BOUND;
 use crate::harness::db::{Database, PgServer};
 use crate::harness::foreign::Tail;
@@ -189,11 +189,12 @@ impl<'s> Lab<'s> {
             Some(faults) => Some(self.stand_between(faults).await?),
             None => self.let_relays_in(tell)?,
         };
+        let proxy = middle.as_ref().and_then(Middle::http);
         let stage = Stage {
             schedule,
             live: LiveProcesses::default(),
-            proxy: middle.as_ref().and_then(Middle::http),
-            sink: match middle.as_ref().and_then(Middle::http) {
+            proxy,
+            sink: match proxy {
                 Some(proxy) => proxy.url.clone(),
                 None => self.sink_url(),
             },
@@ -267,7 +268,6 @@ impl<'s> Lab<'s> {
                 }
             }
         };
-        let proxy = middle.as_ref().and_then(Middle::http);
         nemeses::settle(schedule, proxy, &stage.links, &faults);
         let client = self.client().await?;
         if self.pair.is_some() {
@@ -282,9 +282,9 @@ impl<'s> Lab<'s> {
             client.batch_execute(COMPLETE_RECEIPTS).await?;
         }
         let faults = faults.records(schedule);
-        let failed_over = faults
-            .iter()
-            .any(|f| f.fault.starts_with("db:failover") && f.outcome.is_reached());
+        let failed_over = faults.iter().any(|f| {
+            f.outcome.is_reached() && matches!(f.fault.parse(), Ok(Nemesis::DbFailover { .. }))
+        });
         let stuck = stuck.map(
             |why| match failed_over && stage.links.relay_sessions() == 0 {
                 true => format!(
