@@ -225,10 +225,6 @@ fn violations_table(plan: &Plan, verification: &Verification) -> Table {
         let Some(ids) = main.history.violations.get(invariant.name()) else {
             continue;
         };
-        let mut shown: Vec<String> = ids.iter().take(SHOWN_IDS).cloned().collect();
-        if ids.len() > SHOWN_IDS {
-            shown.push(format!("... {} more", ids.len() - SHOWN_IDS));
-        }
         let schedule = smallest_schedule(verification, invariant).to_string();
         violations.push(vec![
             invariant.name().into(),
@@ -239,28 +235,33 @@ fn violations_table(plan: &Plan, verification: &Verification) -> Table {
             }
             .into(),
             ids.len().to_string(),
-            shown.join(", "),
+            shown(ids),
             schedule.clone(),
             replay_line(plan, &schedule),
         ]);
     }
     let lost = &main.history.acknowledged_lost;
     if !lost.is_empty() {
-        let mut shown: Vec<String> = lost.iter().take(SHOWN_IDS).cloned().collect();
-        if lost.len() > SHOWN_IDS {
-            shown.push(format!("... {} more", lost.len() - SHOWN_IDS));
-        }
         let schedule = &main.history.schedule;
         violations.push(vec![
             ACKNOWLEDGED_LOST.into(),
             "the database's".into(),
             lost.len().to_string(),
-            shown.join(", "),
+            shown(lost),
             schedule.clone(),
             replay_line(plan, schedule),
         ]);
     }
     violations
+}
+
+/// The first [`SHOWN_IDS`] of `ids` for a table cell, and how many more there are.
+fn shown(ids: &[String]) -> String {
+    let mut shown: Vec<String> = ids.iter().take(SHOWN_IDS).cloned().collect();
+    if ids.len() > SHOWN_IDS {
+        shown.push(format!("... {} more", ids.len() - SHOWN_IDS));
+    }
+    shown.join(", ")
 }
 
 /// The judge's word for an order the writer saw commit and the database lost (a failover):
