@@ -44,7 +44,7 @@ const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
 /// ended has none to end until it is answered; the kill last, since a relay that sends a batch
 /// at once (a pipeline of XADDs) may make all three deliveries in one go, and once killed it is
 /// no target for the others (a paused one is).
-pub(super) const NEMESES: [(&str, &str); 15] = [
+const NEMESES: [(&str, &str); 15] = [
     ("kill", "kill:relay@{at}"),
     ("pause", "pause:relay@{at}+500ms"),
     ("db-kill-backend", "db:kill-backend:relay@{at}"),
@@ -71,7 +71,7 @@ pub(super) const NEMESES: [(&str, &str); 15] = [
 const NOT_IN_ALL: [&str; 2] = ["net-down", FAILOVER];
 
 /// The failover's kind: only where it is named is the database on a replicated pair.
-pub(super) const FAILOVER: &str = "db-failover";
+const FAILOVER: &str = "db-failover";
 
 /// The claims made when `--claims` is not given: order only holds for some relay designs
 /// (one relay, or relays partitioned by aggregate), so it is asked for, not assumed.
@@ -220,7 +220,7 @@ impl Plan {
                 let only = drawn_only(&options.nemeses)?;
                 let mut schedules = Vec::new();
                 for k in 0..count {
-                    schedules.push(draw(
+                    schedules.push(drawn(
                         seed,
                         k,
                         options.external_server,
@@ -318,6 +318,41 @@ impl Plan {
     }
 }
 
+/// Schedule `k` of the search seeded `seed` ([`draw`]), of the kinds the sink and the server
+/// allow (`net-down` among them; the failover only where it is named), `only` those if given.
+fn drawn(
+    seed: u64,
+    k: u32,
+    external_server: bool,
+    sink: VerifySink,
+    only: Option<&[String]>,
+) -> Result<Schedule> {
+    let kinds: Vec<&str> = NEMESES
+        .iter()
+        .map(|(kind, _)| *kind)
+        .filter(|kind| {
+            !(external_server && *kind == "db-restart"
+                || !sink.behind_the_proxy() && kind.starts_with("net-")
+                || !sink.sees_deliveries() && kind.ends_with("-on-delivery")
+                || *kind == FAILOVER && only.is_none())
+                && only.is_none_or(|only| only.iter().any(|o| o == kind))
+        })
+        .collect();
+    if kinds.is_empty() {
+        bail!(
+            "--search: no nemesis of --nemesis {} can strike here (with --sink {}{})",
+            only.unwrap_or_default().join(","),
+            sink.name(),
+            if external_server {
+                ", on your server"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(draw(seed, k, &kinds))
+}
+
 /// The schedule `--nemesis` asks for: each kind once, in [`NEMESES`]' order, the timed ones
 /// [`NEMESIS_SPACING`] apart; `all` on the
 /// user's server is all but the database restart (only a throwaway cluster is restarted), and
@@ -357,11 +392,7 @@ fn schedule_of(kinds: &[String], external_server: bool, sink: VerifySink) -> Res
 }
 
 /// A foreign relay has no crash points: only nemeses on a clock (or on a request).
-pub(super) fn check_schedule(
-    schedule: &Schedule,
-    external_server: bool,
-    sink: VerifySink,
-) -> Result<()> {
+fn check_schedule(schedule: &Schedule, external_server: bool, sink: VerifySink) -> Result<()> {
     if let Some(fault) = schedule.faults.first() {
         bail!(
             "invalid --schedule: '{fault}' is a crash point of outbox-lab's own relays; a relay \
@@ -395,4 +426,65 @@ pub(super) fn check_schedule(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verify::search::DRAWN_NEMESES;
+
+    /// The same seed and draw give the same schedule, another draw another; every drawn
+    /// schedule prints back to itself, and holds only what its sink and server allow.
+    #[test]
+    fn drawn_schedules_reproduce_and_fit_their_sink() {
+        assert_eq!(
+            drawn(7, 3, false, VerifySink::Http, None).unwrap(),
+            drawn(7, 3, false, VerifySink::Http, None).unwrap()
+        );
+        let http: Vec<Schedule> = (0..200)
+            .map(|k| drawn(7, k, false, VerifySink::Http, None).unwrap())
+            .collect();
+        assert!(http.windows(2).any(|w| w[0] != w[1]));
+        for schedule in &http {
+            assert!((1..=DRAWN_NEMESES as usize).contains(&schedule.nemeses.len()));
+            assert_eq!(
+                schedule.to_string().parse::<Schedule>().as_ref(),
+                Ok(schedule)
+            );
+            check_schedule(schedule, false, VerifySink::Http).unwrap();
+        }
+        // Every kind comes up in 200 draws, the sustained outage among them; the failover only
+        // where it is named.
+        for (kind, _) in NEMESES.iter().filter(|(kind, _)| *kind != FAILOVER) {
+            assert!(
+                http.iter()
+                    .flat_map(|s| &s.nemeses)
+                    .any(|n| n.kind() == *kind),
+                "{kind} never drawn"
+            );
+        }
+        for k in 0..200 {
+            let nats = drawn(7, k, true, VerifySink::Nats, None).unwrap();
+            check_schedule(&nats, true, VerifySink::Nats).unwrap();
+            let redis = drawn(7, k, false, VerifySink::Redis, None).unwrap();
+            check_schedule(&redis, false, VerifySink::Redis).unwrap();
+        }
+    }
+
+    /// `--nemesis` narrows what a search draws (a search without a crash); a list of which
+    /// nothing can strike here is refused.
+    #[test]
+    fn a_search_draws_only_the_kinds_named() {
+        let only = ["pause".to_string(), "pause-on-delivery".to_string()];
+        for k in 0..100 {
+            let drawn = drawn(7, k, false, VerifySink::Http, Some(&only)).unwrap();
+            assert!(drawn
+                .nemeses
+                .iter()
+                .all(|n| only.contains(&n.kind().to_string())));
+        }
+        let on_delivery = ["pause-on-delivery".to_string()];
+        let err = drawn(7, 0, false, VerifySink::Nats, Some(&on_delivery)).unwrap_err();
+        assert!(err.to_string().contains("can strike"), "{err}");
+    }
 }
