@@ -1,6 +1,6 @@
 //! Connecting to the servers, for every part of outbox-lab: PostgreSQL (a connection string
-//! parsed, a connection opened, one that hands over LISTEN notifications), Redis, NATS and AMQP
-//! (RabbitMQ) — each
+//! parsed, a connection opened, one that hands over LISTEN notifications), Redis, NATS, AMQP
+//! (RabbitMQ) and Kafka — each
 //! bounded in time, each failure saying where it tried and what to check.
 
 use std::str::FromStr;
@@ -203,5 +203,74 @@ pub async fn amqp(url: &str) -> Result<lapin::Connection> {
             "cannot connect to RabbitMQ at {} (is it running?)",
             secrets::redact(url)
         )
+    })
+}
+
+/// A Kafka-protocol client (`kafka://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]`: its bootstrap
+/// brokers; with a user, SASL PLAIN), with a bound on the wait and a message that says where
+/// (the password masked). rskafka connects to the brokers the bootstrap one advertises.
+pub async fn kafka(url: &str) -> Result<rskafka::client::Client> {
+    let shown = secrets::redact(url);
+    let KafkaUrl {
+        brokers,
+        credentials,
+    } = kafka_url(url).map_err(|e| anyhow!("invalid Kafka URL '{shown}': {e}"))?;
+    let mut builder = rskafka::client::ClientBuilder::new(brokers);
+    if let Some((username, password)) = credentials {
+        builder = builder.sasl_config(rskafka::client::SaslConfig::Plain(
+            rskafka::client::Credentials { username, password },
+        ));
+    }
+    tokio::time::timeout(CONNECT_TIMEOUT, builder.build())
+        .await
+        .map_err(|_| anyhow!("no answer within 5 s"))
+        .and_then(|r| r.map_err(anyhow::Error::from))
+        .with_context(|| format!("cannot connect to Kafka at {shown} (is it running?)"))
+}
+
+/// What a Kafka URL names.
+pub struct KafkaUrl {
+    /// The bootstrap brokers, `HOST:PORT` each.
+    pub brokers: Vec<String>,
+    /// SASL PLAIN's user and password, if it names them.
+    pub credentials: Option<(String, String)>,
+}
+
+/// A Kafka URL's bootstrap brokers and its SASL PLAIN user and password, if it names them
+/// (percent-encoded, as in any URL).
+pub fn kafka_url(url: &str) -> Result<KafkaUrl, String> {
+    let rest = url
+        .strip_prefix("kafka://")
+        .ok_or("not a kafka:// URL")?
+        .trim_end_matches('/');
+    let (userinfo, hosts) = match rest.rsplit_once('@') {
+        Some((userinfo, hosts)) => (Some(userinfo), hosts),
+        None => (None, rest),
+    };
+    let credentials = match userinfo {
+        None => None,
+        Some(userinfo) => {
+            let (user, password) = userinfo
+                .split_once(':')
+                .ok_or("a user without a password (give USER:PASSWORD@)")?;
+            let decode = |part: &str| {
+                percent_encoding::percent_decode_str(part)
+                    .decode_utf8()
+                    .map(|decoded| decoded.into_owned())
+                    .map_err(|_| format!("'{part}' is not UTF-8 once percent-decoded"))
+            };
+            Some((decode(user)?, decode(password)?))
+        }
+    };
+    let brokers: Vec<String> = hosts.split(',').map(|h| h.trim().to_string()).collect();
+    for broker in &brokers {
+        match broker.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
+            _ => return Err(format!("'{broker}' is not HOST:PORT")),
+        }
+    }
+    Ok(KafkaUrl {
+        brokers,
+        credentials,
     })
 }

@@ -11,8 +11,8 @@ const MASK: &str = "***";
 const TOKEN_SCHEMES: [&str; 4] = ["nats", "tls", "ws", "wss"];
 
 /// Schemes whose whole user part stays off a command line: a NATS token, and the brokers'
-/// users, random names that go with their passwords (the throwaway Redis and RabbitMQ).
-const BROKER_SCHEMES: [&str; 10] = [
+/// users, random names that go with their passwords (the throwaway Redis, RabbitMQ and Kafka).
+const BROKER_SCHEMES: [&str; 11] = [
     "nats",
     "tls",
     "ws",
@@ -23,6 +23,7 @@ const BROKER_SCHEMES: [&str; 10] = [
     "rediss",
     "redis+unix",
     "unix",
+    "kafka",
 ];
 
 /// `text` with every secret masked: `user:PASSWORD@` -> `user:***@`, `:PASSWORD@` -> `:***@`,
@@ -49,7 +50,7 @@ pub fn redact(text: &str) -> String {
 
 /// `connection` (a URL, a comma-separated list of NATS URLs, or libpq keywords) as it may
 /// stand on a command line: a PostgreSQL (or HTTP) URL without its password, its user kept;
-/// a NATS, AMQP or Redis URL without its whole user part, as the broker's user goes with its
+/// a NATS, AMQP, Redis or Kafka URL without its whole user part, as the broker's user goes with its
 /// password; libpq keywords without `password=...`.
 pub fn without_secrets(connection: &str) -> String {
     let mut cuts: Vec<(usize, usize, String)> = userinfos(connection)

@@ -12,6 +12,7 @@ mod docs;
 mod explore;
 mod guest;
 mod invariants;
+mod kafka;
 mod lifecycle;
 mod masked_urls;
 mod nats;

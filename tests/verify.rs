@@ -79,8 +79,9 @@ fn the_article_relay_holds_through_redis() {
     holds_through("redis", &example("article.py"), "1", 200);
 }
 
-/// Through a broker — NATS JetStream (publishes acked, read by a durable consumer of ours) and
-/// RabbitMQ (publishes confirmed, read with manual acks): our relay, given the broker's URL and
+/// Through a broker — NATS JetStream (publishes acked, read by a durable consumer of ours),
+/// RabbitMQ (publishes confirmed, read with manual acks) and Kafka (produced with acks=all, read
+/// by a consumer of ours that records its offsets after each batch): our relay, given the broker's URL and
 /// credentials in its environment alone (`--sink` left out), killed, paused, cut off from the
 /// database and under its restart, loses nothing, and no credential shows in what verify
 /// prints. A "relay" that marks the rows published without publishing loses every event: only
@@ -88,7 +89,7 @@ fn the_article_relay_holds_through_redis() {
 #[test]
 fn our_relay_holds_through_the_brokers_and_marking_without_publishing_is_caught() {
     let relay = our_relay_from_its_environment();
-    for broker in ["nats", "amqp"] {
+    for broker in ["nats", "amqp", "kafka"] {
         let run = holds_through(broker, &relay, "2", 200);
         let printed = format!("{}{}", run.stdout, run.stderr);
         // A killed relay's last line may name where it delivers (or, after a fault on its
@@ -212,7 +213,7 @@ fn the_jetstream_consumer_rides_out_the_database_faults() {
     }
 }
 
-/// verify of `relay` through `sink` (`redis`, `nats`, `amqp`), on a throwaway cluster of its
+/// verify of `relay` through `sink` (`redis`, `nats`, `amqp`, `kafka`), on a throwaway cluster of its
 /// own so that the database restarts too: it passes, with every one of `events` delivered,
 /// none lost, and the seven nemeses that are not on the wire to the consumer (HTTP's alone)
 /// fired, and through Redis the three on a delivery too.

@@ -31,7 +31,7 @@ use super::run_as::{RelayHome, RunAs};
 use crate::secrets::without_secrets;
 
 /// The placeholders a template may hold, each also given in the environment.
-pub const PLACEHOLDERS: [(&str, &str, &str); 9] = [
+pub const PLACEHOLDERS: [(&str, &str, &str); 10] = [
     (
         "database_url",
         "OUTBOX_LAB_DATABASE_URL",
@@ -69,6 +69,12 @@ pub const PLACEHOLDERS: [(&str, &str, &str); 9] = [
         "OUTBOX_LAB_AMQP_URL",
         "amqp://127.0.0.1:PORT/%2f (empty but with --sink amqp); the user and password are in \
          the variable only",
+    ),
+    (
+        "kafka_url",
+        "OUTBOX_LAB_KAFKA_URL",
+        "kafka://127.0.0.1:PORT (empty but with --sink kafka); SASL PLAIN's user and password \
+         are in the variable only",
     ),
     (
         "name",
@@ -115,6 +121,8 @@ pub struct Endpoints {
     pub nats_url: String,
     /// With its user and password.
     pub amqp_url: String,
+    /// With its user and password.
+    pub kafka_url: String,
 }
 
 impl RelayTemplate {
@@ -162,7 +170,7 @@ impl RelayTemplate {
     fn command(&self, endpoints: &Endpoints, index: u32, home: Option<&RelayHome>) -> Command {
         let name = relay_name(index);
         let index = index.to_string();
-        let values: [(&str, &str); 9] = [
+        let values: [(&str, &str); 10] = [
             ("database_url", &endpoints.database_url),
             ("dsn", &endpoints.dsn),
             ("sink_url", &endpoints.sink_url),
@@ -170,6 +178,7 @@ impl RelayTemplate {
             ("redis_url", &endpoints.redis_url),
             ("nats_url", &endpoints.nats_url),
             ("amqp_url", &endpoints.amqp_url),
+            ("kafka_url", &endpoints.kafka_url),
             ("name", &name),
             ("index", &index),
         ];

@@ -1,8 +1,8 @@
 //! The harness: everything that sets the stage for the system under test and watches it — the
 //! throwaway PostgreSQL [`cluster`] (and a [`replicated`] pair, primary and streaming standby,
-//! for failover), [`redis_server`], [`nats_server`] and [`rabbitmq_server`] (on free [`ports`],
-//! in [`throwaway`] directories; the last three [`on_demand`]: the user's or a private one
-//! started on first use), the
+//! for failover), [`redis_server`], [`nats_server`], [`rabbitmq_server`] and [`kafka_server`]
+//! (on free [`ports`], in [`throwaway`] directories, the private Kafka in a [`netns`] of its
+//! own; the last four [`on_demand`]: the user's or a private one started on first use), the
 //! [`db`] server and databases of a run, the [`run`]'s life around them (its id, Ctrl-C), [`child`]
 //! processes that die for real, a [`foreign`] relay (the user's command, [`run_as`] an
 //! unprivileged user when we are root), each leading a
@@ -16,10 +16,12 @@ pub mod child;
 pub mod cluster;
 pub mod db;
 pub mod foreign;
+pub mod kafka_server;
 pub mod link;
 pub mod load;
 pub mod nats_server;
 pub mod nemesis;
+pub mod netns;
 pub mod on_demand;
 pub mod ports;
 pub mod process;

@@ -215,6 +215,11 @@ impl Server {
         self.keep
     }
 
+    /// The running process' pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(std::process::Child::id)
+    }
+
     /// The server is still running (a kept server is only kept if so).
     pub fn is_running(&mut self) -> bool {
         matches!(self.process.as_mut().map(|c| c.try_wait()), Some(Ok(None)))

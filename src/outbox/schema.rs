@@ -31,7 +31,8 @@ CREATE INDEX outbox_unpublished_idx ON outbox (id) WHERE published_at IS NULL;
 "#;
 
 /// The consumer's side (another service's database, in production): the receipt log the
-/// article printed as "受信ログ", the processed events, the shipments.
+/// article printed as "受信ログ", the processed events, the shipments; and where the Kafka
+/// consumer is in its topic.
 pub const CREATE_CONSUMER: &str = r#"
 CREATE SCHEMA consumer;
 
@@ -59,11 +60,22 @@ CREATE TABLE consumer.shipments (
   event_id   uuid        NOT NULL,
   created_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+
+-- the Kafka consumer's place in each partition: the next offset to read, written after each
+-- batch's transaction (killed in between, it reads that batch again, as a consumer group
+-- committing its offsets after processing does)
+CREATE TABLE consumer.kafka_offsets (
+  topic       text   NOT NULL,
+  partition   int    NOT NULL,
+  next_offset bigint NOT NULL,
+  PRIMARY KEY (topic, partition)
+);
 "#;
 
 /// Empties the outbox and the consumer's tables between runs on one database.
 pub const RESET: &str = "
-TRUNCATE outbox, orders, consumer.receipts, consumer.processed_events, consumer.shipments
+TRUNCATE outbox, orders, consumer.receipts, consumer.processed_events, consumer.shipments,
+  consumer.kafka_offsets
 RESTART IDENTITY";
 
 /// Drops everything a run made (the article's tables, the consumer's, the judge's, and whatever

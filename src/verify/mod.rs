@@ -33,13 +33,14 @@ use anyhow::Result;
 use crate::explore::lab::Lab;
 use crate::explore::schedule::Schedule;
 use crate::harness::db::PgServer;
+use crate::harness::kafka_server::Kafka;
 use crate::harness::nats_server::Nats;
 use crate::harness::rabbitmq_server::Amqp;
 use crate::harness::redis_server::Redis;
 use plan::{Plan, VerifySink};
 use run::{Verification, VerifyRun};
 
-/// Runs the plan on `server` with a private Redis, NATS or RabbitMQ, started only for its
+/// Runs the plan on `server` with a private Redis, NATS, RabbitMQ or Kafka, started only for its
 /// sink and gone with the verification (`keep`: left running, as `--keep` says).
 pub async fn verify_with_sink(
     server: &PgServer,
@@ -51,21 +52,24 @@ pub async fn verify_with_sink(
     let redis = Redis::new(None, run_id, keep);
     let nats = Nats::new(None, run_id, keep);
     let amqp = Amqp::new(None, run_id, keep);
+    let kafka = Kafka::new(None, run_id, keep);
     let broker_url = match plan.sink {
         VerifySink::Redis => Some(redis.url().await?),
         VerifySink::Nats => Some(nats.url().await?),
         VerifySink::Amqp => Some(amqp.url().await?),
+        VerifySink::Kafka => Some(kafka.url().await?),
         VerifySink::Http => None,
     };
     let verified = verify(server, plan, broker_url, progress).await;
     redis.close().await?;
     nats.close().await?;
     amqp.close().await?;
+    kafka.close().await?;
     verified
 }
 
 /// Runs the plan on `server`; the relays deliver to our HTTP consumer, or to the broker at
-/// `broker_url` (Redis, NATS or RabbitMQ, as `--sink` says).
+/// `broker_url` (Redis, NATS, RabbitMQ or Kafka, as `--sink` says).
 async fn verify(
     server: &PgServer,
     plan: &Plan,

@@ -16,7 +16,7 @@ use crate::harness::nemesis::format_duration;
 use crate::harness::replicated::Replication;
 use crate::harness::run_as::RunAs;
 use crate::outbox::consumer::ConsumerKind;
-use crate::outbox::sink::{AmqpSink, RedisSink};
+use crate::outbox::sink::{AmqpSink, KafkaSink, RedisSink};
 
 /// The writer's aggregate type: the relays' Redis stream is `outbox.event.orders`.
 const ORDERS: &str = "orders";
@@ -127,6 +127,10 @@ pub enum VerifySink {
     /// A private RabbitMQ: publish to the durable queue outbox.event.orders, read with manual
     /// acks.
     Amqp,
+    /// A private Kafka-protocol broker (tansu): produce to the topic outbox.event.orders (3
+    /// partitions, keyed by aggregate), read by a consumer of ours that records its offsets
+    /// after each batch.
+    Kafka,
 }
 
 impl VerifySink {
@@ -147,6 +151,7 @@ impl VerifySink {
             VerifySink::Redis => "redis",
             VerifySink::Nats => "nats",
             VerifySink::Amqp => "amqp",
+            VerifySink::Kafka => "kafka",
         }
     }
 }
@@ -292,7 +297,7 @@ impl Plan {
     }
 
     /// The user's relays, delivering to our HTTP consumer, or to the broker at `broker_url`
-    /// (Redis, NATS or RabbitMQ, as `--sink` says: known once the run's server is up).
+    /// (Redis, NATS, RabbitMQ or Kafka, as `--sink` says: known once the run's server is up).
     pub(super) fn relays(&self, broker_url: Option<String>) -> ForeignRelays {
         ForeignRelays {
             template: self.template.clone(),
@@ -305,6 +310,10 @@ impl Plan {
                 (VerifySink::Amqp, Some(url)) => Delivery::Amqp {
                     url,
                     queue: AmqpSink::queue_name("", ORDERS),
+                },
+                (VerifySink::Kafka, Some(url)) => Delivery::Kafka {
+                    url,
+                    topic: KafkaSink::topic_name("", ORDERS),
                 },
                 _ => Delivery::Http,
             },

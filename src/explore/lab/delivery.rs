@@ -1,13 +1,15 @@
 //! Where the relays deliver, and so which consumer of ours reads it: our HTTP consumer, a
-//! Redis consumer group, a JetStream durable consumer, a RabbitMQ queue; each made empty before
-//! a run, and what a broker still holds for the consumer (a run is not drained before that).
+//! Redis consumer group, a JetStream durable consumer, a RabbitMQ queue, a Kafka topic; each
+//! made empty before a run, and what a broker still holds for the consumer (a run is not
+//! drained before that).
 
 use anyhow::{anyhow, Result};
 use tokio::sync::mpsc;
 
 use super::Lab;
 use crate::harness::child::role::{
-    AmqpWorkerRole, ConsumerRole, JetStreamWorkerRole, Role as ChildRole, StreamWorkerRole,
+    AmqpWorkerRole, ConsumerRole, JetStreamWorkerRole, KafkaWorkerRole, Role as ChildRole,
+    StreamWorkerRole,
 };
 use crate::harness::child::ChildCommand;
 use crate::harness::link::http::{Proxy, ProxyFaults};
@@ -16,7 +18,7 @@ use crate::harness::link::watch::{DeliveryWatch, WatchedDelivery};
 use crate::outbox::consumer::Faults;
 use crate::outbox::crash::CrashPlan;
 use crate::outbox::jetstream_consumer;
-use crate::outbox::sink::{AmqpSink, NatsSink};
+use crate::outbox::sink::{AmqpSink, KafkaSink, NatsSink};
 use crate::outbox::stream_consumer;
 
 /// Where the relays deliver, and so which consumer runs.
@@ -32,6 +34,9 @@ pub enum Delivery {
     /// Publishes to the durable queue `queue` on the RabbitMQ at `url`, read by a worker of
     /// ours with manual acks.
     Amqp { url: String, queue: String },
+    /// Produces to the topic `topic` on the Kafka at `url`, read by a worker of ours that
+    /// records its offsets in the consumer's database.
+    Kafka { url: String, topic: String },
 }
 
 /// The JetStream stream a run's deliveries go to (made anew for every run).
@@ -39,6 +44,10 @@ pub(super) const JETSTREAM_STREAM: &str = "outbox";
 /// The Redis consumer's worker name, the same in every process: a restarted worker takes
 /// over its predecessor's pending entries.
 const STREAM_WORKER: &str = "verify-worker";
+/// The records of a topic our Kafka worker has read and applied (its offsets: the first
+/// offset of a partition is 0).
+const KAFKA_RECORDS_READ: &str =
+    "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer.kafka_offsets WHERE topic = $1";
 /// Entries a stream worker reads at a time.
 const STREAM_READ_COUNT: usize = 100;
 
@@ -61,6 +70,12 @@ pub(super) enum Backlog {
         queue: String,
         channel: Option<lapin::Channel>,
     },
+    /// The topic's records past the offsets our worker recorded.
+    Kafka {
+        url: String,
+        topic: String,
+        client: Option<rskafka::client::Client>,
+    },
 }
 
 impl Backlog {
@@ -76,10 +91,27 @@ impl Backlog {
                 queue: queue.clone(),
                 channel: None,
             },
+            Delivery::Kafka { url, topic } => Backlog::Kafka {
+                url: url.clone(),
+                topic: topic.clone(),
+                client: None,
+            },
         }
     }
 
-    pub(super) async fn count(&mut self) -> Result<i64> {
+    /// How many messages wait for our consumer; `receipts` reaches the consumer's database.
+    pub(super) async fn count(&mut self, receipts: &tokio_postgres::Client) -> Result<i64> {
+        if let Backlog::Kafka { url, topic, client } = self {
+            if client.is_none() {
+                *client = Some(crate::connect::kafka(url).await?);
+            }
+            let written = KafkaSink::records_in(client.as_ref().expect("set above"), topic).await?;
+            let read: i64 = receipts
+                .query_one(KAFKA_RECORDS_READ, &[&topic.as_str()])
+                .await?
+                .get(0);
+            return Ok(written - read);
+        }
         if let Backlog::Amqp {
             url,
             queue,
@@ -142,6 +174,11 @@ impl Delivery {
                 let channel = connection.create_channel().await?;
                 AmqpSink::redeclare_queue(&channel, queue).await?;
                 let _ = connection.close(200, "declared".into()).await;
+            }
+            Delivery::Kafka { url, topic } => {
+                // An empty topic (its partitions keep a key's records in order).
+                let client = crate::connect::kafka(url).await?;
+                KafkaSink::create_fresh_topic(&client, topic).await?;
             }
             Delivery::Nats { url } => {
                 // An empty stream capturing every aggregate type's subject; the worker creates
@@ -223,9 +260,10 @@ impl Lab<'_> {
     pub(super) fn sink_url(&self) -> String {
         match self.delivery() {
             Delivery::Http => format!("http://127.0.0.1:{}", self.port),
-            Delivery::Redis { url, .. } | Delivery::Nats { url } | Delivery::Amqp { url, .. } => {
-                url
-            }
+            Delivery::Redis { url, .. }
+            | Delivery::Nats { url }
+            | Delivery::Amqp { url, .. }
+            | Delivery::Kafka { url, .. } => url,
         }
     }
 
@@ -273,6 +311,16 @@ impl Lab<'_> {
                 AmqpWorkerRole {
                     amqp_url: url,
                     queue,
+                    kind: self.design.consumer,
+                    batch: STREAM_READ_COUNT,
+                },
+            )
+            .any_role(),
+            Delivery::Kafka { url, topic } => ChildCommand::new(
+                &self.consumer_db,
+                KafkaWorkerRole {
+                    kafka_url: url,
+                    topic,
                     kind: self.design.consumer,
                     batch: STREAM_READ_COUNT,
                 },

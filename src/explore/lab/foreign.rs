@@ -129,7 +129,7 @@ impl Lab<'_> {
             };
             let counts = async {
                 let received: i64 = receipts.query_one(COUNT_RECEIPTS, &[]).await?.get(0);
-                let pending = pending + broker.count().await?;
+                let pending = pending + broker.count(receipts).await?;
                 anyhow::Ok((pending, received))
             };
             let Ok((pending, received)) = counts.await else {
@@ -205,13 +205,17 @@ impl Lab<'_> {
             libpq_env.push(("PGPASSWORD".to_string(), p));
         }
         let none = String::new;
-        let (http_url, redis_url, nats_url, amqp_url) = match self.delivery() {
-            Delivery::Http => (sink.to_string(), none(), none(), none()),
+        let mut urls = [none(), none(), none(), none(), none()];
+        let which = match self.delivery() {
+            Delivery::Http => 0,
             // `sink`: the broker's, or the proxy's in front of it.
-            Delivery::Redis { .. } => (none(), sink.to_string(), none(), none()),
-            Delivery::Nats { .. } => (none(), none(), sink.to_string(), none()),
-            Delivery::Amqp { .. } => (none(), none(), none(), sink.to_string()),
+            Delivery::Redis { .. } => 1,
+            Delivery::Nats { .. } => 2,
+            Delivery::Amqp { .. } => 3,
+            Delivery::Kafka { .. } => 4,
         };
+        urls[which] = sink.to_string();
+        let [http_url, redis_url, nats_url, amqp_url, kafka_url] = urls;
         Ok(Endpoints {
             database_url,
             dsn,
@@ -221,6 +225,7 @@ impl Lab<'_> {
             redis_url,
             nats_url,
             amqp_url,
+            kafka_url,
         })
     }
 }

@@ -77,6 +77,7 @@ roles!(
     StreamWorker(StreamWorkerRole) = "stream-worker",
     JetStreamWorker(JetStreamWorkerRole) = "jetstream-worker",
     AmqpWorker(AmqpWorkerRole) = "amqp-worker",
+    KafkaWorker(KafkaWorkerRole) = "kafka-worker",
     Consumer(ConsumerRole) = "consumer",
     ExploreWriter(ExploreWriterRole) = "explore-writer",
     ExploreRelay(ExploreRelayRole) = "explore-relay",
@@ -175,6 +176,18 @@ pub struct AmqpWorkerRole {
     pub queue: String,
     pub kind: ConsumerKind,
     /// Messages taken, applied and acked at a time.
+    pub batch: usize,
+}
+
+/// A Kafka topic's consumer, its offsets kept in its database, following the topic until
+/// killed (prints `listening URL` once connected).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KafkaWorkerRole {
+    /// With its credentials: children get it in their environment, never on a command line.
+    pub kafka_url: String,
+    pub topic: String,
+    pub kind: ConsumerKind,
+    /// Records read and applied at a time, per partition.
     pub batch: usize,
 }
 

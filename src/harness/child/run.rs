@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::role::{
     AmqpWorkerRole, ChildArgs, ChildSpec, ExploreRelayRole, ExploreWriterRole, JetStreamWorkerRole,
-    NaiveAppRole, Role, WriterRole, SPEC_ENV,
+    KafkaWorkerRole, NaiveAppRole, Role, WriterRole, SPEC_ENV,
 };
 use super::REPORT_PREFIX;
 use crate::connect;
@@ -21,6 +21,7 @@ use crate::outbox::amqp_consumer::AmqpWorker;
 use crate::outbox::consumer;
 use crate::outbox::crash;
 use crate::outbox::jetstream_consumer::JetStreamWorker;
+use crate::outbox::kafka_consumer::KafkaWorker;
 use crate::outbox::phases;
 use crate::outbox::relay::cdc::{CdcConfig, CdcRelay};
 use crate::outbox::relay::watermark::StoredWatermarkRelay;
@@ -124,6 +125,7 @@ async fn perform(db: &Database, role: Role) -> Result<()> {
         }
         Role::JetStreamWorker(role) => jetstream_worker(db, role).await,
         Role::AmqpWorker(role) => amqp_worker(db, role).await,
+        Role::KafkaWorker(role) => kafka_worker(db, role).await,
         Role::Consumer(role) => {
             // A consumer restarted while its database restarts waits for it.
             connect::patiently(connect::RECONNECT_PATIENCE, async || db.connect().await).await?;
@@ -158,6 +160,21 @@ async fn amqp_worker(db: &Database, role: AmqpWorkerRole) -> Result<()> {
         crate::secrets::without_secrets(&role.amqp_url)
     ));
     worker.follow(&role.queue, role.batch).await
+}
+
+/// The Kafka worker role: follows its topic.
+async fn kafka_worker(db: &Database, role: KafkaWorkerRole) -> Result<()> {
+    // A worker restarted while its database restarts waits for it.
+    let pool = consumer::pool(db.config()?, 1)?;
+    let pooled =
+        connect::patiently(connect::RECONNECT_PATIENCE, async || Ok(pool.get().await?)).await?;
+    let mut worker = KafkaWorker::connect(&role.kafka_url, pooled, role.kind).await?;
+    // The supervisor's sign that a consumer is ready, as the HTTP one's (no password shown).
+    announce(format_args!(
+        "listening {}",
+        crate::secrets::without_secrets(&role.kafka_url)
+    ));
+    worker.follow(&role.topic, role.batch).await
 }
 
 /// The JetStream worker role: drains its durable consumer once, or follows it.

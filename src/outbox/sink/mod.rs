@@ -2,13 +2,15 @@
 //! ([`SinkOptions::connect`]; [`check_url`] refuses a URL no sink takes). One file per sink:
 //! `http.rs` (the outbox-lab consumer, an event or a batch per request: [`HttpSink`]),
 //! `redis.rs` (a Redis Stream per aggregate type: [`RedisSink`]), `nats.rs` (NATS JetStream:
-//! [`NatsSink`]) and `amqp.rs` (RabbitMQ: [`AmqpSink`]). Here, beside the URL's parsing, the
+//! [`NatsSink`]), `amqp.rs` (RabbitMQ: [`AmqpSink`]) and `kafka.rs` (a Kafka topic per
+//! aggregate type, keyed by aggregate: [`KafkaSink`]). Here, beside the URL's parsing, the
 //! sink that delivers nowhere ([`DISCARD_URL`]: batch-throughput's ceiling, the relay's
 //! database work alone) and what the sinks share: the name of an aggregate type's stream,
 //! subject or queue, and a batch delivered or failed as a whole.
 
 mod amqp;
 mod http;
+mod kafka;
 mod nats;
 mod redis;
 
@@ -18,6 +20,7 @@ use anyhow::{anyhow, Result};
 
 pub use self::amqp::AmqpSink;
 pub use self::http::{HttpBody, HttpSink};
+pub use self::kafka::{partition_for_key, KafkaSink, EVENT_ID_HEADER, PARTITIONS};
 pub use self::nats::NatsSink;
 pub use self::redis::RedisSink;
 use crate::outbox::event::Event;
@@ -33,6 +36,7 @@ pub enum Sink {
     Redis(RedisSink),
     Nats(NatsSink),
     Amqp(AmqpSink),
+    Kafka(KafkaSink),
     /// Takes the whole batch at once and delivers it nowhere: what is left of a relay's time is
     /// its database's (batch-throughput's ceiling).
     Discard,
@@ -51,6 +55,7 @@ impl Sink {
             Sink::Redis(redis) => redis.deliver(events, on_delivered).await,
             Sink::Nats(nats) => nats.deliver(events, on_delivered).await,
             Sink::Amqp(amqp) => amqp.deliver(events, on_delivered).await,
+            Sink::Kafka(kafka) => kafka.deliver(events, on_delivered).await,
             Sink::Discard => all_delivered(events, on_delivered),
         }
     }
@@ -61,8 +66,9 @@ impl Sink {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SinkOptions {
     /// `http://…` (the consumer), a Redis URL (a stream per aggregate type), `nats://…`
-    /// (JetStream: a subject per aggregate type, in a stream that must exist) or `amqp://…`
-    /// (RabbitMQ: a durable queue per aggregate type, which must exist).
+    /// (JetStream: a subject per aggregate type, in a stream that must exist), `amqp://…`
+    /// (RabbitMQ: a durable queue per aggregate type, which must exist) or `kafka://…` (a
+    /// topic per aggregate type, which must exist).
     pub url: String,
     /// Aggregates delivered to at once over HTTP, one event per request (per-aggregate order
     /// holds); 1: strictly one event after another.
@@ -70,8 +76,8 @@ pub struct SinkOptions {
     /// HTTP: one event per request, or the whole batch in one.
     pub http_body: HttpBody,
     /// Before every stream name (the run's key prefix on an external Redis), NATS subject
-    /// (the run's subject prefix on an external NATS) or AMQP queue (the run's name prefix on
-    /// an external RabbitMQ).
+    /// (the run's subject prefix on an external NATS), AMQP queue (the run's name prefix on
+    /// an external RabbitMQ) or Kafka topic (likewise).
     pub stream_prefix: String,
     /// NATS: an event counts as delivered once JetStream acked its publish. `false` is the
     /// mistake, fire-and-forget: a core NATS publish, delivered as soon as it is written to the
@@ -107,6 +113,10 @@ impl SinkOptions {
             Ok(Sink::Discard)
         } else if is_amqp(&self.url) {
             Ok(Sink::Amqp(AmqpSink::connect(self, request_timeout).await?))
+        } else if is_kafka(&self.url) {
+            Ok(Sink::Kafka(
+                KafkaSink::connect(self, request_timeout).await?,
+            ))
         } else if is_nats(&self.url) {
             Ok(Sink::Nats(NatsSink::connect(self, request_timeout).await?))
         } else if is_redis(&self.url) {
@@ -139,14 +149,20 @@ pub fn is_amqp(url: &str) -> bool {
     url.starts_with("amqp://")
 }
 
+/// A Kafka URL (`kafka://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]`; SASL PLAIN, no TLS).
+pub fn is_kafka(url: &str) -> bool {
+    url.starts_with("kafka://")
+}
+
 /// Checks a sink URL before anything connects: `http://HOST[:PORT]` (the HTTP client speaks no
 /// TLS), a Redis URL ([`is_redis`]) that the Redis client accepts, a NATS URL ([`is_nats`]) or
-/// an AMQP URL ([`is_amqp`]). Anything else would have dead-lettered every event; the error
+/// an AMQP URL ([`is_amqp`]) or a Kafka URL ([`is_kafka`]). Anything else would have dead-lettered every event; the error
 /// says what to give instead.
 pub fn check_url(url: &str) -> Result<(), String> {
     const GIVE: &str = "give http://HOST:PORT (an outbox-lab consumer), redis://HOST:PORT (a \
-                        Redis), nats://HOST:PORT (NATS JetStream) or \
-                        amqp://USER:PASSWORD@HOST:PORT/%2f (RabbitMQ)";
+                        Redis), nats://HOST:PORT (NATS JetStream), \
+                        amqp://USER:PASSWORD@HOST:PORT/%2f (RabbitMQ) or \
+                        kafka://[USER:PASSWORD@]HOST:PORT (Kafka)";
     if let Some(rest) = url.strip_prefix("amqp://") {
         // The client would connect to localhost where the URL names no host.
         let authority = rest.split('/').next().unwrap_or_default();
@@ -158,6 +174,11 @@ pub fn check_url(url: &str) -> Result<(), String> {
             .parse::<lapin::uri::AMQPUri>()
             .map(drop)
             .map_err(|e| format!("not an AMQP URL outbox-lab can use ({e}); {GIVE}"));
+    }
+    if is_kafka(url) {
+        return crate::connect::kafka_url(url)
+            .map(drop)
+            .map_err(|e| format!("not a Kafka URL outbox-lab can use ({e}); {GIVE}"));
     }
     if is_nats(url) {
         // A cluster's nodes, separated by commas, each a NATS URL.
@@ -190,7 +211,7 @@ pub fn check_url(url: &str) -> Result<(), String> {
 }
 
 /// The destination of an aggregate type's events — a Redis stream, a NATS subject, a RabbitMQ
-/// queue — named as Debezium's outbox router names its topics, after the run's `prefix`.
+/// queue, a Kafka topic — named as Debezium's outbox router names its topics, after the run's `prefix`.
 fn topic(prefix: &str, aggregate_type: &str) -> String {
     format!("{prefix}outbox.event.{aggregate_type}")
 }
@@ -219,7 +240,7 @@ mod tests {
     use super::check_url;
 
     #[test]
-    fn sink_urls_are_http_or_redis_or_nats_or_amqp() {
+    fn sink_urls_are_http_or_redis_or_nats_or_amqp_or_kafka() {
         for good in [
             "http://127.0.0.1:8080",
             "http://consumer/",
@@ -229,6 +250,8 @@ mod tests {
             "amqp://user:pass@127.0.0.1:5672/%2f",
             "amqp://127.0.0.1",
             "nats://token@127.0.0.1:4222,nats://token@127.0.0.1:4223",
+            "kafka://127.0.0.1:9092",
+            "kafka://user:p%40ss@127.0.0.1:9092,127.0.0.1:9093",
         ] {
             assert_eq!(check_url(good), Ok(()), "{good}");
         }
@@ -243,6 +266,10 @@ mod tests {
             "amqp://user:pass@/%2f",
             "amqp://user:pass@127.0.0.1:notaport/%2f",
             "nats://127.0.0.1:4222,nats://",
+            "kafka://",
+            "kafka://127.0.0.1",
+            "kafka://user@127.0.0.1:9092",
+            "kafka://127.0.0.1:9092,",
             super::DISCARD_URL,
         ] {
             let e = check_url(bad).unwrap_err();
