@@ -3,16 +3,14 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 use clap::Args;
 
 use super::{outln, plots, Format, RunArgs};
 use crate::connect;
 use crate::error::{self, exit};
+use crate::harness::brokers::{BrokerUrls, Brokers};
 use crate::harness::db::PgServer;
-use crate::harness::nats_server::Nats;
-use crate::harness::rabbitmq_server::Amqp;
-use crate::harness::redis_server::Redis;
 use crate::harness::run::{new_run_id, on_server};
 use crate::harness::throwaway;
 use crate::report::html;
@@ -40,6 +38,11 @@ pub struct ScenarioArgs {
     /// deletes them after. broker-confirms kills its broker, so it needs the private one.
     #[arg(long, env = "OUTBOX_LAB_AMQP_URL", hide_env_values = true)]
     amqp_url: Option<String>,
+    /// Use this Kafka-protocol cluster (kafka://[USER:PASSWORD@]HOST:PORT, SASL PLAIN, no TLS)
+    /// instead of a private tansu broker; outbox-lab only touches topics named
+    /// outboxlab_<run>_* there, and deletes them after.
+    #[arg(long, env = "OUTBOX_LAB_KAFKA_URL", hide_env_values = true)]
+    kafka_url: Option<String>,
     /// Read scenario files from this directory instead of the built-in copies.
     #[arg(long)]
     scenarios_dir: Option<PathBuf>,
@@ -100,6 +103,14 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
     }
     if let Some(url) = &args.amqp_url {
         connect::amqp(url).await.context("--amqp-url")?;
+    }
+    if let Some(url) = &args.kafka_url {
+        connect::kafka(url)
+            .await
+            .context("--kafka-url")?
+            .list_topics()
+            .await
+            .map_err(|e| anyhow!("--kafka-url: {e}"))?;
     }
 
     let mut runs = Vec::new();
@@ -184,11 +195,13 @@ struct Run {
 async fn run_once(args: &ScenarioArgs, prepared: &[Prepared]) -> Result<Run> {
     let run_id = new_run_id();
     // Redis starts only if a scenario asks for it; it is closed however the runs end.
-    let redis = Redis::new(args.redis_url.as_deref(), &run_id, args.run.keep);
-    // So does NATS.
-    let nats = Nats::new(args.nats_url.as_deref(), &run_id, args.run.keep);
-    // And RabbitMQ.
-    let amqp = Amqp::new(args.amqp_url.as_deref(), &run_id, args.run.keep);
+    let urls = BrokerUrls {
+        redis: args.redis_url.as_deref(),
+        nats: args.nats_url.as_deref(),
+        amqp: args.amqp_url.as_deref(),
+        kafka: args.kafka_url.as_deref(),
+    };
+    let brokers = Brokers::new(urls, &run_id, args.run.keep);
     let results = args.run.results_dir.join(&run_id);
     let progress = Progress::on_stderr(args.run.format == Format::Text && !args.quiet);
     let print_each = args.run.format == Format::Text && args.repeat == 1;
@@ -200,7 +213,7 @@ async fn run_once(args: &ScenarioArgs, prepared: &[Prepared]) -> Result<Run> {
             let bar = progress.bar(prepared.len() as u64, "scenarios");
             for p in prepared {
                 bar.set_message(p.scenario().name());
-                let report = scenarios::run(server, &redis, &nats, &amqp, p, &progress)
+                let report = scenarios::run(server, &brokers, p, &progress)
                     .await
                     .map_err(error::harness)?;
                 report.write_files(&results)?;
@@ -217,13 +230,9 @@ async fn run_once(args: &ScenarioArgs, prepared: &[Prepared]) -> Result<Run> {
         },
     )
     .await;
-    let closed = redis.close().await;
-    let nats_closed = nats.close().await;
-    let amqp_closed = amqp.close().await;
+    let closed = brokers.close().await;
     let reports = outcome?;
     closed.map_err(error::harness)?;
-    nats_closed.map_err(error::harness)?;
-    amqp_closed.map_err(error::harness)?;
     if args.run.format == Format::Text && !args.quiet {
         crate::errln!(
             "results written to {}; the page: {}",

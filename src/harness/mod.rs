@@ -1,6 +1,6 @@
 //! The harness: everything that sets the stage for the system under test and watches it — the
 //! throwaway PostgreSQL [`cluster`] (and a [`replicated`] pair, primary and streaming standby,
-//! for failover), [`redis_server`], [`nats_server`], [`rabbitmq_server`] and [`kafka_server`]
+//! for failover), the run's message [`brokers`]: [`redis_server`], [`nats_server`], [`rabbitmq_server`] and [`kafka_server`]
 //! (on free [`ports`], in [`throwaway`] directories, the private Kafka in a [`netns`] of its
 //! own; the last four [`on_demand`]: the user's or a private one started on first use), the
 //! [`db`] server and databases of a run, the [`run`]'s life around them (its id, Ctrl-C), [`child`]
@@ -12,6 +12,7 @@
 //! [`nemesis`] machinery (signals to our own children, backends terminated), bulk [`load`]ing
 //! with COPY.
 
+pub mod brokers;
 pub mod child;
 pub mod cluster;
 pub mod db;

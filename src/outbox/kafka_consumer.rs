@@ -13,22 +13,29 @@ use rskafka::client::partition::{PartitionClient, UnknownTopicHandling};
 use crate::connect;
 use crate::outbox::consumer::{self, ConsumerKind};
 use crate::outbox::event::Event;
+use crate::outbox::sink::{FETCH_MAX_BYTES, FETCH_WAIT_MS};
 
 /// A worker gives up after this many records: far more than any scenario writes, a bound on a
 /// topic that never runs dry.
 const MAX_RECORDS: usize = 1_000_000;
 /// How long a following worker waits before it looks at an empty topic again.
 const FOLLOW_POLL: Duration = Duration::from_millis(20);
-/// The most bytes one fetch takes from a partition.
-const FETCH_MAX_BYTES: i32 = 4 * 1024 * 1024;
-/// How long a fetch waits for a first record before it answers empty.
-const FETCH_WAIT_MS: i32 = 10;
 
 const READ_OFFSETS: &str =
     "SELECT partition, next_offset FROM consumer.kafka_offsets WHERE topic = $1";
 const RECORD_OFFSET: &str = "
 INSERT INTO consumer.kafka_offsets (topic, partition, next_offset) VALUES ($1, $2, $3)
 ON CONFLICT (topic, partition) DO UPDATE SET next_offset = excluded.next_offset";
+
+/// Where the consumer is in each partition of `topic`: the next offset it reads (a partition
+/// it has not read yet is not there).
+pub async fn offsets(db: &tokio_postgres::Client, topic: &str) -> Result<HashMap<i32, i64>> {
+    let rows = db
+        .query(READ_OFFSETS, &[&topic])
+        .await
+        .context("cannot read the consumer's Kafka offsets")?;
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+}
 
 pub struct KafkaWorker {
     client: rskafka::client::Client,
@@ -129,13 +136,7 @@ impl KafkaWorker {
             .find(|t| t.name == topic)
             .map(|t| t.partitions.len())
             .ok_or_else(|| anyhow!("no Kafka topic {topic}"))?;
-        let stored: HashMap<i32, i64> = self
-            .db
-            .query(READ_OFFSETS, &[&topic])
-            .await?
-            .iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect();
+        let stored = offsets(&self.db, topic).await?;
         let mut partitions = Vec::with_capacity(count);
         for partition in 0..count as i32 {
             let client = self

@@ -68,6 +68,10 @@ pub enum SinkKind {
     /// RabbitMQ: persistent messages to a durable queue, the whole batch in flight, each
     /// publisher-confirmed.
     Amqp,
+    /// Kafka: records keyed by aggregate to a topic of 3 partitions, a Produce request per
+    /// partition with the batch's records for it, all in flight at once, each acked by all
+    /// in-sync replicas.
+    Kafka,
 }
 
 impl SinkKind {
@@ -79,6 +83,7 @@ impl SinkKind {
             SinkKind::HttpArray => "http_array",
             SinkKind::Nats => "nats",
             SinkKind::Amqp => "amqp",
+            SinkKind::Kafka => "kafka",
         }
     }
 
@@ -118,7 +123,7 @@ pub struct Params {
     /// than it holds.
     pub http_in_flight: Vec<u32>,
     /// The delivery loops ([`RelayConfig::workers`]) of the relays whose whole batch is in
-    /// flight (Redis, NATS, RabbitMQ), each value a series of its own: 1 is the article's relay;
+    /// flight (Redis, NATS, RabbitMQ, Kafka), each value a series of its own: 1 is the article's relay;
     /// N splits the aggregates between N loops of one process (partitioned, each its own
     /// database connection and one batch's locks at a time), so one delivers while another
     /// waits for its COMMIT or its broker.
@@ -158,7 +163,10 @@ impl Experiment for Params {
             bail!("batch_sizes must be at least one size, each at least 1");
         }
         if self.sinks.is_empty() {
-            bail!("sinks must name at least one of db_only, redis, http, http_array, nats, amqp");
+            bail!(
+                "sinks must name at least one of db_only, redis, http, http_array, nats, amqp, \
+                 kafka"
+            );
         }
         if self.http_in_flight.is_empty() || self.http_in_flight.contains(&0) {
             bail!("http_in_flight must be at least one value, each at least 1");
@@ -254,7 +262,11 @@ async fn measure(
         .with(|relay| match cell.sink {
             SinkKind::Http => relay.sink.in_flight = cell.in_flight as usize,
             SinkKind::HttpArray => relay.sink.http_body = HttpBody::Array,
-            SinkKind::DbOnly | SinkKind::Redis | SinkKind::Nats | SinkKind::Amqp => {}
+            SinkKind::DbOnly
+            | SinkKind::Redis
+            | SinkKind::Nats
+            | SinkKind::Amqp
+            | SinkKind::Kafka => {}
         })
         .run(CHILD_TIMEOUT)
         .await?

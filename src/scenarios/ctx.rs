@@ -1,15 +1,16 @@
 //! What a scenario gets to work with: its databases, its child processes (writer, relays,
-//! consumers), Redis, NATS, RabbitMQ, progress, and the article's figures from its scenario file.
+//! consumers), Redis, NATS, RabbitMQ, Kafka, progress, and the article's figures from its scenario file.
 
 use anyhow::Result;
 
 use super::{Scenario, CHILD_TIMEOUT};
+use crate::harness::brokers::Brokers;
 use crate::harness::child::role::{CdcRelayRole, ConsumerRole, WriterRole};
 use crate::harness::child::{ChildCommand, ChildRun, ConsumerProcess};
 use crate::harness::db::{Database, PgServer};
-use crate::harness::nats_server::{Nats, NatsCluster};
+use crate::harness::kafka_server::Kafka;
+use crate::harness::nats_server::NatsCluster;
 use crate::harness::rabbitmq_server::Amqp;
-use crate::harness::redis_server::Redis;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::crash::CrashPlan;
 use crate::outbox::relay::{RelayConfig, RelayOptions};
@@ -31,9 +32,7 @@ pub struct Outcome {
 /// What a scenario gets to work with.
 pub struct Ctx<'a> {
     pub(super) server: &'a PgServer,
-    pub(super) redis: &'a Redis,
-    pub(super) nats: &'a Nats,
-    pub(super) amqp: &'a Amqp,
+    pub(super) brokers: &'a Brokers,
     pub(super) scenario: Scenario,
     pub(super) spec: &'a Spec,
     pub(super) progress: &'a Progress,
@@ -173,12 +172,15 @@ impl Ctx<'_> {
     /// Where a relay child delivers: one event after another, streams (or subjects) named for
     /// this run.
     fn sink(&self, url: &str) -> SinkOptions {
+        let brokers = self.brokers;
         let prefix = if sink::is_nats(url) {
-            self.nats.subject_prefix()
+            brokers.nats.subject_prefix()
         } else if sink::is_amqp(url) {
-            self.amqp.name_prefix()
+            brokers.amqp.name_prefix()
+        } else if sink::is_kafka(url) {
+            brokers.kafka.name_prefix()
         } else {
-            self.redis.key_prefix()
+            brokers.redis.key_prefix()
         };
         SinkOptions {
             stream_prefix: prefix.to_string(),
@@ -188,37 +190,43 @@ impl Ctx<'_> {
 
     /// The run's Redis URL (a private server is started on first use).
     pub async fn redis_url(&self) -> Result<String> {
-        self.redis.url().await
+        self.brokers.redis.url().await
     }
 
     pub fn redis_key_prefix(&self) -> &str {
-        self.redis.key_prefix()
+        self.brokers.redis.key_prefix()
     }
 
     /// The run's NATS URL, with its credentials (a private server is started on first use).
     pub async fn nats_url(&self) -> Result<String> {
-        self.nats.url().await
+        self.brokers.nats.url().await
     }
 
     /// A private 3-node NATS cluster, started now (whatever `--nats-url` says: its nodes are
     /// killed), stopped when dropped.
     pub async fn nats_cluster(&self) -> Result<NatsCluster> {
-        self.nats.cluster().await
+        self.brokers.nats.cluster().await
     }
 
     /// What this run's JetStream stream and consumer names start with.
     pub fn nats_name_prefix(&self) -> &str {
-        self.nats.name_prefix()
+        self.brokers.nats.name_prefix()
     }
 
     /// What this run's NATS subjects start with.
     pub fn nats_subject_prefix(&self) -> &str {
-        self.nats.subject_prefix()
+        self.brokers.nats.subject_prefix()
     }
 
     /// The run's RabbitMQ: its URL with credentials (a private broker is started on first use),
     /// its queues, and the private broker's crash.
     pub fn amqp(&self) -> &Amqp {
-        self.amqp
+        &self.brokers.amqp
+    }
+
+    /// The run's Kafka: its URL with credentials (a private broker is started on first use),
+    /// its topics.
+    pub fn kafka(&self) -> &Kafka {
+        &self.brokers.kafka
     }
 }

@@ -44,10 +44,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::de::DeserializeOwned;
 
+use crate::harness::brokers::Brokers;
 use crate::harness::db::PgServer;
-use crate::harness::nats_server::Nats;
-use crate::harness::rabbitmq_server::Amqp;
-use crate::harness::redis_server::Redis;
 use crate::judge::expectations;
 use crate::report::plots::Plot;
 use crate::report::progress::Progress;
@@ -219,9 +217,7 @@ pub fn metric_names<P: fmt::Display, N: fmt::Display>(
 /// Runs one prepared scenario on `server` and judges it.
 pub async fn run(
     server: &PgServer,
-    redis: &Redis,
-    nats: &Nats,
-    amqp: &Amqp,
+    brokers: &Brokers,
     prepared: &Prepared,
     progress: &Progress,
 ) -> Result<Report> {
@@ -229,9 +225,7 @@ pub async fn run(
     let clock = Instant::now();
     let ctx = Ctx {
         server,
-        redis,
-        nats,
-        amqp,
+        brokers,
         scenario: prepared.scenario,
         spec: &prepared.spec,
         progress,

@@ -32,11 +32,8 @@ use anyhow::Result;
 
 use crate::explore::lab::Lab;
 use crate::explore::schedule::Schedule;
+use crate::harness::brokers::{BrokerUrls, Brokers};
 use crate::harness::db::PgServer;
-use crate::harness::kafka_server::Kafka;
-use crate::harness::nats_server::Nats;
-use crate::harness::rabbitmq_server::Amqp;
-use crate::harness::redis_server::Redis;
 use plan::{Plan, VerifySink};
 use run::{Verification, VerifyRun};
 
@@ -49,22 +46,19 @@ pub async fn verify_with_sink(
     keep: bool,
     progress: bool,
 ) -> Result<Verification> {
-    let redis = Redis::new(None, run_id, keep);
-    let nats = Nats::new(None, run_id, keep);
-    let amqp = Amqp::new(None, run_id, keep);
-    let kafka = Kafka::new(None, run_id, keep);
+    let brokers = Brokers::new(BrokerUrls::default(), run_id, keep);
     let broker_url = match plan.sink {
-        VerifySink::Redis => Some(redis.url().await?),
-        VerifySink::Nats => Some(nats.url().await?),
-        VerifySink::Amqp => Some(amqp.url().await?),
-        VerifySink::Kafka => Some(kafka.url().await?),
-        VerifySink::Http => None,
+        VerifySink::Redis => brokers.redis.url().await.map(Some),
+        VerifySink::Nats => brokers.nats.url().await.map(Some),
+        VerifySink::Amqp => brokers.amqp.url().await.map(Some),
+        VerifySink::Kafka => brokers.kafka.url().await.map(Some),
+        VerifySink::Http => Ok(None),
     };
-    let verified = verify(server, plan, broker_url, progress).await;
-    redis.close().await?;
-    nats.close().await?;
-    amqp.close().await?;
-    kafka.close().await?;
+    let verified = match broker_url {
+        Ok(url) => verify(server, plan, url, progress).await,
+        Err(e) => Err(e),
+    };
+    brokers.close().await?;
     verified
 }
 

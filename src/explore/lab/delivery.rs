@@ -17,9 +17,9 @@ use crate::harness::link::resp::RedisProxy;
 use crate::harness::link::watch::{DeliveryWatch, WatchedDelivery};
 use crate::outbox::consumer::Faults;
 use crate::outbox::crash::CrashPlan;
-use crate::outbox::jetstream_consumer;
 use crate::outbox::sink::{AmqpSink, KafkaSink, NatsSink};
 use crate::outbox::stream_consumer;
+use crate::outbox::{jetstream_consumer, kafka_consumer};
 
 /// Where the relays deliver, and so which consumer runs.
 #[derive(Debug, Clone)]
@@ -44,10 +44,6 @@ pub(super) const JETSTREAM_STREAM: &str = "outbox";
 /// The Redis consumer's worker name, the same in every process: a restarted worker takes
 /// over its predecessor's pending entries.
 const STREAM_WORKER: &str = "verify-worker";
-/// The records of a topic our Kafka worker has read and applied (its offsets: the first
-/// offset of a partition is 0).
-const KAFKA_RECORDS_READ: &str =
-    "SELECT coalesce(sum(next_offset), 0)::bigint FROM consumer.kafka_offsets WHERE topic = $1";
 /// Entries a stream worker reads at a time.
 const STREAM_READ_COUNT: usize = 100;
 
@@ -105,12 +101,9 @@ impl Backlog {
             if client.is_none() {
                 *client = Some(crate::connect::kafka(url).await?);
             }
-            let written = KafkaSink::records_in(client.as_ref().expect("set above"), topic).await?;
-            let read: i64 = receipts
-                .query_one(KAFKA_RECORDS_READ, &[&topic.as_str()])
-                .await?
-                .get(0);
-            return Ok(written - read);
+            let read = kafka_consumer::offsets(receipts, topic).await?;
+            let client = client.as_ref().expect("set above");
+            return KafkaSink::records_past(client, topic, &read).await;
         }
         if let Backlog::Amqp {
             url,

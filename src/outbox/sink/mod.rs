@@ -20,7 +20,9 @@ use anyhow::{anyhow, Result};
 
 pub use self::amqp::AmqpSink;
 pub use self::http::{HttpBody, HttpSink};
-pub use self::kafka::{partition_for_key, KafkaSink, EVENT_ID_HEADER, PARTITIONS};
+pub use self::kafka::{
+    partition_for_key, KafkaSink, EVENT_ID_HEADER, FETCH_MAX_BYTES, FETCH_WAIT_MS, PARTITIONS,
+};
 pub use self::nats::NatsSink;
 pub use self::redis::RedisSink;
 use crate::outbox::event::Event;

@@ -26,13 +26,18 @@ impl Cell {
                 match sink {
                     // An array of one is one event per request: the http cell measures it.
                     SinkKind::HttpArray if batch == 1 => {}
-                    SinkKind::DbOnly | SinkKind::Redis | SinkKind::Nats | SinkKind::Amqp => cells
-                        .extend(params.pipeline_workers.iter().map(|&workers| Cell {
+                    SinkKind::DbOnly
+                    | SinkKind::Redis
+                    | SinkKind::Nats
+                    | SinkKind::Amqp
+                    | SinkKind::Kafka => {
+                        cells.extend(params.pipeline_workers.iter().map(|&workers| Cell {
                             sink,
                             batch,
                             in_flight: batch,
                             workers,
-                        })),
+                        }))
+                    }
                     SinkKind::HttpArray => cells.push(Cell {
                         sink,
                         batch,

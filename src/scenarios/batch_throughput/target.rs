@@ -1,5 +1,6 @@
 //! Where batch-throughput's cells deliver: a sink's database and the server behind it (none for
-//! the ceiling, the HTTP consumer, a Redis stream, a JetStream stream, a RabbitMQ queue), emptied
+//! the ceiling, the HTTP consumer, a Redis stream, a JetStream stream, a RabbitMQ queue, a Kafka
+//! topic), emptied
 //! before each run and asked afterwards how many events it received.
 
 use anyhow::{anyhow, Result};
@@ -13,7 +14,7 @@ use crate::harness::child::ConsumerProcess;
 use crate::harness::db::Database;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
-use crate::outbox::sink::{AmqpSink, NatsSink, RedisSink, DISCARD_URL};
+use crate::outbox::sink::{AmqpSink, KafkaSink, NatsSink, RedisSink, DISCARD_URL};
 
 /// Where the cells of one sink deliver: its database (reset before every run), its URL and
 /// what counts the deliveries.
@@ -45,6 +46,11 @@ enum Receiver {
     Amqp {
         channel: lapin::Channel,
         queue: String,
+    },
+    /// A Kafka topic, made anew before every run.
+    Kafka {
+        client: rskafka::client::Client,
+        topic: String,
     },
 }
 
@@ -85,6 +91,15 @@ impl Target {
                 let channel = connect::amqp(&url).await?.create_channel().await?;
                 (url, Receiver::Amqp { channel, queue })
             }
+            SinkKind::Kafka => {
+                let url = ctx.kafka().url().await?;
+                let topic = ctx
+                    .kafka()
+                    .create_topic(&KafkaSink::topic_name("", "orders"))
+                    .await?;
+                let client = connect::kafka(&url).await?;
+                (url, Receiver::Kafka { client, topic })
+            }
             SinkKind::Http | SinkKind::HttpArray => {
                 let consumer = ctx
                     .start_consumer(&db, ConsumerKind::Naive, &Faults::default())
@@ -122,6 +137,9 @@ impl Target {
                     .await
                     .map_err(|e| anyhow!("cannot purge queue {queue}: {e}"))?;
             }
+            Receiver::Kafka { client, topic } => {
+                KafkaSink::create_fresh_topic(client, topic).await?;
+            }
         }
         Ok(())
     }
@@ -144,14 +162,21 @@ impl Target {
                 info.state.messages as i64
             }
             Receiver::Amqp { channel, queue } => AmqpSink::ready_messages(channel, queue).await?,
+            Receiver::Kafka { client, topic } => {
+                KafkaSink::records_past(client, topic, &Default::default()).await?
+            }
         })
     }
 
     pub(super) async fn stop(self) -> Result<()> {
         match self.receiver {
             Receiver::Consumer(consumer) => consumer.stop().await,
-            // The queue is the run's (deleted with an external broker's at the end).
-            Receiver::Nowhere | Receiver::Redis { .. } | Receiver::Amqp { .. } => Ok(()),
+            // The queue and the topic are the run's (deleted with an external broker's at the
+            // end).
+            Receiver::Nowhere
+            | Receiver::Redis { .. }
+            | Receiver::Amqp { .. }
+            | Receiver::Kafka { .. } => Ok(()),
             Receiver::Nats { jetstream, stream } => {
                 jetstream
                     .delete_stream(&stream)
