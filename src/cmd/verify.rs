@@ -62,7 +62,8 @@ offending ids and the smallest schedule that reproduced it are printed) or a nem
 reached; 2 bad input (the command not found, a relay that exits at once or never connects to
 the database, a --schema that does not apply or breaks outbox-lab's tables, --pending-sql that
 does not count, --insert-sql that does not prepare, or either taking too long: every statement
-is bounded by a quarter of --time-limit; a nemesis on a delivery with --sink nats or amqp);
+is bounded by a quarter of --time-limit; a nemesis on a delivery with --sink nats, amqp or
+kafka);
 3 the harness failed mid-run; 4 inconclusive: --time-limit cut the run short before the
 relays drained, and no safety invariant broke meanwhile.";
 
