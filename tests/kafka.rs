@@ -2,9 +2,10 @@
 //! partition, in order, the event id in a header too; the broker listens in a network
 //! namespace of its own, reached only through outbox-lab's link, which lets no one in without
 //! the run's SASL credentials; a SIGKILLed run's broker is removed by the next run; on an
-//! external cluster a run makes prefixed topics only, and deletes them at its end. verify
-//! through Kafka (our relay holds, a relay that marks without publishing is caught) is in
-//! tests/verify.rs.
+//! external cluster a run makes prefixed topics only, and deletes them at its end; a relay
+//! killed between Kafka's ack and its mark (the delivery proxy holds the ack) duplicates for the
+//! naive consumer alone. verify through Kafka under every nemesis (our relay holds, a relay that
+//! marks without publishing is caught) is in tests/verify.rs.
 
 use crate::common;
 
@@ -14,7 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::host::tcp_listen_addresses;
-use common::verify::our_relay_from_its_environment;
+use common::verify::{our_relay_from_its_environment, verify};
 use common::{
     assert_ended, assert_passed, block_on, outbox_lab, run_tracked, scratch_dir, sigkill,
     throwaway_dirs_of,
@@ -201,4 +202,40 @@ fn a_sigkilled_runs_broker_is_removed_by_the_next_run() {
     assert_ended("tansu", &left);
     let own = throwaway_dirs_of("kafka", next);
     assert!(own.is_empty(), "the passing run left {own:?}");
+}
+
+/// `kill:relay:on-delivery@3` through Kafka: the relay dies once the broker acked its 3rd
+/// Produce, before the answer reached it (the proxy holds it), so it never marked those rows;
+/// its successor produces them again. The naive consumer ships them twice, the idempotent one
+/// once: duplicates that only the consumer can absorb.
+#[test]
+fn a_relay_killed_between_kafkas_ack_and_its_mark_duplicates_for_the_naive_consumer() {
+    let relay = our_relay_from_its_environment();
+    for consumer in ["naive", "idempotent"] {
+        let run = verify(&[
+            "--relay-cmd",
+            &relay,
+            "--sink",
+            "kafka",
+            "--consumer",
+            consumer,
+            "--schedule",
+            "kill:relay:on-delivery@3",
+            "--events",
+            "100",
+        ]);
+        assert_eq!(
+            run.metric("verify.faults_fired"),
+            1,
+            "{consumer}: {}",
+            run.stderr
+        );
+        assert_eq!(run.metric("verify.lost.violating"), 0, "{consumer}");
+        if consumer == "naive" {
+            assert_eq!(run.code, 1, "{}", run.stderr);
+            assert!(run.metric("verify.duplicate.violating") >= 1);
+        } else {
+            assert_passed(&run);
+        }
+    }
 }

@@ -53,7 +53,7 @@ aggregate_id (id, event_type, payload... by their column names) to any path of {
 takes a 2xx answer as received, and sets published_at. It is killed, paused, cut off from the
 database and the consumer (--nemesis), started again whenever it ends, and stopped with
 SIGTERM once the outbox is drained. The consumer, the writer and the judge are outbox-lab's.
-With --sink http or redis, a nemesis may strike on a delivery (kill:relay:on-delivery@N): the
+With --sink http, redis or kafka, a nemesis may strike on a delivery (kill:relay:on-delivery@N): the
 relay that sent the run's N-th delivery, as outbox-lab holds it on its way (`outbox-lab explore
 --list-nemeses`). A relay with a table of its own gets its events from --insert-sql.
 
@@ -62,8 +62,7 @@ offending ids and the smallest schedule that reproduced it are printed) or a nem
 reached; 2 bad input (the command not found, a relay that exits at once or never connects to
 the database, a --schema that does not apply or breaks outbox-lab's tables, --pending-sql that
 does not count, --insert-sql that does not prepare, or either taking too long: every statement
-is bounded by a quarter of --time-limit; a nemesis on a delivery with --sink nats, amqp or
-kafka);
+is bounded by a quarter of --time-limit; a nemesis on a delivery with --sink nats or amqp);
 3 the harness failed mid-run; 4 inconclusive: --time-limit cut the run short before the
 relays drained, and no safety invariant broke meanwhile.";
 

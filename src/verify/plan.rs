@@ -140,9 +140,12 @@ impl VerifySink {
     }
 
     /// Where outbox-lab sees each delivery exactly as it passes (the proxy holds it), so that
-    /// a nemesis can strike on it.
+    /// a nemesis can strike on it: HTTP's, Redis' and Kafka's proxies.
     pub(super) fn sees_deliveries(self) -> bool {
-        matches!(self, VerifySink::Http | VerifySink::Redis)
+        matches!(
+            self,
+            VerifySink::Http | VerifySink::Redis | VerifySink::Kafka
+        )
     }
 
     pub(super) fn name(self) -> &'static str {
@@ -425,8 +428,9 @@ fn check_schedule(schedule: &Schedule, external_server: bool, sink: VerifySink) 
         }
         if !sink.sees_deliveries() && matches!(nemesis, Nemesis::OnDelivery { .. }) {
             bail!(
-                "'{nemesis}': outbox-lab sees each delivery exactly only through its HTTP and Redis \
-                 proxies; with --sink {}, strike on a clock (kill:relay@AT, pause:relay@AT+FOR)",
+                "'{nemesis}': outbox-lab sees each delivery exactly only through its HTTP, Redis \
+                 and Kafka proxies; with --sink {}, strike on a clock (kill:relay@AT, \
+                 pause:relay@AT+FOR)",
                 sink.name()
             );
         }

@@ -13,6 +13,7 @@ use crate::harness::child::role::{
 };
 use crate::harness::child::ChildCommand;
 use crate::harness::link::http::{Proxy, ProxyFaults};
+use crate::harness::link::kafka::KafkaProxy;
 use crate::harness::link::resp::RedisProxy;
 use crate::harness::link::watch::{DeliveryWatch, WatchedDelivery};
 use crate::outbox::consumer::Faults;
@@ -186,10 +187,12 @@ impl Delivery {
 }
 
 /// What stands between the relays and where they deliver, when the schedule strikes on the
-/// way: the fault proxy in front of our HTTP consumer, the Redis proxy in front of Redis.
+/// way: the fault proxy in front of our HTTP consumer, the Redis proxy in front of Redis, the
+/// Kafka proxy in front of Kafka.
 pub(super) enum Middle {
     Http(Proxy),
     Redis(RedisProxy),
+    Kafka(KafkaProxy),
 }
 
 impl Middle {
@@ -198,6 +201,7 @@ impl Middle {
         match self {
             Middle::Http(proxy) => proxy.relay_url(index).to_string(),
             Middle::Redis(proxy) => proxy.relay_url(index).to_string(),
+            Middle::Kafka(proxy) => proxy.relay_url(index).to_string(),
         }
     }
 
@@ -205,7 +209,7 @@ impl Middle {
     pub(super) fn http(&self) -> Option<&Proxy> {
         match self {
             Middle::Http(proxy) => Some(proxy),
-            Middle::Redis(_) => None,
+            Middle::Redis(_) | Middle::Kafka(_) => None,
         }
     }
 }
@@ -242,6 +246,9 @@ impl Lab<'_> {
             (Delivery::Redis { url, .. }, Some(watch)) if faults.plans.is_empty() => Ok(
                 Middle::Redis(RedisProxy::start(&url, watch, relays, self.relay_user())?),
             ),
+            (Delivery::Kafka { url, .. }, Some(watch)) if faults.plans.is_empty() => {
+                Ok(Middle::Kafka(KafkaProxy::start(&url, watch, relays).await?))
+            }
             // verify's plan refuses them before a run.
             (delivery, _) => Err(anyhow!(
                 "no proxy for these faults in front of {delivery:?}"
