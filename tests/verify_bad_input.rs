@@ -52,7 +52,10 @@ fn a_relay_command_that_is_not_there_is_bad_input() {
             "--schedule",
             "kill:relay:on-delivery@3",
         ]);
-        assert_usage_error(&run, "exactly only through its HTTP and Redis proxies");
+        assert_usage_error(
+            &run,
+            "exactly only through its HTTP, Redis and Kafka proxies",
+        );
     }
     let run = verify(&[
         "--relay-cmd",

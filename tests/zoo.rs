@@ -64,6 +64,7 @@ entries!(
     txoutbox_outside,
     faststream_outbox,
     faststream_outbox_outside,
+    faststream_outbox_kafka,
     nodii,
     nats_outbox,
     pg_transactional_outbox,

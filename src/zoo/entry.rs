@@ -210,7 +210,7 @@ impl Entry {
             .ok_or_else(|| anyhow!("a zoo entry's folder name must be UTF-8"))?
             .to_string();
         let sink = VerifySink::from_str(&file.sink, false)
-            .map_err(|_| anyhow!("sink '{}': http, redis, nats or amqp", file.sink))?;
+            .map_err(|_| anyhow!("sink '{}': http, redis, nats, amqp or kafka", file.sink))?;
         let dir_text = dir.display().to_string();
         let outbox_lab = std::env::current_exe().context("where is outbox-lab's own binary?")?;
         let fill = |relay_cmd: &str| {
