@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::host::tcp_listen_addresses;
+use common::host::{processes_in, tcp_listen_addresses};
 use common::verify::{our_relay_from_its_environment, verify};
 use common::{
     assert_ended, assert_passed, block_on, outbox_lab, run_tracked, scratch_dir, sigkill,
@@ -26,18 +26,6 @@ use outbox_lab::harness::process::ProcessId;
 use outbox_lab::outbox::event::Event;
 use outbox_lab::outbox::sink::{partition_for_key, SinkOptions, EVENT_ID_HEADER, PARTITIONS};
 use rskafka::client::partition::UnknownTopicHandling;
-
-/// tansu's processes: those working in `dir` (their cwd under it).
-fn processes_in(dir: &Path) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir))
-        })
-        .collect()
-}
 
 /// The private broker of `dir` listens in a network namespace of its own (on 127.0.0.1 there),
 /// on nothing of the machine's.

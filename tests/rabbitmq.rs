@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::host::{as_nobody, tcp_listen_addresses};
+use common::host::{as_nobody, processes_in, tcp_listen_addresses};
 use common::{
     assert_ended, assert_passed, block_on, one_at_a_time, outbox_lab, run_tracked,
     run_with_servers_up, scratch_dir, sigkill, throwaway_dirs_of,
@@ -20,18 +20,6 @@ use outbox_lab::harness::process::ProcessId;
 use outbox_lab::harness::rabbitmq_server::Amqp;
 use outbox_lab::outbox::event::Event;
 use outbox_lab::outbox::sink::SinkOptions;
-
-/// The processes working in `dir` (their cwd under it): a throwaway server and what it started.
-fn processes_in(dir: &Path) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir))
-        })
-        .collect()
-}
 
 /// The private broker's AMQP port and credentials, once its configuration is written and it
 /// lets them in; with its epmd's run directory.

@@ -13,7 +13,7 @@ use rskafka::client::partition::{PartitionClient, UnknownTopicHandling};
 use crate::connect;
 use crate::outbox::consumer::{self, ConsumerKind};
 use crate::outbox::event::Event;
-use crate::outbox::sink::{FETCH_MAX_BYTES, FETCH_WAIT_MS};
+use crate::outbox::sink::{KafkaSink, FETCH_MAX_BYTES, FETCH_WAIT_MS};
 
 /// A worker gives up after this many records: far more than any scenario writes, a bound on a
 /// topic that never runs dry.
@@ -128,17 +128,10 @@ impl KafkaWorker {
         if self.topics.contains_key(topic) {
             return Ok(());
         }
-        let count = self
-            .client
-            .list_topics()
-            .await?
-            .into_iter()
-            .find(|t| t.name == topic)
-            .map(|t| t.partitions.len())
-            .ok_or_else(|| anyhow!("no Kafka topic {topic}"))?;
+        let count = KafkaSink::partition_count(&self.client, topic).await?;
         let stored = offsets(&self.db, topic).await?;
-        let mut partitions = Vec::with_capacity(count);
-        for partition in 0..count as i32 {
+        let mut partitions = Vec::with_capacity(count as usize);
+        for partition in 0..count {
             let client = self
                 .client
                 .partition_client(topic, partition, UnknownTopicHandling::Error)

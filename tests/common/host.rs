@@ -32,6 +32,18 @@ pub fn tcp_listen_addresses(pid: i32) -> Vec<String> {
     found
 }
 
+/// The processes working in `dir` (their cwd under it): a throwaway server and what it started.
+pub fn processes_in(dir: &Path) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir))
+        })
+        .collect()
+}
+
 /// `program args` as user `nobody`: whether it succeeded, and what it printed.
 pub fn as_nobody(program: &str, args: &[&str]) -> (bool, String) {
     let nobody = User::from_name("nobody").unwrap().expect("user nobody");

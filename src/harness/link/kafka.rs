@@ -20,7 +20,6 @@
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
@@ -36,7 +35,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::watch::{DeliveryMoment, DeliveryWatch};
+use super::watch::{DeliveryMoment, DeliveryWatch, RelayWatch};
 use crate::connect;
 use crate::harness::netns::Dialer;
 
@@ -266,20 +265,16 @@ impl KafkaProxy {
             .and_then(|rest| rest.rsplit_once('@'))
             .map(|(userinfo, _)| format!("{userinfo}@"))
             .unwrap_or_default();
-        let watch = Arc::new(watch);
-        let deliveries = Arc::new(AtomicU32::new(0));
         let mut tasks = JoinSet::new();
         let mut relay_urls = Vec::new();
-        for relay in 0..relays {
+        for watch in RelayWatch::per_relay(watch, relays) {
             let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
             let port = listener.local_addr()?.port();
             relay_urls.push(format!("kafka://{credentials}127.0.0.1:{port}"));
             let way_in = WayIn {
                 upstream: upstream.clone(),
                 port,
-                relay,
-                watch: watch.clone(),
-                deliveries: deliveries.clone(),
+                watch,
             };
             tasks.spawn(accept(listener, way_in));
         }
@@ -304,22 +299,8 @@ struct WayIn {
     upstream: String,
     /// Its own port, which the broker's answers are made to name.
     port: u16,
-    relay: u32,
-    watch: Arc<DeliveryWatch>,
-    /// Produce requests seen so far, over every relay.
-    deliveries: Arc<AtomicU32>,
-}
-
-impl WayIn {
-    fn next_delivery(&self) -> u32 {
-        self.deliveries.fetch_add(1, Ordering::SeqCst) + 1
-    }
-
-    async fn hold(&self, number: u32, moment: DeliveryMoment, bytes: &[u8]) {
-        self.watch
-            .hold(number, moment, Some(self.relay), bytes)
-            .await;
-    }
+    /// Its relay, and the Produce requests seen so far over every relay.
+    watch: RelayWatch,
 }
 
 async fn accept(listener: TcpListener, way_in: WayIn) {
@@ -364,8 +345,8 @@ async fn pass_on(mut client: TcpStream, mut server: TcpStream, way_in: &WayIn) {
                     let Some((key, version)) = api_of(request) else { return };
                     let mut delivery = None;
                     if key == Some(ApiKey::Produce) {
-                        let number = way_in.next_delivery();
-                        way_in.hold(number, DeliveryMoment::Sent, request).await;
+                        let number = way_in.watch.next_delivery();
+                        way_in.watch.hold(number, DeliveryMoment::Sent, request).await;
                         // acks=0: no answer comes back.
                         if produce_acks(request, version) == Some(0) {
                             passed = end;
@@ -396,7 +377,7 @@ async fn pass_on(mut client: TcpStream, mut server: TcpStream, way_in: &WayIn) {
                             return;
                         }
                         out.clear();
-                        way_in.hold(*number, DeliveryMoment::Answered, bytes).await;
+                        way_in.watch.hold(*number, DeliveryMoment::Answered, bytes).await;
                     }
                     match naming_this_port(response, &request, way_in.port) {
                         Some(rewritten) => {

@@ -9,8 +9,6 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
 use std::borrow::Cow;
@@ -20,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 
-use super::watch::{DeliveryMoment, DeliveryWatch};
+use super::watch::{DeliveryMoment, DeliveryWatch, RelayWatch};
 use crate::harness::run_as;
 use crate::harness::throwaway::RunDir;
 
@@ -47,20 +45,17 @@ impl RedisProxy {
                 anyhow!("cannot watch deliveries to '{upstream_url}': not redis+unix://")
             })?);
         let dir = RunDir::create("redis-proxy", client)?;
-        let watch = Arc::new(watch);
-        let deliveries = Arc::new(AtomicU32::new(0));
         let mut tasks = JoinSet::new();
         let mut relay_urls = Vec::new();
-        for relay in 0..relays {
+        for watch in RelayWatch::per_relay(watch, relays) {
+            let relay = watch.relay();
             let socket = dir.path().join(format!("relay-{relay}.sock"));
             let listener = UnixListener::bind(&socket)?;
             run_as::let_in(&socket, client)?;
             relay_urls.push(format!("redis+unix://{}", socket.display()));
             let way_in = WayIn {
                 upstream: upstream.clone(),
-                relay,
-                watch: watch.clone(),
-                deliveries: deliveries.clone(),
+                watch,
             };
             tasks.spawn(accept(listener, way_in));
         }
@@ -88,10 +83,8 @@ impl Drop for RedisProxy {
 #[derive(Clone)]
 struct WayIn {
     upstream: PathBuf,
-    relay: u32,
-    watch: Arc<DeliveryWatch>,
-    /// XADDs seen so far, over every relay.
-    deliveries: Arc<AtomicU32>,
+    /// Its relay, and the XADDs seen so far over every relay.
+    watch: RelayWatch,
 }
 
 async fn accept(listener: UnixListener, way_in: WayIn) {
@@ -140,19 +133,19 @@ async fn pass_on(mut client: UnixStream, mut server: UnixStream, way_in: &WayIn)
                         (Some("EXEC"), Some(_)) => {
                             let xadds = queued.take().unwrap_or_default();
                             let numbers: Vec<u32> =
-                                xadds.iter().map(|_| way_in.next_delivery()).collect();
+                                xadds.iter().map(|_| way_in.watch.next_delivery()).collect();
                             Some((numbers, Cow::Owned(xadds.concat())))
                         }
                         (Some("DISCARD"), Some(_)) => { queued = None; None }
                         (Some("XADD"), Some(xadds)) => { xadds.push(command.to_vec()); None }
                         (Some("XADD"), None) => {
-                            Some((vec![way_in.next_delivery()], Cow::Borrowed(command)))
+                            Some((vec![way_in.watch.next_delivery()], Cow::Borrowed(command)))
                         }
                         _ => None,
                     };
                     if let Some((numbers, bytes)) = &delivers {
                         for &number in numbers {
-                            way_in.hold(number, DeliveryMoment::Sent, bytes).await;
+                            way_in.watch.hold(number, DeliveryMoment::Sent, bytes).await;
                         }
                     }
                     // Its bytes are kept only while a nemesis may still wait for its answer.
@@ -192,7 +185,7 @@ async fn pass_on(mut client: UnixStream, mut server: UnixStream, way_in: &WayIn)
                             }
                             written = parsed;
                             for number in numbers {
-                                way_in.hold(number, DeliveryMoment::Answered, &bytes).await;
+                                way_in.watch.hold(number, DeliveryMoment::Answered, &bytes).await;
                             }
                         }
                     }
@@ -207,18 +200,6 @@ async fn pass_on(mut client: UnixStream, mut server: UnixStream, way_in: &WayIn)
                 from_server.drain(..parsed);
             }
         }
-    }
-}
-
-impl WayIn {
-    fn next_delivery(&self) -> u32 {
-        self.deliveries.fetch_add(1, Ordering::SeqCst) + 1
-    }
-
-    async fn hold(&self, number: u32, moment: DeliveryMoment, bytes: &[u8]) {
-        self.watch
-            .hold(number, moment, Some(self.relay), bytes)
-            .await;
     }
 }
 

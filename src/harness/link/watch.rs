@@ -139,6 +139,54 @@ impl DeliveryWatch {
     }
 }
 
+/// What a proxy's way in for one relay knows of the watch: the relay, and the run's deliveries
+/// counted over every relay (an `XADD`, a Produce: each proxy says what a delivery is).
+#[derive(Clone)]
+pub struct RelayWatch {
+    relay: u32,
+    watch: Arc<DeliveryWatch>,
+    /// Deliveries seen so far, over every relay.
+    deliveries: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl RelayWatch {
+    /// One per relay, `0..relays`, sharing `watch` and one count of the deliveries.
+    pub fn per_relay(watch: DeliveryWatch, relays: u32) -> Vec<RelayWatch> {
+        let watch = Arc::new(watch);
+        let deliveries = Arc::default();
+        (0..relays)
+            .map(|relay| RelayWatch {
+                relay,
+                watch: watch.clone(),
+                deliveries: Arc::clone(&deliveries),
+            })
+            .collect()
+    }
+
+    pub fn relay(&self) -> u32 {
+        self.relay
+    }
+
+    /// The next delivery's number in the run, from 1.
+    pub fn next_delivery(&self) -> u32 {
+        self.deliveries
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1
+    }
+
+    /// Whether a nemesis waits for delivery `number` at `moment`.
+    pub fn watches(&self, number: u32, moment: DeliveryMoment) -> bool {
+        self.watch.watches(number, moment)
+    }
+
+    /// [`DeliveryWatch::hold`] for this relay's delivery `number`.
+    pub async fn hold(&self, number: u32, moment: DeliveryMoment, bytes: &[u8]) {
+        self.watch
+            .hold(number, moment, Some(self.relay), bytes)
+            .await;
+    }
+}
+
 /// Every uuid written in `bytes` (as text: 8-4-4-4-12 hex digits), in order, once each.
 pub fn uuids_in(bytes: &[u8]) -> Vec<String> {
     const TEXT_LEN: usize = 36;

@@ -82,6 +82,17 @@ impl KafkaSink {
         Ok(())
     }
 
+    /// How many partitions topic `name` has (an error if there is no such topic).
+    pub async fn partition_count(client: &rskafka::client::Client, name: &str) -> Result<i32> {
+        let topic = client
+            .list_topics()
+            .await?
+            .into_iter()
+            .find(|t| t.name == name);
+        let topic = topic.ok_or_else(|| anyhow!("no Kafka topic {name}"))?;
+        Ok(topic.partitions.len() as i32)
+    }
+
     /// How many records topic `name` holds from the offsets `from` on (a partition it does not
     /// name: from its start). Read, not asked: tansu's ListOffsets answered 993 for the 1,000
     /// records its partitions held.
@@ -90,15 +101,8 @@ impl KafkaSink {
         name: &str,
         from: &HashMap<i32, i64>,
     ) -> Result<i64> {
-        let count = client
-            .list_topics()
-            .await?
-            .into_iter()
-            .find(|t| t.name == name)
-            .map(|t| t.partitions.len())
-            .ok_or_else(|| anyhow!("no Kafka topic {name}"))?;
         let mut records = 0;
-        for partition in 0..count as i32 {
+        for partition in 0..Self::partition_count(client, name).await? {
             let reader = client
                 .partition_client(name, partition, UnknownTopicHandling::Error)
                 .await
@@ -125,16 +129,9 @@ impl KafkaSink {
         if let Some(partitions) = known.get(name) {
             return Ok(partitions.clone());
         }
-        let count = self
-            .client
-            .list_topics()
-            .await?
-            .into_iter()
-            .find(|t| t.name == name)
-            .map(|t| t.partitions.len())
-            .ok_or_else(|| anyhow!("no Kafka topic {name}"))?;
-        let mut clients = Vec::with_capacity(count);
-        for partition in 0..count as i32 {
+        let count = Self::partition_count(&self.client, name).await?;
+        let mut clients = Vec::with_capacity(count as usize);
+        for partition in 0..count {
             clients.push(
                 self.client
                     .partition_client(name, partition, UnknownTopicHandling::Error)
