@@ -86,8 +86,12 @@ impl PrivateServer for KafkaServer {
             .arg(format!("tcp://{advertised}"))
             .args(["--storage-engine", "memory://tansu/"]);
         // The namespace is made as root, then the server user's privileges taken: not through
-        // Server::start's user, which std would apply before the namespace is made.
+        // Server::start's user, which std would apply before the namespace is made (its HOME
+        // too, which Server::start sets only where the command has none).
         netns::in_own_network_namespace(&mut cmd, run_as.as_ref());
+        if let Some(user) = &run_as {
+            cmd.env("HOME", &user.dir);
+        }
         let log = server.run_dir().path().join(LOG);
         let ready = async || Ok(throwaway::read_no_follow(&log).contains(READY_LINE));
         server
