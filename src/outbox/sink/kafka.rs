@@ -156,22 +156,37 @@ impl KafkaSink {
             .iter()
             .map(|_| Err(anyhow!("not produced")))
             .collect();
-        // (topic, partition) -> the batch positions of its events, in order.
-        let mut groups: BTreeMap<(String, usize), Vec<usize>> = BTreeMap::new();
+        // (topic, partition) -> its partitions' clients and the batch positions of its events,
+        // in order.
+        type Group = (Arc<Vec<PartitionClient>>, Vec<usize>);
+        let mut groups: BTreeMap<(String, usize), Group> = BTreeMap::new();
         for (position, event) in events.iter().enumerate() {
             let name = Self::topic_name(&self.topic_prefix, &event.aggregate_type);
             match self.partitions_of(&name).await {
                 Ok(partitions) => {
                     let partition =
                         partition_for_key(event.aggregate_id.as_bytes(), partitions.len());
-                    groups.entry((name, partition)).or_default().push(position);
+                    let group = groups.entry((name, partition));
+                    group
+                        .or_insert_with(|| (partitions, Vec::new()))
+                        .1
+                        .push(position);
                 }
                 Err(e) => results[position] = Err(e),
             }
         }
         let produced = futures_util::future::join_all(groups.into_iter().map(
-            |((name, partition), positions)| async move {
-                let outcome = self.produce(&name, partition, &positions, events).await;
+            |((name, partition), (partitions, positions))| async move {
+                let records = positions.iter().map(|&p| record(&events[p])).collect();
+                let request = partitions[partition].produce(records, Compression::NoCompression);
+                let outcome = tokio::time::timeout(self.request_timeout, request)
+                    .await
+                    .map_err(|_| anyhow!("no answer from Kafka within {:?}", self.request_timeout))
+                    .and_then(|answered| {
+                        answered.with_context(|| {
+                            format!("Kafka produce to {name}, partition {partition}")
+                        })
+                    });
                 (positions, outcome)
             },
         ))
@@ -179,7 +194,7 @@ impl KafkaSink {
         for (positions, outcome) in produced {
             for position in positions {
                 results[position] = match &outcome {
-                    Ok(()) => Ok(()),
+                    Ok(_offsets) => Ok(()),
                     Err(e) => Err(anyhow!("{e:#}")),
                 };
             }
@@ -190,24 +205,6 @@ impl KafkaSink {
             }
         }
         results
-    }
-
-    /// The events at `positions` as one Produce request to `partition` of topic `name`.
-    async fn produce(
-        &self,
-        name: &str,
-        partition: usize,
-        positions: &[usize],
-        events: &[Event],
-    ) -> Result<()> {
-        let partitions = self.partitions_of(name).await?;
-        let records = positions.iter().map(|&p| record(&events[p])).collect();
-        let request = partitions[partition].produce(records, Compression::NoCompression);
-        tokio::time::timeout(self.request_timeout, request)
-            .await
-            .map_err(|_| anyhow!("no answer from Kafka within {:?}", self.request_timeout))?
-            .with_context(|| format!("Kafka produce to {name}, partition {partition}"))?;
-        Ok(())
     }
 }
 
