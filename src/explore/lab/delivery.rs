@@ -13,7 +13,7 @@ use crate::harness::child::role::{
 };
 use crate::harness::child::ChildCommand;
 use crate::harness::link::http::{Proxy, ProxyFaults};
-use crate::harness::link::kafka::KafkaProxy;
+use crate::harness::link::kafka_proxy::KafkaProxy;
 use crate::harness::link::resp::RedisProxy;
 use crate::harness::link::watch::{DeliveryWatch, WatchedDelivery};
 use crate::outbox::consumer::Faults;

@@ -3,11 +3,13 @@
 //! (a relay to the HTTP consumer: latency, resets, lost replies), [`resp`] (a relay to Redis),
 //! [`postgres`] (a relay or the writer to its database: which backends are whose, a reset, a
 //! partition, a COMMIT whose answer is lost), [`kafka`] (the private Kafka broker's only way in,
-//! SASL PLAIN at its door), and [`watch`], the deliveries the nemeses wait
-//! for and how a proxy that sees one pass holds it while they strike.
+//! SASL PLAIN at its door), [`kafka_proxy`] (a relay to Kafka: its Produce requests), and
+//! [`watch`], the deliveries the nemeses wait for and how a proxy that sees one pass holds it
+//! while they strike.
 
 pub mod http;
 pub mod kafka;
+pub mod kafka_proxy;
 pub mod postgres;
 pub mod resp;
 pub mod watch;

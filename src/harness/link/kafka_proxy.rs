@@ -1,0 +1,241 @@
+//! The Kafka delivery proxy, where a nemesis learns of each delivery (`kill:relay:on-delivery@N`
+//! with `verify --sink kafka`), in front of the broker's [door](super::kafka): a port per relay,
+//! so that it knows who sent what; every Produce request is a delivery, numbered over the run,
+//! held as it arrives (pause) or once the broker has answered it and before the answer goes
+//! back (kill, db-kill-backend), as the [`watch`](super::watch) contract says. The broker's
+//! answers that name brokers (Metadata, FindCoordinator, DescribeCluster) are rewritten to name
+//! the relay's port, so that the client, which connects to the brokers it is told of, stays on
+//! it.
+
+use std::collections::VecDeque;
+use std::net::Ipv4Addr;
+
+use anyhow::{anyhow, Result};
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::{
+    ApiKey, DescribeClusterResponse, FindCoordinatorResponse, MetadataResponse, ProduceRequest,
+    RequestHeader, ResponseHeader,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+use super::kafka::{ack_at_once, frame_end};
+use super::watch::{DeliveryMoment, DeliveryWatch, RelayWatch};
+use crate::connect;
+
+/// A running delivery proxy; it stops (with every connection through it) when dropped.
+pub struct KafkaProxy {
+    relay_urls: Vec<String>,
+    tasks: JoinSet<()>,
+}
+
+impl KafkaProxy {
+    /// Listens for each of `relays` relays on a port of its own (127.0.0.1) and passes their
+    /// connections on to the first broker of `upstream_url` (a `kafka://` URL; its credentials
+    /// go on in each relay's URL, and through the proxy to the broker).
+    pub async fn start(
+        upstream_url: &str,
+        watch: DeliveryWatch,
+        relays: u32,
+    ) -> Result<KafkaProxy> {
+        let upstream = connect::kafka_url(upstream_url)
+            .map_err(|e| anyhow!("cannot watch deliveries to a Kafka URL: {e}"))?
+            .brokers
+            .into_iter()
+            .next()
+            .ok_or_else(|| anyhow!("a Kafka URL without a broker"))?;
+        let credentials = upstream_url
+            .strip_prefix("kafka://")
+            .and_then(|rest| rest.rsplit_once('@'))
+            .map(|(userinfo, _)| format!("{userinfo}@"))
+            .unwrap_or_default();
+        let mut tasks = JoinSet::new();
+        let mut relay_urls = Vec::new();
+        for watch in RelayWatch::per_relay(watch, relays) {
+            let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+            let port = listener.local_addr()?.port();
+            relay_urls.push(format!("kafka://{credentials}127.0.0.1:{port}"));
+            let way_in = WayIn {
+                upstream: upstream.clone(),
+                port,
+                watch,
+            };
+            tasks.spawn(accept(listener, way_in));
+        }
+        Ok(KafkaProxy { relay_urls, tasks })
+    }
+
+    /// Where relay `index` produces.
+    pub fn relay_url(&self, index: u32) -> &str {
+        &self.relay_urls[index as usize]
+    }
+}
+
+impl Drop for KafkaProxy {
+    fn drop(&mut self) {
+        self.tasks.abort_all();
+    }
+}
+
+/// One relay's port: where it passes on to, and what it watches.
+#[derive(Clone)]
+struct WayIn {
+    upstream: String,
+    /// Its own port, which the broker's answers are made to name.
+    port: u16,
+    /// Its relay, and the Produce requests seen so far over every relay.
+    watch: RelayWatch,
+}
+
+async fn accept(listener: TcpListener, way_in: WayIn) {
+    let mut connections = JoinSet::new();
+    while let Ok((client, _)) = listener.accept().await {
+        while connections.try_join_next().is_some() {}
+        let way_in = way_in.clone();
+        connections.spawn(async move {
+            if let Ok(server) = TcpStream::connect(&way_in.upstream).await {
+                // As the link: no Nagle's wait on the way.
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                pass_on(client, server, &way_in).await;
+            }
+        });
+    }
+}
+
+/// A request whose response is awaited: what it asked, in which version, and the delivery it
+/// is (a Produce), with its bytes while a nemesis may wait for its answer.
+struct Awaited {
+    key: Option<ApiKey>,
+    version: i16,
+    delivery: Option<(u32, Vec<u8>)>,
+}
+
+/// One connection, both ways, until either side closes it (or sends what is not Kafka).
+async fn pass_on(mut client: TcpStream, mut server: TcpStream, way_in: &WayIn) {
+    let (mut from_client, mut from_server) = (Vec::new(), Vec::new());
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut reply_chunk = vec![0u8; 64 * 1024];
+    let mut awaited: VecDeque<Awaited> = VecDeque::new();
+    loop {
+        tokio::select! {
+            read = client.read(&mut chunk) => {
+                let Ok(n @ 1..) = read else { return };
+                ack_at_once(&client);
+                from_client.extend_from_slice(&chunk[..n]);
+                let mut passed = 0;
+                while let Some(end) = frame_end(&from_client, passed) {
+                    let request = &from_client[passed + 4..end];
+                    let Some((key, version)) = api_of(request) else { return };
+                    let mut delivery = None;
+                    if key == Some(ApiKey::Produce) {
+                        let number = way_in.watch.next_delivery();
+                        way_in.watch.hold(number, DeliveryMoment::Sent, request).await;
+                        // acks=0: no answer comes back.
+                        if produce_acks(request, version) == Some(0) {
+                            passed = end;
+                            continue;
+                        }
+                        let answered = way_in.watch.watches(number, DeliveryMoment::Answered);
+                        delivery = Some((number, if answered { request.to_vec() } else { Vec::new() }));
+                    }
+                    awaited.push_back(Awaited { key, version, delivery });
+                    passed = end;
+                }
+                if server.write_all(&from_client[..passed]).await.is_err() {
+                    return;
+                }
+                from_client.drain(..passed);
+            }
+            read = server.read(&mut reply_chunk) => {
+                let Ok(n @ 1..) = read else { return };
+                from_server.extend_from_slice(&reply_chunk[..n]);
+                let mut parsed = 0;
+                let mut out = Vec::new();
+                while let Some(end) = frame_end(&from_server, parsed) {
+                    let response = &from_server[parsed + 4..end];
+                    let Some(request) = awaited.pop_front() else { return };
+                    if let Some((number, bytes)) = &request.delivery {
+                        // What came before this answer goes back first.
+                        if client.write_all(&out).await.is_err() {
+                            return;
+                        }
+                        out.clear();
+                        way_in.watch.hold(*number, DeliveryMoment::Answered, bytes).await;
+                    }
+                    match naming_this_port(response, &request, way_in.port) {
+                        Some(rewritten) => {
+                            out.extend_from_slice(&(rewritten.len() as u32).to_be_bytes());
+                            out.extend_from_slice(&rewritten);
+                        }
+                        None => out.extend_from_slice(&from_server[parsed..end]),
+                    }
+                    parsed = end;
+                }
+                if client.write_all(&out).await.is_err() {
+                    return;
+                }
+                from_server.drain(..parsed);
+            }
+        }
+    }
+}
+
+/// A request's API (None: one this proxy does not know, passed on all the same) and version.
+fn api_of(request: &[u8]) -> Option<(Option<ApiKey>, i16)> {
+    let key = i16::from_be_bytes([*request.first()?, *request.get(1)?]);
+    let version = i16::from_be_bytes([*request.get(2)?, *request.get(3)?]);
+    Some((ApiKey::try_from(key).ok(), version))
+}
+
+/// A Produce request's `acks`, if it decodes.
+fn produce_acks(request: &[u8], version: i16) -> Option<i16> {
+    let mut body = Bytes::copy_from_slice(request);
+    RequestHeader::decode(&mut body, ApiKey::Produce.request_header_version(version)).ok()?;
+    Some(ProduceRequest::decode(&mut body, version).ok()?.acks)
+}
+
+/// The broker's answer that names brokers, rewritten to name 127.0.0.1 and `port` (the relay's
+/// own); None for any other answer (or one that does not decode), passed back as it is.
+fn naming_this_port(response: &[u8], request: &Awaited, port: u16) -> Option<Vec<u8>> {
+    let key = request.key?;
+    let version = request.version;
+    let header_version = key.response_header_version(version);
+    let mut body = Bytes::copy_from_slice(response);
+    let header = ResponseHeader::decode(&mut body, header_version).ok()?;
+    let host = || StrBytes::from_static_str("127.0.0.1");
+    let port = i32::from(port);
+    let mut out = BytesMut::new();
+    header.encode(&mut out, header_version).ok()?;
+    match key {
+        ApiKey::Metadata => {
+            let mut answer = MetadataResponse::decode(&mut body, version).ok()?;
+            for broker in &mut answer.brokers {
+                (broker.host, broker.port) = (host(), port);
+            }
+            answer.encode(&mut out, version).ok()?;
+        }
+        ApiKey::FindCoordinator => {
+            let mut answer = FindCoordinatorResponse::decode(&mut body, version).ok()?;
+            // One coordinator before version 4, a list of them since.
+            if version < 4 {
+                (answer.host, answer.port) = (host(), port);
+            }
+            for coordinator in &mut answer.coordinators {
+                (coordinator.host, coordinator.port) = (host(), port);
+            }
+            answer.encode(&mut out, version).ok()?;
+        }
+        ApiKey::DescribeCluster => {
+            let mut answer = DescribeClusterResponse::decode(&mut body, version).ok()?;
+            for broker in &mut answer.brokers {
+                (broker.host, broker.port) = (host(), port);
+            }
+            answer.encode(&mut out, version).ok()?;
+        }
+        _ => return None,
+    }
+    Some(out.to_vec())
+}
