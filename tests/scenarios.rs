@@ -389,3 +389,36 @@ fn repeat_reports_the_spread_and_the_passes_per_check() {
         );
     }
 }
+
+/// Several scenarios at once: the two that time nothing run side by side (each starts before
+/// the other ends), the one that times something after both, alone; the reports come in the
+/// order they were named, each passed.
+#[test]
+fn scenarios_that_time_nothing_run_side_by_side() {
+    let run = scenario("dual-write,retry-backoff,outbox-atomicity", &["--quick"]);
+    assert_eq!(run.code, 0, "{}{}", run.stderr, run.stdout);
+    let json = run.json();
+    let reports = json["scenarios"].as_array().expect("a report per scenario");
+    let names: Vec<&str> = reports
+        .iter()
+        .map(|r| r["scenario"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["dual-write", "retry-backoff", "outbox-atomicity"]);
+    // When each ran, in ms since the epoch: (start, end).
+    let span = |report: &serde_json::Value| {
+        let env = &report["environment"];
+        let started = chrono::DateTime::parse_from_rfc3339(env["started_at"].as_str().unwrap())
+            .unwrap()
+            .timestamp_millis();
+        (started, started + env["elapsed_ms"].as_i64().unwrap())
+    };
+    let (dual_write, timed, atomicity) = (span(&reports[0]), span(&reports[1]), span(&reports[2]));
+    assert!(
+        dual_write.0 < atomicity.1 && atomicity.0 < dual_write.1,
+        "not side by side: {dual_write:?} {atomicity:?}"
+    );
+    assert!(
+        timed.0 >= dual_write.1.max(atomicity.1),
+        "the timed scenario did not run alone: {timed:?} after {dual_write:?} {atomicity:?}"
+    );
+}

@@ -85,8 +85,12 @@ enum Command {
     #[command(after_help = "Examples:
   outbox-lab scenario relay-crash
   outbox-lab scenario relay-crash --events 20 --crash-after 7 --format json
+  outbox-lab scenario dual-write,relay-crash --quick
   outbox-lab scenario all --keep        # leave the cluster running for psql
   outbox-lab scenario all --quiet 2>/dev/null > run.txt
+
+The scenarios that time nothing (side_by_side in their file) run first, up to 4 at once; the
+others then one at a time, the machine theirs alone.
 
 Every run writes results/<run-id>/: <scenario>.json, a CSV per table, and report.html (the
 page with every table, check and plot). Progress bars appear on stderr only when it is a

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, Context, Result};
 use clap::Args;
+use futures_util::StreamExt;
 
 use super::{outln, plots, Format, RunArgs};
 use crate::connect;
@@ -20,7 +21,7 @@ use crate::scenarios::{self, Overrides, Prepared, Scenario};
 
 #[derive(Debug, Args)]
 pub struct ScenarioArgs {
-    /// Scenario name (see `outbox-lab list`), or `all`.
+    /// Scenario name (see `outbox-lab list`), several separated by commas, or `all`.
     name: String,
     #[command(flatten)]
     run: RunArgs,
@@ -74,7 +75,10 @@ pub struct ScenarioArgs {
 pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
     let selected = match args.name.as_str() {
         "all" => Scenario::ALL.to_vec(),
-        name => vec![Scenario::from_name(name)?],
+        names => names
+            .split(',')
+            .map(Scenario::from_name)
+            .collect::<Result<_>>()?,
     };
     let mut overrides = Overrides {
         quick: args.quick,
@@ -183,6 +187,9 @@ pub async fn run(args: ScenarioArgs) -> Result<ExitCode> {
     ))
 }
 
+/// How many scenarios that time nothing `scenario all` runs at once.
+const SIDE_BY_SIDE: usize = 4;
+
 /// One run of the selected scenarios: its id and its reports, in the order they ran.
 struct Run {
     id: String,
@@ -209,24 +216,50 @@ async fn run_once(args: &ScenarioArgs, prepared: &[Prepared]) -> Result<Run> {
         &args.run.server_choice(),
         &run_id,
         async |server: &PgServer| {
-            let mut reports = Vec::new();
+            let mut reports: Vec<Option<Report>> = prepared.iter().map(|_| None).collect();
             let bar = progress.bar(prepared.len() as u64, "scenarios");
-            for p in prepared {
-                bar.set_message(p.scenario().name());
-                let report = scenarios::run(server, &brokers, p, &progress)
-                    .await
-                    .map_err(error::harness)?;
+            // What is left of a report: its files, its text, the page of the reports so far
+            // (a run stopped halfway still leaves a page of what it has).
+            let finish = |i: usize, report: Report, reports: &mut Vec<Option<Report>>| {
                 report.write_files(&results)?;
                 if print_each {
                     progress.suspend(|| outln!("{}", report.render_text()))?;
                 }
-                reports.push(report);
-                // After every scenario: a run stopped halfway still leaves a page of what it has.
-                html::write(&results, &reports, plots)?;
+                reports[i] = Some(report);
+                html::write(
+                    &results,
+                    &reports.iter().flatten().cloned().collect::<Vec<_>>(),
+                    plots,
+                )?;
                 bar.inc(1);
+                anyhow::Ok(())
+            };
+            let (brokers, progress) = (&brokers, &progress);
+            let run = |i: usize| {
+                let p = &prepared[i];
+                async move {
+                    let report = scenarios::run(server, brokers, p, progress).await;
+                    report.map(|report| (i, report)).map_err(error::harness)
+                }
+            };
+            // First the scenarios that time nothing, side by side; then the others one by one,
+            // the machine theirs alone.
+            let (beside, alone): (Vec<usize>, Vec<usize>) =
+                (0..prepared.len()).partition(|&i| prepared[i].side_by_side());
+            bar.set_message(format!("{} side by side", beside.len()));
+            let mut side_by_side = futures_util::stream::iter(beside.into_iter().map(run))
+                .buffer_unordered(SIDE_BY_SIDE);
+            while let Some(ended) = side_by_side.next().await {
+                let (i, report) = ended?;
+                finish(i, report, &mut reports)?;
+            }
+            for i in alone {
+                bar.set_message(prepared[i].scenario().name());
+                let (i, report) = run(i).await?;
+                finish(i, report, &mut reports)?;
             }
             bar.finish_and_clear();
-            Ok(reports)
+            Ok(reports.into_iter().flatten().collect())
         },
     )
     .await;

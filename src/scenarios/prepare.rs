@@ -217,6 +217,11 @@ impl Prepared {
     pub fn scenario(&self) -> Scenario {
         self.scenario
     }
+
+    /// Whether `scenario all` may run it beside others ([`Spec::side_by_side`]).
+    pub fn side_by_side(&self) -> bool {
+        self.spec.side_by_side
+    }
 }
 
 #[cfg(test)]
@@ -243,5 +248,38 @@ mod tests {
                 assert_eq!(Scenario::from_name(scenario.name()).unwrap(), scenario);
             }
         }
+    }
+
+    /// A scenario run side by side with others judges no duration or rate by an upper bound
+    /// (a busy machine only lengthens them) and no rate by a lower one: its verdict cannot
+    /// depend on its neighbours.
+    #[test]
+    fn side_by_side_scenarios_judge_no_time() {
+        let timed = |name: &str| {
+            ["_ms", "_per_s", "of_ceiling", "_xacts"]
+                .iter()
+                .any(|unit| name.ends_with(unit))
+        };
+        let mut side_by_side = 0;
+        for &scenario in Scenario::ALL {
+            let spec = scenario.spec(None).unwrap();
+            if !spec.side_by_side {
+                continue;
+            }
+            side_by_side += 1;
+            for check in spec.checks.iter().chain(&spec.targets) {
+                let reads_time = check.equals.is_some() && timed(&check.metric)
+                    || check.at_most.is_some() && timed(&check.metric)
+                    || check.at_least.is_some() && check.metric.ends_with("_per_s")
+                    || check.names_in_bounds().iter().any(|name| timed(name));
+                assert!(
+                    !reads_time,
+                    "{} runs side by side but '{}' judges a time",
+                    scenario.name(),
+                    check.name
+                );
+            }
+        }
+        assert!(side_by_side > 0, "no scenario runs side by side");
     }
 }

@@ -18,6 +18,12 @@ pub struct Spec {
     pub section: String,
     /// One line for `outbox-lab list`.
     pub summary: String,
+    /// No check or target of it reads a duration with an upper bound, and it shares nothing
+    /// with another scenario but the server and the brokers, under names of its own: `scenario
+    /// all` runs it side by side with the others like it. The scenarios that time something run
+    /// one at a time after them, the machine theirs alone.
+    #[serde(default)]
+    pub side_by_side: bool,
     /// Defaults of the scenario's parameters; some can be overridden on the command line.
     #[serde(default)]
     pub params: toml::Table,
