@@ -227,3 +227,42 @@ fn a_relay_killed_between_kafkas_ack_and_its_mark_duplicates_for_the_naive_consu
         }
     }
 }
+
+/// The network faults on the Kafka link, for the naive consumer. `net:reply-lost@2`: the broker
+/// wrote the 2nd Produce and its answer was lost, so the relay, after its request timeout,
+/// produced those records again: shipped twice. `net:reset@2`: the 2nd Produce never reached
+/// the broker (its connection reset), so the relay's retry wrote them once: nothing twice.
+/// `net:down` for a second: every connection refused, then the relay delivers everything. Each
+/// fault fired; none lost anything.
+#[test]
+fn a_lost_produce_answer_duplicates_and_a_reset_or_an_outage_does_not() {
+    let relay = our_relay_from_its_environment();
+    for (schedule, duplicates) in [
+        ("net:reply-lost@2", true),
+        ("net:reset@2", false),
+        ("net:down@1s+1s", false),
+    ] {
+        let run = verify(&[
+            "--relay-cmd",
+            &relay,
+            "--sink",
+            "kafka",
+            "--consumer",
+            "naive",
+            "--schedule",
+            schedule,
+            "--events",
+            "100",
+        ]);
+        let said = format!("{schedule}: {}", run.stderr);
+        assert_eq!(run.metric("verify.faults_fired"), 1, "{said}");
+        assert_eq!(run.metric("verify.lost.violating"), 0, "{said}");
+        if duplicates {
+            assert_eq!(run.code, 1, "{said}");
+            assert!(run.metric("verify.duplicate.violating") >= 1, "{said}");
+        } else {
+            assert_passed(&run);
+            assert_eq!(run.metric("verify.duplicate.violating"), 0, "{said}");
+        }
+    }
+}

@@ -11,7 +11,8 @@ use serde::Deserialize;
 
 use super::{metric_names, Ctx, Experiment, Outcome};
 use crate::harness::child::ChildEnd;
-use crate::harness::link::http::{FaultPlan, Proxy, ProxyFaults};
+use crate::harness::link::faults::{FaultPlan, ProxyFaults};
+use crate::harness::link::http::Proxy;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::relay::RelayConfig;
@@ -101,7 +102,7 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         outcome
             .notes
             .extend(relay.log_lines().map(|l| format!("[{name}] {l}")));
-        let proxied = proxy.counts();
+        let proxied = proxy.record().counts();
         drop(proxy);
         consumer.stop().await?;
 

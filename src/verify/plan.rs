@@ -134,9 +134,9 @@ pub enum VerifySink {
 }
 
 impl VerifySink {
-    /// The network nemeses stand between a relay and the HTTP consumer only.
+    /// The network nemeses stand between a relay and the HTTP consumer, or Kafka.
     pub(super) fn behind_the_proxy(self) -> bool {
-        self == VerifySink::Http
+        matches!(self, VerifySink::Http | VerifySink::Kafka)
     }
 
     /// Where outbox-lab sees each delivery exactly as it passes (the proxy holds it), so that
@@ -421,8 +421,8 @@ fn check_schedule(schedule: &Schedule, external_server: bool, sink: VerifySink) 
         }
         if !sink.behind_the_proxy() && matches!(nemesis, Nemesis::Net(_)) {
             bail!(
-                "'{nemesis}': the network nemeses stand between a relay and the HTTP consumer; \
-                 with --sink {}, use kill, pause, db-kill-backend and db-restart",
+                "'{nemesis}': the network nemeses stand between a relay and the HTTP consumer \
+                 or Kafka; with --sink {}, use kill, pause, db-kill-backend and db-restart",
                 sink.name()
             );
         }

@@ -12,7 +12,8 @@ use crate::harness::child::role::{
     StreamWorkerRole,
 };
 use crate::harness::child::ChildCommand;
-use crate::harness::link::http::{Proxy, ProxyFaults};
+use crate::harness::link::faults::{FaultRecord, ProxyFaults};
+use crate::harness::link::http::Proxy;
 use crate::harness::link::kafka_proxy::KafkaProxy;
 use crate::harness::link::resp::RedisProxy;
 use crate::harness::link::watch::{DeliveryWatch, WatchedDelivery};
@@ -205,11 +206,20 @@ impl Middle {
         }
     }
 
-    /// The HTTP proxy (the network faults are its).
+    /// The HTTP proxy, whose common way in is the consumer's URL for every other sender.
     pub(super) fn http(&self) -> Option<&Proxy> {
         match self {
             Middle::Http(proxy) => Some(proxy),
             Middle::Redis(_) | Middle::Kafka(_) => None,
+        }
+    }
+
+    /// What the proxy that does the network faults (HTTP's, Kafka's) did.
+    pub(super) fn record(&self) -> Option<&FaultRecord> {
+        match self {
+            Middle::Http(proxy) => Some(proxy.record()),
+            Middle::Kafka(proxy) => Some(proxy.record()),
+            Middle::Redis(_) => None,
         }
     }
 }
@@ -236,19 +246,16 @@ impl Lab<'_> {
     /// The proxy that does `faults` to the relays' deliveries, in front of where they go.
     pub(super) async fn stand_between(&self, faults: ProxyFaults) -> Result<Middle> {
         let relays = self.design.relays;
-        match (self.delivery(), faults.watch) {
-            (Delivery::Http, watch) => {
-                let faults = ProxyFaults { watch, ..faults };
-                Ok(Middle::Http(
-                    Proxy::start(&self.sink_url(), faults, relays).await?,
-                ))
-            }
+        match (self.delivery(), faults.watch.clone()) {
+            (Delivery::Http, _) => Ok(Middle::Http(
+                Proxy::start(&self.sink_url(), faults, relays).await?,
+            )),
             (Delivery::Redis { url, .. }, Some(watch)) if faults.plans.is_empty() => Ok(
                 Middle::Redis(RedisProxy::start(&url, watch, relays, self.relay_user())?),
             ),
-            (Delivery::Kafka { url, .. }, Some(watch)) if faults.plans.is_empty() => {
-                Ok(Middle::Kafka(KafkaProxy::start(&url, watch, relays).await?))
-            }
+            (Delivery::Kafka { url, .. }, _) => Ok(Middle::Kafka(
+                KafkaProxy::start(&url, faults, relays).await?,
+            )),
             // verify's plan refuses them before a run.
             (delivery, _) => Err(anyhow!(
                 "no proxy for these faults in front of {delivery:?}"

@@ -35,7 +35,7 @@ use super::schedule::{Nemesis, Role, Schedule};
 use super::watchdog::LIVENESS_BOUND;
 use crate::harness::db::{Database, PgServer};
 use crate::harness::foreign::Tail;
-use crate::harness::link::http::Proxy;
+use crate::harness::link::faults::FaultRecord;
 use crate::harness::replicated::VirtualPrimary;
 use crate::judge::invariants::Invariant;
 use crate::judge::{record, two_databases};
@@ -126,8 +126,9 @@ pub struct Lab<'s> {
 struct Stage<'r> {
     schedule: &'r Schedule,
     live: LiveProcesses,
-    /// The fault proxy in front of the consumer, where the schedule has one.
-    proxy: Option<&'r Proxy>,
+    /// What the fault proxy in front of the deliveries (HTTP's, Kafka's) did, where the
+    /// schedule has one.
+    proxied: Option<&'r FaultRecord>,
     /// The consumer's URL, or the proxy's in front of it.
     sink: String,
     /// Each relay's way to the consumer: through a port of the proxy's of its own, so that the
@@ -151,7 +152,7 @@ impl Stage<'_> {
     /// Whether a fault has struck that the run's log hears of only at its end: a lost COMMIT
     /// answer on a database link, a request the fault proxy reset or whose reply it lost.
     fn struck_unlogged(&self) -> bool {
-        self.links.lost_a_commit() || self.proxy.is_some_and(Proxy::struck_any)
+        self.links.lost_a_commit() || self.proxied.is_some_and(FaultRecord::struck_any)
     }
 }
 
@@ -189,12 +190,12 @@ impl<'s> Lab<'s> {
             Some(faults) => Some(self.stand_between(faults).await?),
             None => self.let_relays_in(tell)?,
         };
-        let proxy = middle.as_ref().and_then(Middle::http);
+        let proxied = middle.as_ref().and_then(Middle::record);
         let stage = Stage {
             schedule,
             live: LiveProcesses::default(),
-            proxy,
-            sink: match proxy {
+            proxied,
+            sink: match middle.as_ref().and_then(Middle::http) {
                 Some(proxy) => proxy.url.clone(),
                 None => self.sink_url(),
             },
@@ -268,7 +269,7 @@ impl<'s> Lab<'s> {
                 }
             }
         };
-        nemeses::settle(schedule, proxy, &stage.links, &faults);
+        nemeses::settle(schedule, proxied, &stage.links, &faults);
         let client = self.client().await?;
         if self.pair.is_some() {
             // The consumer's side effects, beside what the application's database kept.

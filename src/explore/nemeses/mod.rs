@@ -23,7 +23,7 @@ use super::faults::FaultLog;
 use super::schedule::{DbNetFault, Nemesis, Role, Schedule, FAILOVER_HOLD};
 use crate::connect;
 use crate::harness::db::{Database, PgServer};
-use crate::harness::link::http::{FaultPlan, Proxy, ProxyFaults};
+use crate::harness::link::faults::{FaultPlan, FaultRecord, ProxyFaults};
 use crate::harness::link::watch::{DeliveryWatch, WatchedDelivery};
 use crate::harness::nemesis::{format_duration, terminate_backends, OwnChild, Sessions};
 use crate::harness::replicated::VirtualPrimary;
@@ -376,16 +376,21 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
 }
 
 /// The network nemeses' outcomes, read from the proxies after the run into the fault log.
-pub fn settle(schedule: &Schedule, proxy: Option<&Proxy>, links: &DbLinks, faults: &FaultLog) {
+pub fn settle(
+    schedule: &Schedule,
+    proxied: Option<&FaultRecord>,
+    links: &DbLinks,
+    faults: &FaultLog,
+) {
     for (i, nemesis) in schedule.nemeses.iter().enumerate() {
-        match (*nemesis, proxy) {
-            (Nemesis::Net(plan), Some(proxy)) => match proxy.struck_at(plan.on_request) {
+        match (*nemesis, proxied) {
+            (Nemesis::Net(plan), Some(proxied)) => match proxied.struck_at(plan.on_request) {
                 Some(at) => {
                     let process = format!("request {} through the proxy", plan.on_request);
                     faults.struck(i, process, at);
                 }
                 None => {
-                    let requests = proxy.counts().requests;
+                    let requests = proxied.counts().requests;
                     faults.not_reached(i, format!("{requests} requests went through the proxy"));
                 }
             },

@@ -5,7 +5,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::{Fault, Role};
-use crate::harness::link::http::{FaultPlan, NetworkFault};
+use crate::harness::link::faults::{FaultPlan, NetworkFault};
 use crate::harness::link::watch::DeliveryMoment;
 use crate::harness::nemesis::{format_duration, parse_duration};
 use crate::outbox::crash::CrashPoint;

@@ -4,146 +4,21 @@
 //! The proxy sees bytes, not HTTP; it counts requests by the turn of the conversation (the
 //! relay's first bytes after a reply, or on a new connection, start a request), which holds for
 //! the relays' one-request-at-a-time keep-alive connections. Faults are planned like crash
-//! points, by count (`reply-lost@2`: the reply to the second request), so runs reproduce.
-//! Each planned fault records when it struck, for the history of a run.
+//! points, by count (`reply-lost@2`: the reply to the second request), so runs reproduce
+//! ([`faults`](super::faults), which records when each struck).
 
-use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
-use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
-use super::watch::{DeliveryMoment, DeliveryWatch, HOLD_LIMIT};
-use crate::harness::nemesis::{format_duration, parse_duration};
-
-/// What the proxy does to one request. The names are stable, like crash points'.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NetworkFault {
-    /// The connection is reset as the request arrives: it never reaches the consumer.
-    Reset,
-    /// The request reaches the consumer, which acts and commits; its reply is swallowed and the
-    /// connection kept silent, so the relay only learns of it from its request timeout.
-    ReplyLost,
-    /// The request is held this long before it is passed on (longer than the sender's request
-    /// timeout: it arrives after the sender gave up on it).
-    Delay(Duration),
-}
-
-impl NetworkFault {
-    pub fn name(self) -> &'static str {
-        match self {
-            NetworkFault::Reset => "reset",
-            NetworkFault::ReplyLost => "reply-lost",
-            NetworkFault::Delay(_) => "delay",
-        }
-    }
-}
-
-/// `NAME@N` (`delay@N+FOR`): the fault hits the N-th request through the proxy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(try_from = "String")]
-pub struct FaultPlan {
-    pub fault: NetworkFault,
-    pub on_request: u32,
-}
-
-impl fmt::Display for FaultPlan {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}@{}", self.fault.name(), self.on_request)?;
-        match self.fault {
-            NetworkFault::Delay(held) => write!(f, "+{}", format_duration(held)),
-            _ => Ok(()),
-        }
-    }
-}
-
-impl FromStr for FaultPlan {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (name, number) = s
-            .split_once('@')
-            .ok_or_else(|| format!("'{s}' is not a network fault NAME@REQUEST"))?;
-        let (number, held) = match number.split_once('+') {
-            Some((number, held)) => (number, Some(held)),
-            None => (number, None),
-        };
-        let fault = match (name, held) {
-            ("reset", None) => NetworkFault::Reset,
-            ("reply-lost", None) => NetworkFault::ReplyLost,
-            ("delay", Some(held)) => NetworkFault::Delay(parse_duration(held)?),
-            ("delay", None) => return Err(format!("'{s}' needs how long: delay@REQUEST+FOR")),
-            ("reset" | "reply-lost", Some(_)) => {
-                return Err(format!("'{s}': only delay takes +FOR"))
-            }
-            _ => {
-                return Err(format!(
-                    "unknown network fault '{name}' (reset, reply-lost, delay)"
-                ))
-            }
-        };
-        let on_request =
-            number.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
-                format!("'{number}' in '{s}' is not a request number of 1 or more")
-            })?;
-        Ok(FaultPlan { fault, on_request })
-    }
-}
-
-impl TryFrom<String> for FaultPlan {
-    type Error = String;
-
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        s.parse()
-    }
-}
-
-/// Everything the proxy does to the traffic.
-#[derive(Debug, Clone, Default)]
-pub struct ProxyFaults {
-    /// Every request waits this long before it is passed on.
-    pub latency: Duration,
-    pub plans: Vec<FaultPlan>,
-    /// The deliveries nemeses strike on.
-    pub watch: Option<DeliveryWatch>,
-    /// Set while the sink is down (`net:down@T+FOR`, a nemesis on the clock): every new
-    /// connection and every request is reset.
-    pub down: Arc<AtomicBool>,
-}
-
-impl ProxyFaults {
-    fn on_request(&self, number: u32) -> Option<NetworkFault> {
-        self.plans
-            .iter()
-            .find(|plan| plan.on_request == number)
-            .map(|plan| plan.fault)
-    }
-}
-
-/// What went through the proxy.
-#[derive(Debug, Default)]
-struct Counters {
-    requests: AtomicU32,
-    resets: AtomicU32,
-    replies_lost: AtomicU32,
-    /// When each planned fault struck, by request number.
-    struck: Mutex<BTreeMap<u32, Instant>>,
-}
-
-/// What the proxy counted, for the report.
-#[derive(Debug, Clone, Copy)]
-pub struct ProxyCounts {
-    pub requests: u32,
-    pub resets: u32,
-    pub replies_lost: u32,
-}
+use super::faults::{FaultRecord, NetworkFault, ProxyFaults};
+use super::watch::{DeliveryMoment, HOLD_LIMIT};
 
 /// A running proxy; it stops (with every connection through it) when stopped or dropped.
 pub struct Proxy {
@@ -151,7 +26,7 @@ pub struct Proxy {
     pub url: String,
     /// Relay `i`'s own way in, so that its requests are known to be its.
     relay_urls: Vec<String>,
-    counters: Arc<Counters>,
+    record: FaultRecord,
     /// The listeners' tasks; the connections end with them.
     tasks: JoinSet<()>,
 }
@@ -169,7 +44,7 @@ impl Proxy {
             .await?
             .next()
             .with_context(|| format!("cannot resolve {authority}"))?;
-        let counters = Arc::new(Counters::default());
+        let record = FaultRecord::default();
         let faults = Arc::new(faults);
         let mut tasks = JoinSet::new();
         let mut urls = Vec::new();
@@ -180,7 +55,7 @@ impl Proxy {
                 upstream,
                 sender,
                 faults: faults.clone(),
-                counters: counters.clone(),
+                record: record.clone(),
             };
             tasks.spawn(accept(listener, way_in));
         }
@@ -188,7 +63,7 @@ impl Proxy {
         Ok(Proxy {
             url,
             relay_urls: urls,
-            counters,
+            record,
             tasks,
         })
     }
@@ -198,28 +73,9 @@ impl Proxy {
         self.relay_urls.get(index as usize).unwrap_or(&self.url)
     }
 
-    /// When the fault planned for request `on_request` struck (`None`: not reached).
-    pub fn struck_at(&self, on_request: u32) -> Option<Instant> {
-        let struck = self.counters.struck.lock().expect("not poisoned");
-        struck.get(&on_request).copied()
-    }
-
-    /// Whether a planned fault has struck yet.
-    pub fn struck_any(&self) -> bool {
-        !self
-            .counters
-            .struck
-            .lock()
-            .expect("not poisoned")
-            .is_empty()
-    }
-
-    pub fn counts(&self) -> ProxyCounts {
-        ProxyCounts {
-            requests: self.counters.requests.load(Ordering::SeqCst),
-            resets: self.counters.resets.load(Ordering::SeqCst),
-            replies_lost: self.counters.replies_lost.load(Ordering::SeqCst),
-        }
+    /// Its requests, and the faults that struck them.
+    pub fn record(&self) -> &FaultRecord {
+        &self.record
     }
 }
 
@@ -237,7 +93,7 @@ struct WayIn {
     upstream: SocketAddr,
     sender: Option<u32>,
     faults: Arc<ProxyFaults>,
-    counters: Arc<Counters>,
+    record: FaultRecord,
 }
 
 async fn accept(listener: TcpListener, way_in: WayIn) {
@@ -245,7 +101,7 @@ async fn accept(listener: TcpListener, way_in: WayIn) {
     while let Ok((client, _)) = listener.accept().await {
         if way_in.faults.down.load(Ordering::SeqCst) {
             // The sink is down: the relay reads "connection reset by peer".
-            way_in.counters.resets.fetch_add(1, Ordering::SeqCst);
+            way_in.record.reset();
             let _ = client.set_zero_linger();
             continue;
         }
@@ -324,9 +180,7 @@ async fn read_whole_request(client: &mut TcpStream, request: &mut Vec<u8>) {
 }
 
 async fn forward(client: &mut TcpStream, server: &mut TcpStream, way_in: &WayIn) -> Ending {
-    let WayIn {
-        faults, counters, ..
-    } = way_in;
+    let WayIn { faults, record, .. } = way_in;
     let mut from_client = [0u8; 16 * 1024];
     let mut from_server = [0u8; 16 * 1024];
     let mut awaiting_request = true;
@@ -344,7 +198,7 @@ async fn forward(client: &mut TcpStream, server: &mut TcpStream, way_in: &WayIn)
                 }
                 if awaiting_request {
                     awaiting_request = false;
-                    let number = counters.requests.fetch_add(1, Ordering::SeqCst) + 1;
+                    let number = record.request();
                     if let Some(watch) = &faults.watch {
                         request = (number, from_client[..n].to_vec());
                         whole_turn = true;
@@ -357,16 +211,15 @@ async fn forward(client: &mut TcpStream, server: &mut TcpStream, way_in: &WayIn)
                     }
                     fault = faults.on_request(number);
                     if faults.down.load(Ordering::SeqCst) {
-                        counters.resets.fetch_add(1, Ordering::SeqCst);
+                        record.reset();
                         return Ending::Reset;
                     }
                     if fault.is_some() {
-                        let mut struck = counters.struck.lock().expect("not poisoned");
-                        struck.insert(number, Instant::now());
+                        record.struck(number);
                     }
                     match fault {
                         Some(NetworkFault::Reset) => {
-                            counters.resets.fetch_add(1, Ordering::SeqCst);
+                            record.reset();
                             return Ending::Reset;
                         }
                         Some(NetworkFault::Delay(held)) => tokio::time::sleep(held).await,
@@ -389,7 +242,7 @@ async fn forward(client: &mut TcpStream, server: &mut TcpStream, way_in: &WayIn)
                 }
                 awaiting_request = true;
                 if fault == Some(NetworkFault::ReplyLost) {
-                    counters.replies_lost.fetch_add(1, Ordering::SeqCst);
+                    record.reply_lost();
                     return Ending::Hold;
                 }
                 if client.write_all(&from_server[..n]).await.is_err() {
@@ -397,31 +250,5 @@ async fn forward(client: &mut TcpStream, server: &mut TcpStream, way_in: &WayIn)
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Fault plans parse back from their names, and a typo is an error.
-    #[test]
-    fn plans_round_trip_and_typos_are_rejected() {
-        for fault in [
-            NetworkFault::Reset,
-            NetworkFault::ReplyLost,
-            NetworkFault::Delay(Duration::from_millis(300)),
-        ] {
-            let plan = FaultPlan {
-                fault,
-                on_request: 3,
-            };
-            assert_eq!(plan.to_string().parse::<FaultPlan>(), Ok(plan));
-        }
-        assert!("reply-lost".parse::<FaultPlan>().is_err());
-        assert!("reply-lots@2".parse::<FaultPlan>().is_err());
-        assert!("reset@0".parse::<FaultPlan>().is_err());
-        assert!("delay@2".parse::<FaultPlan>().is_err());
-        assert!("reset@2+1s".parse::<FaultPlan>().is_err());
     }
 }

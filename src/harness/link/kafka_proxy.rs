@@ -2,13 +2,21 @@
 //! with `verify --sink kafka`), in front of the broker's [door](super::kafka): a port per relay,
 //! so that it knows who sent what; every Produce request is a delivery, numbered over the run,
 //! held as it arrives (pause) or once the broker has answered it and before the answer goes
-//! back (kill, db-kill-backend), as the [`watch`](super::watch) contract says. The broker's
+//! back (kill, db-kill-backend), as the [`watch`](super::watch) contract says. The network
+//! faults are the HTTP proxy's ([`faults`](super::faults)), the N-th Produce their request N:
+//! `reset@N` resets the connection as it arrives (it never reaches the broker, nor does what
+//! follows it), `reply-lost@N` passes it on and swallows the broker's answer, keeping the
+//! connection silent (the producer learns of it only from its request timeout), `delay@N+FOR`
+//! holds it (and the connection behind it) that long; while the sink is down (`net:down`) every
+//! connection and every request is reset. The broker's
 //! answers that name brokers (Metadata, FindCoordinator, DescribeCluster) are rewritten to name
 //! the relay's port, so that the client, which connects to the brokers it is told of, stays on
 //! it.
 
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
 use bytes::{Bytes, BytesMut};
@@ -21,25 +29,23 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
+use super::faults::{FaultRecord, NetworkFault, ProxyFaults};
 use super::kafka::{ack_at_once, frame_end};
-use super::watch::{DeliveryMoment, DeliveryWatch, RelayWatch};
+use super::watch::{DeliveryMoment, RelayWatch, HOLD_LIMIT};
 use crate::connect;
 
 /// A running delivery proxy; it stops (with every connection through it) when dropped.
 pub struct KafkaProxy {
     relay_urls: Vec<String>,
+    record: FaultRecord,
     tasks: JoinSet<()>,
 }
 
 impl KafkaProxy {
     /// Listens for each of `relays` relays on a port of its own (127.0.0.1) and passes their
     /// connections on to the first broker of `upstream_url` (a `kafka://` URL; its credentials
-    /// go on in each relay's URL, and through the proxy to the broker).
-    pub async fn start(
-        upstream_url: &str,
-        watch: DeliveryWatch,
-        relays: u32,
-    ) -> Result<KafkaProxy> {
+    /// go on in each relay's URL, and through the proxy to the broker), doing `faults` to them.
+    pub async fn start(upstream_url: &str, faults: ProxyFaults, relays: u32) -> Result<KafkaProxy> {
         let upstream = connect::kafka_url(upstream_url)
             .map_err(|e| anyhow!("cannot watch deliveries to a Kafka URL: {e}"))?
             .brokers
@@ -51,9 +57,18 @@ impl KafkaProxy {
             .and_then(|rest| rest.rsplit_once('@'))
             .map(|(userinfo, _)| format!("{userinfo}@"))
             .unwrap_or_default();
+        let record = FaultRecord::default();
+        let mut watches = match faults.watch.clone() {
+            Some(watch) => RelayWatch::per_relay(watch, relays)
+                .into_iter()
+                .map(Some)
+                .collect(),
+            None => vec![None; relays as usize],
+        };
+        let faults = Arc::new(faults);
         let mut tasks = JoinSet::new();
         let mut relay_urls = Vec::new();
-        for watch in RelayWatch::per_relay(watch, relays) {
+        for watch in watches.drain(..) {
             let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
             let port = listener.local_addr()?.port();
             relay_urls.push(format!("kafka://{credentials}127.0.0.1:{port}"));
@@ -61,15 +76,26 @@ impl KafkaProxy {
                 upstream: upstream.clone(),
                 port,
                 watch,
+                faults: faults.clone(),
+                record: record.clone(),
             };
             tasks.spawn(accept(listener, way_in));
         }
-        Ok(KafkaProxy { relay_urls, tasks })
+        Ok(KafkaProxy {
+            relay_urls,
+            record,
+            tasks,
+        })
     }
 
     /// Where relay `index` produces.
     pub fn relay_url(&self, index: u32) -> &str {
         &self.relay_urls[index as usize]
+    }
+
+    /// Its Produce requests, and the faults that struck them.
+    pub fn record(&self) -> &FaultRecord {
+        &self.record
     }
 }
 
@@ -85,13 +111,21 @@ struct WayIn {
     upstream: String,
     /// Its own port, which the broker's answers are made to name.
     port: u16,
-    /// Its relay, and the Produce requests seen so far over every relay.
-    watch: RelayWatch,
+    /// Its relay's share of the deliveries the nemeses wait for, if any.
+    watch: Option<RelayWatch>,
+    faults: Arc<ProxyFaults>,
+    /// The Produce requests over every relay (numbered there), and the faults that struck.
+    record: FaultRecord,
 }
 
 async fn accept(listener: TcpListener, way_in: WayIn) {
     let mut connections = JoinSet::new();
     while let Ok((client, _)) = listener.accept().await {
+        if way_in.faults.down.load(Ordering::SeqCst) {
+            way_in.record.reset();
+            let _ = client.set_zero_linger();
+            continue;
+        }
         while connections.try_join_next().is_some() {}
         let way_in = way_in.clone();
         connections.spawn(async move {
@@ -99,22 +133,54 @@ async fn accept(listener: TcpListener, way_in: WayIn) {
                 // As the link: no Nagle's wait on the way.
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
-                pass_on(client, server, &way_in).await;
+                let mut client = client;
+                match pass_on(&mut client, server, &way_in).await {
+                    Ending::Closed => {}
+                    // SO_LINGER 0 makes the close an RST: "connection reset by peer".
+                    Ending::Reset => {
+                        let _ = client.set_zero_linger();
+                    }
+                    Ending::Silent => keep_silent(client).await,
+                }
             }
         });
     }
 }
 
+/// How a proxied connection ended.
+enum Ending {
+    /// Either side closed it (or sent what is not Kafka).
+    Closed,
+    /// Reset: a planned reset, or the sink down.
+    Reset,
+    /// An answer was lost: the relay's side is kept silent until the relay gives up.
+    Silent,
+}
+
+/// Reads and drops what the relay sends on, until it closes the connection (or
+/// [`HOLD_LIMIT`]).
+async fn keep_silent(mut client: TcpStream) {
+    let mut discard = [0u8; 4096];
+    let _ = tokio::time::timeout(HOLD_LIMIT, async {
+        while matches!(client.read(&mut discard).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
 /// A request whose response is awaited: what it asked, in which version, and the delivery it
-/// is (a Produce), with its bytes while a nemesis may wait for its answer.
+/// is (a Produce), with its bytes while a nemesis may wait for its answer, and whether its
+/// answer is to be lost.
 struct Awaited {
     key: Option<ApiKey>,
     version: i16,
     delivery: Option<(u32, Vec<u8>)>,
+    reply_lost: bool,
 }
 
-/// One connection, both ways, until either side closes it (or sends what is not Kafka).
-async fn pass_on(mut client: TcpStream, mut server: TcpStream, way_in: &WayIn) {
+/// One connection, both ways, until either side closes it (or sends what is not Kafka), or a
+/// fault ends it.
+async fn pass_on(client: &mut TcpStream, mut server: TcpStream, way_in: &WayIn) -> Ending {
+    let WayIn { faults, record, .. } = way_in;
     let (mut from_client, mut from_server) = (Vec::new(), Vec::new());
     let mut chunk = vec![0u8; 64 * 1024];
     let mut reply_chunk = vec![0u8; 64 * 1024];
@@ -122,48 +188,80 @@ async fn pass_on(mut client: TcpStream, mut server: TcpStream, way_in: &WayIn) {
     loop {
         tokio::select! {
             read = client.read(&mut chunk) => {
-                let Ok(n @ 1..) = read else { return };
-                ack_at_once(&client);
+                let Ok(n @ 1..) = read else { return Ending::Closed };
+                ack_at_once(client);
                 from_client.extend_from_slice(&chunk[..n]);
                 let mut passed = 0;
                 while let Some(end) = frame_end(&from_client, passed) {
                     let request = &from_client[passed + 4..end];
-                    let Some((key, version)) = api_of(request) else { return };
+                    let Some((key, version)) = api_of(request) else { return Ending::Closed };
+                    if faults.down.load(Ordering::SeqCst) {
+                        record.reset();
+                        return Ending::Reset;
+                    }
                     let mut delivery = None;
+                    let mut reply_lost = false;
                     if key == Some(ApiKey::Produce) {
-                        let number = way_in.watch.next_delivery();
-                        way_in.watch.hold(number, DeliveryMoment::Sent, request).await;
+                        let number = record.request();
+                        if let Some(watch) = &way_in.watch {
+                            watch.hold(number, DeliveryMoment::Sent, request).await;
+                        }
+                        let fault = faults.on_request(number);
+                        if fault.is_some() {
+                            record.struck(number);
+                        }
+                        match fault {
+                            Some(NetworkFault::Reset) => {
+                                // What came before it on the connection goes on; it does not.
+                                let _ = server.write_all(&from_client[..passed]).await;
+                                record.reset();
+                                return Ending::Reset;
+                            }
+                            Some(NetworkFault::Delay(held)) => tokio::time::sleep(held).await,
+                            Some(NetworkFault::ReplyLost) => reply_lost = true,
+                            None => {}
+                        }
                         // acks=0: no answer comes back.
                         if produce_acks(request, version) == Some(0) {
                             passed = end;
                             continue;
                         }
-                        let answered = way_in.watch.watches(number, DeliveryMoment::Answered);
+                        let answered = way_in
+                            .watch
+                            .as_ref()
+                            .is_some_and(|watch| watch.watches(number, DeliveryMoment::Answered));
                         delivery = Some((number, if answered { request.to_vec() } else { Vec::new() }));
                     }
-                    awaited.push_back(Awaited { key, version, delivery });
+                    awaited.push_back(Awaited { key, version, delivery, reply_lost });
                     passed = end;
                 }
+                tokio::time::sleep(faults.latency).await;
                 if server.write_all(&from_client[..passed]).await.is_err() {
-                    return;
+                    return Ending::Closed;
                 }
                 from_client.drain(..passed);
             }
             read = server.read(&mut reply_chunk) => {
-                let Ok(n @ 1..) = read else { return };
+                let Ok(n @ 1..) = read else { return Ending::Closed };
                 from_server.extend_from_slice(&reply_chunk[..n]);
                 let mut parsed = 0;
                 let mut out = Vec::new();
                 while let Some(end) = frame_end(&from_server, parsed) {
                     let response = &from_server[parsed + 4..end];
-                    let Some(request) = awaited.pop_front() else { return };
+                    let Some(request) = awaited.pop_front() else { return Ending::Closed };
                     if let Some((number, bytes)) = &request.delivery {
                         // What came before this answer goes back first.
                         if client.write_all(&out).await.is_err() {
-                            return;
+                            return Ending::Closed;
                         }
                         out.clear();
-                        way_in.watch.hold(*number, DeliveryMoment::Answered, bytes).await;
+                        if let Some(watch) = &way_in.watch {
+                            watch.hold(*number, DeliveryMoment::Answered, bytes).await;
+                        }
+                        if request.reply_lost {
+                            record.reply_lost();
+                            return Ending::Silent;
+                        }
                     }
                     match naming_this_port(response, &request, way_in.port) {
                         Some(rewritten) => {
@@ -175,7 +273,7 @@ async fn pass_on(mut client: TcpStream, mut server: TcpStream, way_in: &WayIn) {
                     parsed = end;
                 }
                 if client.write_all(&out).await.is_err() {
-                    return;
+                    return Ending::Closed;
                 }
                 from_server.drain(..parsed);
             }

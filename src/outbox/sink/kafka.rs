@@ -44,7 +44,9 @@ pub struct KafkaSink {
     partitions: Arc<tokio::sync::Mutex<HashMap<String, Arc<Vec<PartitionClient>>>>>,
     /// Before every topic name (the run's name prefix on an external cluster).
     topic_prefix: String,
-    /// A partition's request unanswered in this time failed (its records may still be written).
+    /// A partition's request unanswered in this time failed (its records may still be written),
+    /// and its topic's connections are dropped: Kafka's own producers disconnect on a request
+    /// timeout, for a connection that answers nothing may answer nothing more.
     request_timeout: Duration,
 }
 
@@ -179,14 +181,17 @@ impl KafkaSink {
             |((name, partition), (partitions, positions))| async move {
                 let records = positions.iter().map(|&p| record(&events[p])).collect();
                 let request = partitions[partition].produce(records, Compression::NoCompression);
-                let outcome = tokio::time::timeout(self.request_timeout, request)
-                    .await
-                    .map_err(|_| anyhow!("no answer from Kafka within {:?}", self.request_timeout))
-                    .and_then(|answered| {
-                        answered.with_context(|| {
-                            format!("Kafka produce to {name}, partition {partition}")
-                        })
-                    });
+                let outcome = match tokio::time::timeout(self.request_timeout, request).await {
+                    Ok(answered) => answered
+                        .with_context(|| format!("Kafka produce to {name}, partition {partition}")),
+                    Err(_) => {
+                        self.partitions.lock().await.remove(&name);
+                        Err(anyhow!(
+                            "no answer from Kafka within {:?}",
+                            self.request_timeout
+                        ))
+                    }
+                };
                 (positions, outcome)
             },
         ))
