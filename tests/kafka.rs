@@ -17,7 +17,7 @@ use std::time::Duration;
 use common::host::{processes_in, tcp_listen_addresses};
 use common::verify::{our_relay_from_its_environment, verify};
 use common::{
-    assert_ended, assert_passed, block_on, outbox_lab, run_tracked, scratch_dir, sigkill,
+    assert_ended, assert_passed, block_on, outbox_lab, run_tracked, scenario, scratch_dir, sigkill,
     throwaway_dirs_of,
 };
 use outbox_lab::connect;
@@ -52,7 +52,10 @@ fn each_key_keeps_its_partition_and_order_and_nobody_gets_in_without_the_passwor
     block_on(async {
         let kafka = Kafka::new(None, "kafka-test", false);
         let url = kafka.url().await.unwrap();
-        let topic = kafka.create_topic("outbox.event.orders").await.unwrap();
+        let topic = kafka
+            .create_topic("outbox.event.orders", PARTITIONS)
+            .await
+            .unwrap();
         let dir = throwaway_dirs_of("kafka", std::process::id());
         assert_eq!(dir.len(), 1, "{dir:?}");
         assert_broker_is_out_of_reach(&dir[0]);
@@ -126,7 +129,10 @@ fn each_key_keeps_its_partition_and_order_and_nobody_gets_in_without_the_passwor
         // The same broker as another run's --kafka-url: its topics carry the run's prefix, and
         // go at its end; the private broker's topic stays.
         let external = Kafka::new(Some(&url), "run1", false);
-        let theirs = external.create_topic("outbox.event.orders").await.unwrap();
+        let theirs = external
+            .create_topic("outbox.event.orders", PARTITIONS)
+            .await
+            .unwrap();
         assert_eq!(theirs, "outboxlab_run1_outbox.event.orders");
         external.close().await.unwrap();
         let names: Vec<String> = client
@@ -265,4 +271,20 @@ fn a_lost_produce_answer_duplicates_and_a_reset_or_an_outage_does_not() {
             assert_eq!(run.metric("verify.duplicate.violating"), 0, "{said}");
         }
     }
+}
+
+/// kafka-retries: a refused Produce, retried, keeps every order's events in order with one
+/// request in flight and puts one order's later event first with five (order 2: its outbox ids
+/// 5, 6, 4, as the proxy refused the 2nd request, records 3 and 4); the relay killed between
+/// Kafka's ack and its mark duplicates 3 orders for the naive consumer and none for the
+/// idempotent one.
+#[test]
+fn a_retried_produce_reorders_only_with_several_in_flight() {
+    let run = scenario("kafka-retries", &[]);
+    assert_passed(&run);
+    assert_eq!(run.metric("in_flight1.orders_out_of_order"), 0);
+    assert_eq!(run.metric("in_flight5.orders_out_of_order"), 1);
+    assert_eq!(run.metric("in_flight5.records"), 60);
+    assert_eq!(run.metric("crash.naive.orders_shipped_twice"), 3);
+    assert_eq!(run.metric("crash.idempotent.orders_shipped_twice"), 0);
 }

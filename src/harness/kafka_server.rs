@@ -163,14 +163,16 @@ impl Kafka {
         self.server.prefix()
     }
 
-    /// Makes the topic `name` (this run's prefix before it) anew, empty
-    /// ([`KafkaSink::create_fresh_topic`]); returns its full name.
-    pub async fn create_topic(&self, name: &str) -> Result<String> {
+    /// Makes the topic `name` (this run's prefix before it) anew, empty, with `partitions`
+    /// partitions ([`KafkaSink::create_fresh_topic`]); returns its full name.
+    pub async fn create_topic(&self, name: &str, partitions: i32) -> Result<String> {
         let full = format!("{}{name}", self.name_prefix());
         let client = connect::kafka(&self.url().await?).await?;
-        KafkaSink::create_fresh_topic(&client, &full).await?;
+        KafkaSink::create_fresh_topic(&client, &full, partitions).await?;
         let mut created = self.created.lock().unwrap_or_else(|e| e.into_inner());
-        created.push(full.clone());
+        if !created.contains(&full) {
+            created.push(full.clone());
+        }
         Ok(full)
     }
 

@@ -19,6 +19,7 @@ pub mod commit_unknown;
 mod ctx;
 pub mod dual_write;
 pub mod failover;
+pub mod kafka_retries;
 pub mod multi_relay_ordering;
 pub mod notify_latency;
 pub mod ordering_on_failure;
@@ -75,6 +76,7 @@ registry! {
     broker_dedup => "broker-dedup",
     broker_confirms => "broker-confirms",
     broker_cluster => "broker-cluster",
+    kafka_retries => "kafka-retries",
 }
 
 /// No child of these scenarios needs more than a few seconds; this bounds a hang.

@@ -19,7 +19,7 @@ use crate::harness::link::resp::RedisProxy;
 use crate::harness::link::watch::{DeliveryWatch, WatchedDelivery};
 use crate::outbox::consumer::Faults;
 use crate::outbox::crash::CrashPlan;
-use crate::outbox::sink::{AmqpSink, KafkaSink, NatsSink};
+use crate::outbox::sink::{AmqpSink, KafkaSink, NatsSink, PARTITIONS};
 use crate::outbox::stream_consumer;
 use crate::outbox::{jetstream_consumer, kafka_consumer};
 
@@ -173,7 +173,7 @@ impl Delivery {
             Delivery::Kafka { url, topic } => {
                 // An empty topic (its partitions keep a key's records in order).
                 let client = crate::connect::kafka(url).await?;
-                KafkaSink::create_fresh_topic(&client, topic).await?;
+                KafkaSink::create_fresh_topic(&client, topic, PARTITIONS).await?;
             }
             Delivery::Nats { url } => {
                 // An empty stream capturing every aggregate type's subject; the worker creates
@@ -330,6 +330,7 @@ impl Lab<'_> {
                     topic,
                     kind: self.design.consumer,
                     batch: STREAM_READ_COUNT,
+                    follow: true,
                 },
             )
             .any_role(),

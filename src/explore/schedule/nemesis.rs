@@ -87,7 +87,7 @@ impl DeliveryStrike {
 pub const FAILOVER_HOLD: Duration = Duration::from_millis(500);
 
 /// Every kind, as `--list-nemeses` shows it: name, form, what it does.
-pub const KINDS: [(&str, &str, &str); 15] = [
+pub const KINDS: [(&str, &str, &str); 16] = [
     (
         "pause",
         "pause:ROLE@AT+FOR | pause:ROLE:STEP@N+FOR",
@@ -132,6 +132,13 @@ pub const KINDS: [(&str, &str, &str); 15] = [
         "net-delay",
         "net:delay@N+FOR",
         "the N-th request is held FOR before it is passed on (past the sender's timeout)",
+    ),
+    (
+        "net-refuse",
+        "net:refuse@N",
+        "the N-th request is answered with a refusal to retry and never passed on: HTTP 503, \
+         a Kafka Produce NOT_LEADER_OR_FOLLOWER (a partition's leadership moved); by \
+         --schedule only",
     ),
     (
         "net-down",
@@ -200,6 +207,7 @@ impl Nemesis {
                 NetworkFault::Reset => "net-reset",
                 NetworkFault::ReplyLost => "net-reply-lost",
                 NetworkFault::Delay(_) => "net-delay",
+                NetworkFault::Refuse => "net-refuse",
             },
             Nemesis::NetDown { .. } => "net-down",
             Nemesis::OnDelivery { strike, .. } => match strike {

@@ -179,8 +179,8 @@ pub struct AmqpWorkerRole {
     pub batch: usize,
 }
 
-/// A Kafka topic's consumer, its offsets kept in its database, following the topic until
-/// killed (prints `listening URL` once connected).
+/// A Kafka topic's consumer, its offsets kept in its database: drains the topic once, or
+/// follows it until killed (then prints `listening URL` once connected).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct KafkaWorkerRole {
     /// With its credentials: children get it in their environment, never on a command line.
@@ -189,6 +189,8 @@ pub struct KafkaWorkerRole {
     pub kind: ConsumerKind,
     /// Records read and applied at a time, per partition.
     pub batch: usize,
+    /// Keep reading new records until killed, instead of stopping when the topic runs dry.
+    pub follow: bool,
 }
 
 /// The HTTP consumer; prints `listening URL` and serves until killed.

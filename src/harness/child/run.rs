@@ -162,19 +162,24 @@ async fn amqp_worker(db: &Database, role: AmqpWorkerRole) -> Result<()> {
     worker.follow(&role.queue, role.batch).await
 }
 
-/// The Kafka worker role: follows its topic.
+/// The Kafka worker role: drains its topic once, or follows it.
 async fn kafka_worker(db: &Database, role: KafkaWorkerRole) -> Result<()> {
     // A worker restarted while its database restarts waits for it.
     let pool = consumer::pool(db.config()?, 1)?;
     let pooled =
         connect::patiently(connect::RECONNECT_PATIENCE, async || Ok(pool.get().await?)).await?;
     let mut worker = KafkaWorker::connect(&role.kafka_url, pooled, role.kind).await?;
-    // The supervisor's sign that a consumer is ready, as the HTTP one's (no password shown).
-    announce(format_args!(
-        "listening {}",
-        crate::secrets::without_secrets(&role.kafka_url)
-    ));
-    worker.follow(&role.topic, role.batch).await
+    if role.follow {
+        // The supervisor's sign that a consumer is ready, as the HTTP one's (no password shown).
+        announce(format_args!(
+            "listening {}",
+            crate::secrets::without_secrets(&role.kafka_url)
+        ));
+        return worker.follow(&role.topic, role.batch).await;
+    }
+    let applied = worker.drain(&role.topic, role.batch).await?;
+    println!("applied {applied}");
+    Ok(())
 }
 
 /// The JetStream worker role: drains its durable consumer once, or follows it.

@@ -25,6 +25,10 @@ pub enum NetworkFault {
     /// The request is held this long before it is passed on (longer than the sender's request
     /// timeout: it arrives after the sender gave up on it).
     Delay(Duration),
+    /// The request is refused with an answer the sender should retry, and never passed on:
+    /// HTTP 503; for a Kafka Produce NOT_LEADER_OR_FOLLOWER on every partition, as when a
+    /// partition's leadership moves (the producer retries it, after the requests behind it).
+    Refuse,
 }
 
 impl NetworkFault {
@@ -33,6 +37,7 @@ impl NetworkFault {
             NetworkFault::Reset => "reset",
             NetworkFault::ReplyLost => "reply-lost",
             NetworkFault::Delay(_) => "delay",
+            NetworkFault::Refuse => "refuse",
         }
     }
 }
@@ -69,14 +74,15 @@ impl FromStr for FaultPlan {
         let fault = match (name, held) {
             ("reset", None) => NetworkFault::Reset,
             ("reply-lost", None) => NetworkFault::ReplyLost,
+            ("refuse", None) => NetworkFault::Refuse,
             ("delay", Some(held)) => NetworkFault::Delay(parse_duration(held)?),
             ("delay", None) => return Err(format!("'{s}' needs how long: delay@REQUEST+FOR")),
-            ("reset" | "reply-lost", Some(_)) => {
+            ("reset" | "reply-lost" | "refuse", Some(_)) => {
                 return Err(format!("'{s}': only delay takes +FOR"))
             }
             _ => {
                 return Err(format!(
-                    "unknown network fault '{name}' (reset, reply-lost, delay)"
+                    "unknown network fault '{name}' (reset, reply-lost, delay, refuse)"
                 ))
             }
         };
@@ -194,6 +200,7 @@ mod tests {
             NetworkFault::Reset,
             NetworkFault::ReplyLost,
             NetworkFault::Delay(Duration::from_millis(300)),
+            NetworkFault::Refuse,
         ] {
             let plan = FaultPlan {
                 fault,
@@ -206,5 +213,6 @@ mod tests {
         assert!("reset@0".parse::<FaultPlan>().is_err());
         assert!("delay@2".parse::<FaultPlan>().is_err());
         assert!("reset@2+1s".parse::<FaultPlan>().is_err());
+        assert!("refuse@2+1s".parse::<FaultPlan>().is_err());
     }
 }

@@ -223,6 +223,20 @@ async fn forward(client: &mut TcpStream, server: &mut TcpStream, way_in: &WayIn)
                             return Ending::Reset;
                         }
                         Some(NetworkFault::Delay(held)) => tokio::time::sleep(held).await,
+                        Some(NetworkFault::Refuse) => {
+                            // All of it read, so that its rest is not taken for the next one.
+                            let mut whole = match whole_turn {
+                                true => request.1.clone(),
+                                false => from_client[..n].to_vec(),
+                            };
+                            read_whole_request(client, &mut whole).await;
+                            let refusal = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n";
+                            if client.write_all(refusal).await.is_err() {
+                                return Ending::Closed;
+                            }
+                            awaiting_request = true;
+                            continue;
+                        }
                         _ => {}
                     }
                 }

@@ -7,7 +7,8 @@
 //! `reset@N` resets the connection as it arrives (it never reaches the broker, nor does what
 //! follows it), `reply-lost@N` passes it on and swallows the broker's answer, keeping the
 //! connection silent (the producer learns of it only from its request timeout), `delay@N+FOR`
-//! holds it (and the connection behind it) that long; while the sink is down (`net:down`) every
+//! holds it (and the connection behind it) that long, `refuse@N` answers it NOT_LEADER_OR_FOLLOWER
+//! itself (the producer retries it, after the requests behind it if several were in flight); while the sink is down (`net:down`) every
 //! connection and every request is reset. The broker's
 //! answers that name brokers (Metadata, FindCoordinator, DescribeCluster) are rewritten to name
 //! the relay's port, so that the client, which connects to the brokers it is told of, stays on
@@ -20,9 +21,11 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
 use bytes::{Bytes, BytesMut};
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{
     ApiKey, DescribeClusterResponse, FindCoordinatorResponse, MetadataResponse, ProduceRequest,
-    RequestHeader, ResponseHeader,
+    ProduceResponse, RequestHeader, ResponseHeader,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -169,12 +172,33 @@ async fn keep_silent(mut client: TcpStream) {
 
 /// A request whose response is awaited: what it asked, in which version, and the delivery it
 /// is (a Produce), with its bytes while a nemesis may wait for its answer, and whether its
-/// answer is to be lost.
+/// answer is to be lost; or a refused one's answer, the proxy's own, waiting for its turn.
+#[derive(Default)]
 struct Awaited {
     key: Option<ApiKey>,
     version: i16,
     delivery: Option<(u32, Vec<u8>)>,
     reply_lost: bool,
+    refusal: Option<Vec<u8>>,
+}
+
+impl Awaited {
+    /// A request the proxy answered itself with `refusal` (a whole frame).
+    fn answered(refusal: Vec<u8>) -> Awaited {
+        Awaited {
+            refusal: Some(refusal),
+            ..Awaited::default()
+        }
+    }
+}
+
+/// The proxy's own answers whose turn has come (nothing awaited from the broker before them),
+/// added to `out`.
+fn refusals_due(awaited: &mut VecDeque<Awaited>, out: &mut Vec<u8>) {
+    while let Some(refusal) = awaited.front_mut().and_then(|a| a.refusal.take()) {
+        out.extend_from_slice(&refusal);
+        awaited.pop_front();
+    }
 }
 
 /// One connection, both ways, until either side closes it (or sends what is not Kafka), or a
@@ -219,6 +243,23 @@ async fn pass_on(client: &mut TcpStream, mut server: TcpStream, way_in: &WayIn) 
                             }
                             Some(NetworkFault::Delay(held)) => tokio::time::sleep(held).await,
                             Some(NetworkFault::ReplyLost) => reply_lost = true,
+                            Some(NetworkFault::Refuse) => {
+                                let Some(refusal) = refused(request, version) else {
+                                    return Ending::Closed;
+                                };
+                                // Answers go back in the order of the requests: after those
+                                // still awaited from the broker, or at once.
+                                match awaited.is_empty() {
+                                    true => {
+                                        if client.write_all(&refusal).await.is_err() {
+                                            return Ending::Closed;
+                                        }
+                                    }
+                                    false => awaited.push_back(Awaited::answered(refusal)),
+                                }
+                                from_client.drain(passed..end);
+                                continue;
+                            }
                             None => {}
                         }
                         // acks=0: no answer comes back.
@@ -232,7 +273,7 @@ async fn pass_on(client: &mut TcpStream, mut server: TcpStream, way_in: &WayIn) 
                             .is_some_and(|watch| watch.watches(number, DeliveryMoment::Answered));
                         delivery = Some((number, if answered { request.to_vec() } else { Vec::new() }));
                     }
-                    awaited.push_back(Awaited { key, version, delivery, reply_lost });
+                    awaited.push_back(Awaited { key, version, delivery, reply_lost, refusal: None });
                     passed = end;
                 }
                 tokio::time::sleep(faults.latency).await;
@@ -248,6 +289,7 @@ async fn pass_on(client: &mut TcpStream, mut server: TcpStream, way_in: &WayIn) 
                 let mut out = Vec::new();
                 while let Some(end) = frame_end(&from_server, parsed) {
                     let response = &from_server[parsed + 4..end];
+                    refusals_due(&mut awaited, &mut out);
                     let Some(request) = awaited.pop_front() else { return Ending::Closed };
                     if let Some((number, bytes)) = &request.delivery {
                         // What came before this answer goes back first.
@@ -272,6 +314,7 @@ async fn pass_on(client: &mut TcpStream, mut server: TcpStream, way_in: &WayIn) 
                     }
                     parsed = end;
                 }
+                refusals_due(&mut awaited, &mut out);
                 if client.write_all(&out).await.is_err() {
                     return Ending::Closed;
                 }
@@ -293,6 +336,40 @@ fn produce_acks(request: &[u8], version: i16) -> Option<i16> {
     let mut body = Bytes::copy_from_slice(request);
     RequestHeader::decode(&mut body, ApiKey::Produce.request_header_version(version)).ok()?;
     Some(ProduceRequest::decode(&mut body, version).ok()?.acks)
+}
+
+/// The answer to a Produce the proxy refuses, as a whole frame: every partition of `request`
+/// answered NOT_LEADER_OR_FOLLOWER, nothing written, as when a partition's leadership moves
+/// (a producer looks the leader up again and retries it). None if it does not decode.
+fn refused(request: &[u8], version: i16) -> Option<Vec<u8>> {
+    let mut body = Bytes::copy_from_slice(request);
+    let header =
+        RequestHeader::decode(&mut body, ApiKey::Produce.request_header_version(version)).ok()?;
+    let produce = ProduceRequest::decode(&mut body, version).ok()?;
+    let not_leader = ResponseError::NotLeaderOrFollower.code();
+    let topics = produce.topic_data.iter().map(|topic| {
+        let partitions = topic.partition_data.iter().map(|partition| {
+            PartitionProduceResponse::default()
+                .with_index(partition.index)
+                .with_error_code(not_leader)
+                .with_base_offset(-1)
+        });
+        TopicProduceResponse::default()
+            .with_name(topic.name.clone())
+            .with_topic_id(topic.topic_id)
+            .with_partition_responses(partitions.collect())
+    });
+    let answer = ProduceResponse::default().with_responses(topics.collect());
+    let header_version = ApiKey::Produce.response_header_version(version);
+    let mut out = BytesMut::new();
+    ResponseHeader::default()
+        .with_correlation_id(header.correlation_id)
+        .encode(&mut out, header_version)
+        .ok()?;
+    answer.encode(&mut out, version).ok()?;
+    let mut frame = (out.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&out);
+    Some(frame)
 }
 
 /// The broker's answer that names brokers, rewritten to name 127.0.0.1 and `port` (the relay's

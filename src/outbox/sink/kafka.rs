@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
+use futures_util::StreamExt;
 use rskafka::client::partition::{Compression, PartitionClient, UnknownTopicHandling};
 use rskafka::record::Record;
 
@@ -44,6 +45,10 @@ pub struct KafkaSink {
     partitions: Arc<tokio::sync::Mutex<HashMap<String, Arc<Vec<PartitionClient>>>>>,
     /// Before every topic name (the run's name prefix on an external cluster).
     topic_prefix: String,
+    /// Records per Produce request (0: a partition's share of a batch in one).
+    records_per_request: usize,
+    /// Produce requests in flight at once per partition.
+    in_flight: usize,
     /// A partition's request unanswered in this time failed (its records may still be written),
     /// and its topic's connections are dropped: Kafka's own producers disconnect on a request
     /// timeout, for a connection that answers nothing may answer nothing more.
@@ -63,13 +68,19 @@ impl KafkaSink {
             client: Arc::new(connect::kafka(&options.url).await?),
             partitions: Arc::default(),
             topic_prefix: options.stream_prefix.clone(),
+            records_per_request: options.records_per_request,
+            in_flight: options.in_flight,
             request_timeout,
         })
     }
 
-    /// The topic `name` made anew, empty, with [`PARTITIONS`] partitions: an earlier one is
-    /// deleted first (with what it held).
-    pub async fn create_fresh_topic(client: &rskafka::client::Client, name: &str) -> Result<()> {
+    /// The topic `name` made anew, empty, with `partitions` partitions ([`PARTITIONS`] unless
+    /// an experiment needs all in one): an earlier one is deleted first (with what it held).
+    pub async fn create_fresh_topic(
+        client: &rskafka::client::Client,
+        name: &str,
+        partitions: i32,
+    ) -> Result<()> {
         let controller = client.controller_client()?;
         if client.list_topics().await?.iter().any(|t| t.name == name) {
             controller
@@ -78,7 +89,7 @@ impl KafkaSink {
                 .with_context(|| format!("cannot delete Kafka topic {name}"))?;
         }
         controller
-            .create_topic(name, PARTITIONS, 1, TOPIC_TIMEOUT_MS)
+            .create_topic(name, partitions, 1, TOPIC_TIMEOUT_MS)
             .await
             .with_context(|| format!("cannot create Kafka topic {name}"))?;
         Ok(())
@@ -104,6 +115,19 @@ impl KafkaSink {
         from: &HashMap<i32, i64>,
     ) -> Result<i64> {
         let mut records = 0;
+        Self::read_past(client, name, from, |_, _| records += 1).await?;
+        Ok(records)
+    }
+
+    /// Every record topic `name` holds from the offsets `from` on (a partition it does not
+    /// name: from its start), to `visit` with its partition: partition by partition, each in
+    /// the order of its offsets (the order a consumer reads it in).
+    pub async fn read_past(
+        client: &rskafka::client::Client,
+        name: &str,
+        from: &HashMap<i32, i64>,
+        mut visit: impl FnMut(i32, &Record),
+    ) -> Result<()> {
         for partition in 0..Self::partition_count(client, name).await? {
             let reader = client
                 .partition_client(name, partition, UnknownTopicHandling::Error)
@@ -118,11 +142,13 @@ impl KafkaSink {
                 let Some(last) = read.last().map(|r| r.offset) else {
                     break;
                 };
-                records += read.iter().filter(|r| r.offset >= offset).count() as i64;
+                for read in read.iter().filter(|r| r.offset >= offset) {
+                    visit(partition, &read.record);
+                }
                 offset = last + 1;
             }
         }
-        Ok(records)
+        Ok(())
     }
 
     /// The partitions of topic `name`, in order, looked up once.
@@ -146,9 +172,37 @@ impl KafkaSink {
         Ok(clients)
     }
 
+    /// One Produce request of `records` to `partition` of topic `name`, acknowledged within the
+    /// request timeout; after a timeout the topic's connections are dropped.
+    async fn produce(
+        &self,
+        name: &str,
+        partition: usize,
+        client: &PartitionClient,
+        records: Vec<Record>,
+    ) -> Result<()> {
+        let request = client.produce(records, Compression::NoCompression);
+        match tokio::time::timeout(self.request_timeout, request).await {
+            Ok(answered) => answered
+                .map(drop)
+                .with_context(|| format!("Kafka produce to {name}, partition {partition}")),
+            Err(_) => {
+                self.partitions.lock().await.remove(name);
+                Err(anyhow!(
+                    "no answer from Kafka within {:?}",
+                    self.request_timeout
+                ))
+            }
+        }
+    }
+
     /// Every partition's records produced at once, each partition's in one request (in batch
-    /// order: a key's records keep their order); an event is delivered if and only if its
-    /// partition's request was acknowledged within the request timeout.
+    /// order: a key's records keep their order), or in requests of `records_per_request`,
+    /// `in_flight` of them at once per partition; an event is delivered if and only if its
+    /// request was acknowledged within the request timeout. With one request in flight, those
+    /// after a failed one are not sent (they fail with it); with more, they are already on
+    /// their way, and a request retried after them lands behind them: a key's order breaks, as
+    /// with Kafka's `max.in.flight.requests.per.connection` above 1 without idempotence.
     pub(super) async fn deliver(
         &self,
         events: &[Event],
@@ -179,27 +233,37 @@ impl KafkaSink {
         }
         let produced = futures_util::future::join_all(groups.into_iter().map(
             |((name, partition), (partitions, positions))| async move {
-                let records = positions.iter().map(|&p| record(&events[p])).collect();
-                let request = partitions[partition].produce(records, Compression::NoCompression);
-                let outcome = match tokio::time::timeout(self.request_timeout, request).await {
-                    Ok(answered) => answered
-                        .with_context(|| format!("Kafka produce to {name}, partition {partition}")),
-                    Err(_) => {
-                        self.partitions.lock().await.remove(&name);
-                        Err(anyhow!(
-                            "no answer from Kafka within {:?}",
-                            self.request_timeout
-                        ))
-                    }
+                let requests = match self.records_per_request {
+                    0 => vec![positions],
+                    n => positions.chunks(n).map(<[usize]>::to_vec).collect(),
                 };
-                (positions, outcome)
+                let client = &partitions[partition];
+                let name = &name;
+                let mut answered =
+                    futures_util::stream::iter(requests.into_iter().map(|positions| async move {
+                        let records = positions.iter().map(|&p| record(&events[p])).collect();
+                        let outcome = self.produce(name, partition, client, records).await;
+                        (positions, outcome)
+                    }))
+                    .buffered(self.in_flight.max(1));
+                let mut outcomes = Vec::new();
+                while let Some((positions, outcome)) = answered.next().await {
+                    let failed = outcome.is_err();
+                    outcomes.push((positions, outcome));
+                    // One request at a time: what follows a failed one waits for the next
+                    // batch, behind it.
+                    if failed && self.in_flight <= 1 {
+                        break;
+                    }
+                }
+                outcomes
             },
         ))
         .await;
-        for (positions, outcome) in produced {
+        for (positions, outcome) in produced.into_iter().flatten() {
             for position in positions {
                 results[position] = match &outcome {
-                    Ok(_offsets) => Ok(()),
+                    Ok(()) => Ok(()),
                     Err(e) => Err(anyhow!("{e:#}")),
                 };
             }

@@ -73,8 +73,14 @@ pub struct SinkOptions {
     /// topic per aggregate type, which must exist).
     pub url: String,
     /// Aggregates delivered to at once over HTTP, one event per request (per-aggregate order
-    /// holds); 1: strictly one event after another.
+    /// holds); 1: strictly one event after another. Kafka: Produce requests in flight at once
+    /// per partition (its producers' `max.in.flight.requests.per.connection`), where
+    /// `records_per_request` splits a partition's share of a batch.
     pub in_flight: usize,
+    /// Kafka: records per Produce request (its producers' `batch.size`, in records); 0: a
+    /// partition's share of a batch in one request.
+    #[serde(default)]
+    pub records_per_request: usize,
     /// HTTP: one event per request, or the whole batch in one.
     pub http_body: HttpBody,
     /// Before every stream name (the run's key prefix on an external Redis), NATS subject
@@ -100,6 +106,7 @@ impl SinkOptions {
         SinkOptions {
             url: url.to_string(),
             in_flight: 1,
+            records_per_request: 0,
             http_body: HttpBody::Event,
             stream_prefix: String::new(),
             publish_acks: true,

@@ -14,7 +14,7 @@ use crate::harness::child::ConsumerProcess;
 use crate::harness::db::Database;
 use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
-use crate::outbox::sink::{AmqpSink, KafkaSink, NatsSink, RedisSink, DISCARD_URL};
+use crate::outbox::sink::{AmqpSink, KafkaSink, NatsSink, RedisSink, DISCARD_URL, PARTITIONS};
 
 /// Where the cells of one sink deliver: its database (reset before every run), its URL and
 /// what counts the deliveries.
@@ -95,7 +95,7 @@ impl Target {
                 let url = ctx.kafka().url().await?;
                 let topic = ctx
                     .kafka()
-                    .create_topic(&KafkaSink::topic_name("", "orders"))
+                    .create_topic(&KafkaSink::topic_name("", "orders"), PARTITIONS)
                     .await?;
                 let client = connect::kafka(&url).await?;
                 (url, Receiver::Kafka { client, topic })
@@ -138,7 +138,7 @@ impl Target {
                     .map_err(|e| anyhow!("cannot purge queue {queue}: {e}"))?;
             }
             Receiver::Kafka { client, topic } => {
-                KafkaSink::create_fresh_topic(client, topic).await?;
+                KafkaSink::create_fresh_topic(client, topic, PARTITIONS).await?;
             }
         }
         Ok(())
