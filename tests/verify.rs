@@ -791,3 +791,24 @@ fn a_relay_that_dies_of_a_fault_on_a_link_is_judged_not_refused() {
         );
     }
 }
+
+/// `net:refuse@5` on HTTP: the 5th request is answered 503 and never reaches the consumer, so
+/// our relay's retry delivers it once: the fault fired, nothing lost, nothing twice even for
+/// the naive consumer.
+#[test]
+fn a_refused_request_is_retried_and_delivered_once() {
+    let run = verify(&[
+        "--relay-cmd",
+        &our_relay(""),
+        "--events",
+        "100",
+        "--consumer",
+        "naive",
+        "--schedule",
+        "net:refuse@5",
+    ]);
+    assert_passed(&run);
+    assert_eq!(run.metric("verify.faults_fired"), 1);
+    assert_eq!(run.metric("verify.duplicate.violating"), 0);
+    assert_eq!(run.metric("verify.delivered_distinct"), 100);
+}
