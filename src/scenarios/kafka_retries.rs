@@ -233,7 +233,8 @@ async fn retried(
     let mut records = 0;
     let mut distinct = std::collections::HashSet::new();
     let client = connect::kafka(&url).await?;
-    KafkaSink::read_past(&client, &topic, &HashMap::new(), |_, record| {
+    let partitions = KafkaSink::partition_clients(&client, &topic).await?;
+    KafkaSink::read_past(&partitions, &HashMap::new(), |_, record| {
         records += 1;
         let value = record.value.as_deref().unwrap_or_default();
         if let Ok(event) = serde_json::from_slice::<Event>(value) {
@@ -286,7 +287,8 @@ async fn crashed(
         .await?
         .expect(|e| *e == ChildEnd::Ok, "the restarted relay")?;
     let client = connect::kafka(&url).await?;
-    let records = KafkaSink::records_past(&client, &topic, &HashMap::new()).await?;
+    let partitions = KafkaSink::partition_clients(&client, &topic).await?;
+    let records = KafkaSink::records_past(&partitions, &HashMap::new()).await?;
     let worker = KafkaWorkerRole {
         kafka_url: url,
         topic,

@@ -4,6 +4,7 @@
 //! drained before that).
 
 use anyhow::{anyhow, Result};
+use rskafka::client::partition::PartitionClient;
 use tokio::sync::mpsc;
 
 use super::Lab;
@@ -68,11 +69,12 @@ pub(super) enum Backlog {
         queue: String,
         channel: Option<lapin::Channel>,
     },
-    /// The topic's records past the offsets our worker recorded.
+    /// The topic's records past the offsets our worker recorded, read through a client per
+    /// partition kept from one count to the next (made anew after a failed one).
     Kafka {
         url: String,
         topic: String,
-        client: Option<rskafka::client::Client>,
+        partitions: Option<Vec<PartitionClient>>,
     },
 }
 
@@ -92,20 +94,30 @@ impl Backlog {
             Delivery::Kafka { url, topic } => Backlog::Kafka {
                 url: url.clone(),
                 topic: topic.clone(),
-                client: None,
+                partitions: None,
             },
         }
     }
 
     /// How many messages wait for our consumer; `receipts` reaches the consumer's database.
     pub(super) async fn count(&mut self, receipts: &tokio_postgres::Client) -> Result<i64> {
-        if let Backlog::Kafka { url, topic, client } = self {
-            if client.is_none() {
-                *client = Some(crate::connect::kafka(url).await?);
+        if let Backlog::Kafka {
+            url,
+            topic,
+            partitions,
+        } = self
+        {
+            if partitions.is_none() {
+                let client = crate::connect::kafka(url).await?;
+                *partitions = Some(KafkaSink::partition_clients(&client, topic).await?);
             }
             let read = kafka_consumer::offsets(receipts, topic).await?;
-            let client = client.as_ref().expect("set above");
-            return KafkaSink::records_past(client, topic, &read).await;
+            let counted = KafkaSink::records_past(partitions.as_deref().unwrap_or_default(), &read);
+            let counted = counted.await;
+            if counted.is_err() {
+                *partitions = None;
+            }
+            return counted;
         }
         if let Backlog::Amqp {
             url,

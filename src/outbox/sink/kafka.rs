@@ -106,33 +106,48 @@ impl KafkaSink {
         Ok(topic.partitions.len() as i32)
     }
 
-    /// How many records topic `name` holds from the offsets `from` on (a partition it does not
-    /// name: from its start). Read, not asked: tansu's ListOffsets answered 993 for the 1,000
-    /// records its partitions held.
-    pub async fn records_past(
+    /// A client for each partition of topic `name`, in order (each keeps a connection to its
+    /// partition's leader: keep them to read the topic again).
+    pub async fn partition_clients(
         client: &rskafka::client::Client,
         name: &str,
+    ) -> Result<Vec<PartitionClient>> {
+        let mut clients = Vec::new();
+        for partition in 0..Self::partition_count(client, name).await? {
+            clients.push(
+                client
+                    .partition_client(name, partition, UnknownTopicHandling::Error)
+                    .await
+                    .with_context(|| format!("Kafka topic {name}, partition {partition}"))?,
+            );
+        }
+        Ok(clients)
+    }
+
+    /// How many records topic `name` holds from the offsets `from` on (a partition it does not
+    /// name: from its start), read through its `partitions` ([`Self::partition_clients`]).
+    /// Read, not asked: tansu's ListOffsets answered 993 for the 1,000 records its partitions
+    /// held.
+    pub async fn records_past(
+        partitions: &[PartitionClient],
         from: &HashMap<i32, i64>,
     ) -> Result<i64> {
         let mut records = 0;
-        Self::read_past(client, name, from, |_, _| records += 1).await?;
+        Self::read_past(partitions, from, |_, _| records += 1).await?;
         Ok(records)
     }
 
-    /// Every record topic `name` holds from the offsets `from` on (a partition it does not
-    /// name: from its start), to `visit` with its partition: partition by partition, each in
-    /// the order of its offsets (the order a consumer reads it in).
+    /// Every record a topic holds from the offsets `from` on (a partition it does not name: from
+    /// its start), read through its `partitions` ([`Self::partition_clients`]), to `visit` with
+    /// its partition: partition by partition, each in the order of its offsets (the order a
+    /// consumer reads it in).
     pub async fn read_past(
-        client: &rskafka::client::Client,
-        name: &str,
+        partitions: &[PartitionClient],
         from: &HashMap<i32, i64>,
         mut visit: impl FnMut(i32, &Record),
     ) -> Result<()> {
-        for partition in 0..Self::partition_count(client, name).await? {
-            let reader = client
-                .partition_client(name, partition, UnknownTopicHandling::Error)
-                .await
-                .with_context(|| format!("Kafka topic {name}, partition {partition}"))?;
+        for reader in partitions {
+            let (name, partition) = (reader.topic(), reader.partition());
             let mut offset = from.get(&partition).copied().unwrap_or(0);
             loop {
                 let (read, _) = reader
@@ -157,16 +172,7 @@ impl KafkaSink {
         if let Some(partitions) = known.get(name) {
             return Ok(partitions.clone());
         }
-        let count = Self::partition_count(&self.client, name).await?;
-        let mut clients = Vec::with_capacity(count as usize);
-        for partition in 0..count {
-            clients.push(
-                self.client
-                    .partition_client(name, partition, UnknownTopicHandling::Error)
-                    .await
-                    .with_context(|| format!("Kafka topic {name}, partition {partition}"))?,
-            );
-        }
+        let clients = Self::partition_clients(&self.client, name).await?;
         let clients = Arc::new(clients);
         known.insert(name.to_string(), clients.clone());
         Ok(clients)

@@ -163,7 +163,8 @@ impl Target {
             }
             Receiver::Amqp { channel, queue } => AmqpSink::ready_messages(channel, queue).await?,
             Receiver::Kafka { client, topic } => {
-                KafkaSink::records_past(client, topic, &Default::default()).await?
+                let partitions = KafkaSink::partition_clients(client, topic).await?;
+                KafkaSink::records_past(&partitions, &Default::default()).await?
             }
         })
     }
