@@ -18,6 +18,27 @@ pub struct FaultLog {
     crashes: Mutex<Vec<(Fault, FaultOutcome)>>,
     /// The nemeses' outcomes, in the schedule's order.
     nemeses: Mutex<Vec<FaultOutcome>>,
+    /// The harness' own part of the faults (a server restarted, a standby promoted and the
+    /// links re-pointed): harness time, which no relay is given less time for.
+    harness: Mutex<HarnessWork>,
+}
+
+/// The faults the harness is doing now, and when it last finished one.
+#[derive(Default)]
+struct HarnessWork {
+    doing: u32,
+    done_at: Option<Instant>,
+}
+
+/// The harness is doing a fault while this lives (see [`FaultLog::harness_doing`]).
+pub struct HarnessDoing<'a>(&'a FaultLog);
+
+impl Drop for HarnessDoing<'_> {
+    fn drop(&mut self) {
+        let mut work = self.0.harness.lock().expect("not poisoned");
+        work.doing -= 1;
+        work.done_at = Some(Instant::now());
+    }
 }
 
 impl FaultLog {
@@ -31,6 +52,7 @@ impl FaultLog {
             started: Instant::now(),
             crashes: Mutex::new(crashes.collect()),
             nemeses: Mutex::new(vec![FaultOutcome::NOT_REACHED; schedule.nemeses.len()]),
+            harness: Mutex::default(),
         }
     }
 
@@ -104,6 +126,25 @@ impl FaultLog {
         if !nemeses[index].is_reached() {
             nemeses[index] = FaultOutcome::NotReached { why: Some(why) };
         }
+    }
+
+    /// The harness does its own part of a fault (restarts a server, promotes a standby) until
+    /// the guard is dropped (see [`FaultLog::faults_over`]).
+    pub fn harness_doing(&self) -> HarnessDoing<'_> {
+        self.harness.lock().expect("not poisoned").doing += 1;
+        HarnessDoing(self)
+    }
+
+    /// When the faults were over for the relays, if any fired: the last one fired, or later,
+    /// when the harness finished doing one, or now while it still is (the liveness bound
+    /// starts there: a restart's or a promotion's seconds are the harness', not the relays').
+    pub fn faults_over(&self) -> Option<Instant> {
+        let fired = self.last_fired()?;
+        let work = self.harness.lock().expect("not poisoned");
+        if work.doing > 0 {
+            return Some(Instant::now());
+        }
+        Some(work.done_at.map_or(fired, |done| done.max(fired)))
     }
 
     /// When the last fault fired, crash point or nemesis, if any did.

@@ -1,6 +1,7 @@
 //! The liveness watchdog: once the writer is done, the relays must drain within a bound of the
-//! last fault (a fault that fires later starts the wait again), or the run is stuck — a
-//! verdict, not a hang.
+//! last fault (a fault that fires later starts the wait again; one the harness takes time to
+//! do, a restart or a failover, from when it is done), or the run is stuck — a verdict, not a
+//! hang.
 
 use std::time::{Duration, Instant};
 
@@ -26,7 +27,7 @@ pub async fn liveness_watchdog(
     let writer_done_at = Instant::now();
     loop {
         let faults_ended = faults
-            .last_fired()
+            .faults_over()
             .map_or(writer_done_at, |at| at.max(writer_done_at));
         let deadline = faults_ended + bound;
         if Instant::now() >= deadline {
@@ -36,5 +37,36 @@ pub async fn liveness_watchdog(
             );
         }
         tokio::time::sleep_until(deadline.into()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::explore::schedule::Schedule;
+
+    /// A fault the harness takes time to do (a restart, a failover) starts the bound when it
+    /// is done, not when it fired: fired at once, done 150 ms later, a 100 ms bound is missed
+    /// no sooner than 250 ms in.
+    #[tokio::test]
+    async fn the_bound_starts_when_the_harness_is_done_with_a_fault() {
+        let schedule: Schedule = "db:restart@0ms".parse().unwrap();
+        let faults = FaultLog::new(&schedule);
+        let started = Instant::now();
+        faults.struck(0, "postgres".into(), started);
+        let (writer_done, _) = watch::channel(true);
+        let bound = Duration::from_millis(100);
+        let harness = async {
+            let doing = faults.harness_doing();
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            drop(doing);
+            std::future::pending::<String>().await
+        };
+        tokio::select! {
+            _ = liveness_watchdog(&faults, &writer_done, bound) => {}
+            _ = harness => {}
+        }
+        let missed_after = started.elapsed();
+        assert!(missed_after >= Duration::from_millis(250), "{missed_after:?}");
     }
 }

@@ -283,6 +283,7 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                 }
                 Nemesis::DbRestart { at } => {
                     if arena.until(at).await {
+                        let _doing = arena.faults.harness_doing();
                         fire(i, "postgres".into());
                         match arena.pair {
                             // The application's database is there, not on the run's server.
@@ -297,6 +298,7 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                     };
                     if arena.until(at).await {
                         // Struck from the hold on: what the actors do from then is its doing.
+                        let _doing = arena.faults.harness_doing();
                         pair.hold_replication().await?;
                         fire(
                             i,
