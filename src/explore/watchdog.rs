@@ -67,6 +67,9 @@ mod tests {
             _ = harness => {}
         }
         let missed_after = started.elapsed();
-        assert!(missed_after >= Duration::from_millis(250), "{missed_after:?}");
+        assert!(
+            missed_after >= Duration::from_millis(250),
+            "{missed_after:?}"
+        );
     }
 }

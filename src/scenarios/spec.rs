@@ -18,10 +18,11 @@ pub struct Spec {
     pub section: String,
     /// One line for `outbox-lab list`.
     pub summary: String,
-    /// No check or target of it reads a duration with an upper bound, and it shares nothing
-    /// with another scenario but the server and the brokers, under names of its own: `scenario
-    /// all` runs it side by side with the others like it. The scenarios that time something run
-    /// one at a time after them, the machine theirs alone.
+    /// No check or target of it reads a duration with an upper bound or counts what happens
+    /// within a window of time, and nothing it measures depends on its neighbours (it shares
+    /// the server and the brokers with them, under names of its own, but not the server's
+    /// transaction horizon or its WAL): `scenario all` runs it side by side with the others
+    /// like it. The others run one at a time after them, the machine theirs alone.
     #[serde(default)]
     pub side_by_side: bool,
     /// Defaults of the scenario's parameters; some can be overridden on the command line.
