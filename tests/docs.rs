@@ -148,9 +148,11 @@ fn check_command(args: &[String], env: &BTreeMap<String, String>) -> Result<(), 
     }
     match args.get(1).map(String::as_str) {
         Some("scenario") => {
-            let name = args[2..].iter().find(|a| !a.starts_with('-')).unwrap();
-            if name != "all" && Scenario::find(name).is_none() {
-                return Err(format!("no scenario named {name}"));
+            let names = args[2..].iter().find(|a| !a.starts_with('-')).unwrap();
+            for name in names.split(',') {
+                if name != "all" && Scenario::find(name).is_none() {
+                    return Err(format!("no scenario named {name}"));
+                }
             }
         }
         Some("explore") => {
