@@ -14,9 +14,10 @@ use common::{assert_usage_error, outbox_lab, scratch_dir, server_url, Run};
 
 /// The scenarios that draw a plot, their plot, and what shortens them further (the page only
 /// needs their tables; cleanup has no [quick] parameters).
-const PLOTTED: [(&str, &str, &[&str]); 5] = [
+const PLOTTED: [(&str, &str, &[&str]); 6] = [
     ("notify-latency", "latency-cdf", &[]),
     ("broker-dedup", "broker-dedup", &[]),
+    ("kafka-retries", "kafka-retries", &[]),
     ("batch-throughput", "throughput-by-batch", &[]),
     ("multi-relay-ordering", "ordering-violations", &[]),
     (

@@ -31,7 +31,8 @@ use crate::outbox::event::Event;
 use crate::outbox::relay::RelayConfig;
 use crate::outbox::sink::{KafkaSink, PARTITIONS};
 use crate::outbox::writer::Ending;
-use crate::report::Table;
+use crate::report::plots::{self, Bar, Plot};
+use crate::report::{Report, Table};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -114,6 +115,51 @@ impl Experiment for Params {
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         run(ctx, self).await
     }
+
+    fn plots(report: &Report) -> Result<Vec<Plot>> {
+        orders_broken(report)
+    }
+}
+
+/// The orders each case broke: out of order in the partition per requests in flight, shipped
+/// twice per consumer after the crash; none where the result lacks a figure.
+fn orders_broken(report: &Report) -> Result<Vec<Plot>> {
+    let in_flight: Vec<usize> = report
+        .params
+        .get("in_flight")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default();
+    let mut rows: Vec<(String, String)> = in_flight
+        .iter()
+        .map(|n| {
+            let label = format!("{n} in flight: orders out of order");
+            (label, format!("{}.orders_out_of_order", Params::case(*n)))
+        })
+        .collect();
+    for kind in CONSUMERS {
+        let label = format!(
+            "killed after the ack, {}: orders shipped twice",
+            kind.name()
+        );
+        rows.push((label, format!("crash.{}.orders_shipped_twice", kind.name())));
+    }
+    let mut bars = Vec::new();
+    for (label, metric) in rows {
+        let Some(value) = report.metrics.get(&metric).and_then(|v| v.as_f64()) else {
+            return Ok(Vec::new());
+        };
+        bars.push(Bar {
+            label,
+            value,
+            text: format!("{value:.0}"),
+            colour: if value > 0.0 { plots::BAD } else { plots::GOOD },
+        });
+    }
+    Ok(vec![Plot {
+        id: "kafka-retries",
+        title: "Kafka: orders a retried Produce put out of order, and a crash shipped twice".into(),
+        svg: plots::horizontal_bars(&bars, "orders")?,
+    }])
 }
 
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
