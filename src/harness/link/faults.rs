@@ -1,17 +1,23 @@
 //! What the delivery proxies ([`http`](super::http), [`kafka_proxy`](super::kafka_proxy)) do to
 //! a relay's requests, as real networks do, and what they record of it: the faults planned by
 //! request number (`reset@2`, `reply-lost@3`, `delay@4+2s`), the sink's outage (`net:down`), and
-//! when each planned fault struck, for the history of a run. Each proxy says what a request is
-//! (an HTTP request, a Kafka Produce).
+//! when each planned fault struck, for the history of a run; and how a connection ends under
+//! them (reset, or kept silent after a lost reply). Each proxy says what a request is (an HTTP
+//! request, a Kafka Produce).
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::future::Future;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::watch::DeliveryWatch;
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+use super::watch::{DeliveryWatch, HOLD_LIMIT};
 use crate::harness::nemesis::{format_duration, parse_duration};
 
 /// What the proxy does to one request. The names are stable, like crash points'.
@@ -185,6 +191,65 @@ impl FaultRecord {
             requests: self.0.requests.load(Ordering::SeqCst),
             resets: self.0.resets.load(Ordering::SeqCst),
             replies_lost: self.0.replies_lost.load(Ordering::SeqCst),
+        }
+    }
+}
+
+/// How a proxied connection ended.
+pub enum Ending {
+    /// Either side closed it (or failed, or sent what the proxy does not understand): both are
+    /// closed.
+    Closed,
+    /// A planned reset, or the sink down: the relay's side is reset.
+    Reset,
+    /// A reply was lost: the relay's side is kept silent until the relay gives up.
+    Silent,
+}
+
+/// Each connection `listener` accepts, in a task of its own, until the listener's task is
+/// dropped: passed on by `proxy` (which connects on, and gives the relay's side back with how
+/// it ended), or, while the sink is down (`faults.down`), reset as it arrives.
+pub async fn accept<F>(
+    listener: TcpListener,
+    faults: &ProxyFaults,
+    record: &FaultRecord,
+    proxy: impl Fn(TcpStream) -> F,
+) where
+    F: Future<Output = (TcpStream, Ending)> + Send + 'static,
+{
+    let mut connections = JoinSet::new();
+    while let Ok((client, _)) = listener.accept().await {
+        if faults.down.load(Ordering::SeqCst) {
+            // The sink is down: the relay reads "connection reset by peer".
+            record.reset();
+            let _ = client.set_zero_linger();
+            continue;
+        }
+        // Finished connections are reaped as new ones come, so the set stays small.
+        while connections.try_join_next().is_some() {}
+        let proxied = proxy(client);
+        connections.spawn(async move {
+            let (client, ending) = proxied.await;
+            end(client, ending).await;
+        });
+    }
+}
+
+/// The relay's side of a connection, left as `ending` says.
+async fn end(mut client: TcpStream, ending: Ending) {
+    match ending {
+        Ending::Closed => {}
+        Ending::Reset => {
+            // SO_LINGER 0 makes the close an RST: the relay reads "connection reset by peer".
+            let _ = client.set_zero_linger();
+        }
+        Ending::Silent => {
+            // What the relay sends on is read and dropped, until it closes the connection.
+            let mut discard = [0u8; 4096];
+            let _ = tokio::time::timeout(HOLD_LIMIT, async {
+                while matches!(client.read(&mut discard).await, Ok(n) if n > 0) {}
+            })
+            .await;
         }
     }
 }

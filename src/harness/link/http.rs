@@ -17,8 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
-use super::faults::{FaultRecord, NetworkFault, ProxyFaults};
-use super::watch::{DeliveryMoment, HOLD_LIMIT};
+use super::faults::{self, Ending, FaultRecord, NetworkFault, ProxyFaults};
+use super::watch::DeliveryMoment;
 
 /// A running proxy; it stops (with every connection through it) when stopped or dropped.
 pub struct Proxy {
@@ -97,54 +97,26 @@ struct WayIn {
 }
 
 async fn accept(listener: TcpListener, way_in: WayIn) {
-    let mut connections = JoinSet::new();
-    while let Ok((client, _)) = listener.accept().await {
-        if way_in.faults.down.load(Ordering::SeqCst) {
-            // The sink is down: the relay reads "connection reset by peer".
-            way_in.record.reset();
-            let _ = client.set_zero_linger();
-            continue;
-        }
-        // Finished connections are reaped as new ones come, so the set stays small.
-        while connections.try_join_next().is_some() {}
-        connections.spawn(pass_on(client, way_in.clone()));
-    }
+    let (faults, record) = (way_in.faults.clone(), way_in.record.clone());
+    faults::accept(listener, &faults, &record, |client| {
+        pass_on(client, way_in.clone())
+    })
+    .await;
 }
 
-/// How a proxied connection ended.
-enum Ending {
-    /// Either side closed it (or failed): both are closed.
-    Closed,
-    /// A planned reset: the relay's side is reset.
-    Reset,
-    /// A reply was lost: the relay's side is kept silent until the relay gives up.
-    Hold,
-}
-
-/// One connection: the relay's side to the consumer and back, with the planned faults.
-async fn pass_on(mut client: TcpStream, way_in: WayIn) {
+/// One connection: the relay's side to the consumer and back, with the planned faults; the
+/// relay's side, and how it ended.
+async fn pass_on(mut client: TcpStream, way_in: WayIn) -> (TcpStream, Ending) {
     let Ok(mut server) = TcpStream::connect(way_in.upstream).await else {
-        return; // the relay sees its connection close, as if the consumer were down
+        // The relay sees its connection close, as if the consumer were down.
+        return (client, Ending::Closed);
     };
     // Each turn is passed on at once: Nagle's algorithm would hold a small write back for the
     // other side's delayed ACK (40 ms a request, here).
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    match forward(&mut client, &mut server, &way_in).await {
-        Ending::Closed => {}
-        Ending::Reset => {
-            // SO_LINGER 0 makes the close an RST: the relay reads "connection reset by peer".
-            let _ = client.set_zero_linger();
-        }
-        Ending::Hold => {
-            drop(server);
-            let mut discard = [0u8; 4096];
-            let _ = tokio::time::timeout(HOLD_LIMIT, async {
-                while matches!(client.read(&mut discard).await, Ok(n) if n > 0) {}
-            })
-            .await;
-        }
-    }
+    let ending = forward(&mut client, &mut server, &way_in).await;
+    (client, ending)
 }
 
 /// Bytes of a request kept for the event ids a nemesis is told of.
@@ -257,7 +229,7 @@ async fn forward(client: &mut TcpStream, server: &mut TcpStream, way_in: &WayIn)
                 awaiting_request = true;
                 if fault == Some(NetworkFault::ReplyLost) {
                     record.reply_lost();
-                    return Ending::Hold;
+                    return Ending::Silent;
                 }
                 if client.write_all(&from_server[..n]).await.is_err() {
                     return Ending::Closed;

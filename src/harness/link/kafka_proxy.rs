@@ -32,9 +32,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
-use super::faults::{FaultRecord, NetworkFault, ProxyFaults};
+use super::faults::{self, Ending, FaultRecord, NetworkFault, ProxyFaults};
 use super::kafka::{ack_at_once, frame_end};
-use super::watch::{DeliveryMoment, RelayWatch, HOLD_LIMIT};
+use super::watch::{DeliveryMoment, RelayWatch};
 use crate::connect;
 
 /// A running delivery proxy; it stops (with every connection through it) when dropped.
@@ -122,52 +122,23 @@ struct WayIn {
 }
 
 async fn accept(listener: TcpListener, way_in: WayIn) {
-    let mut connections = JoinSet::new();
-    while let Ok((client, _)) = listener.accept().await {
-        if way_in.faults.down.load(Ordering::SeqCst) {
-            way_in.record.reset();
-            let _ = client.set_zero_linger();
-            continue;
-        }
-        while connections.try_join_next().is_some() {}
-        let way_in = way_in.clone();
-        connections.spawn(async move {
-            if let Ok(server) = TcpStream::connect(&way_in.upstream).await {
-                // As the link: no Nagle's wait on the way.
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                let mut client = client;
-                match pass_on(&mut client, server, &way_in).await {
-                    Ending::Closed => {}
-                    // SO_LINGER 0 makes the close an RST: "connection reset by peer".
-                    Ending::Reset => {
-                        let _ = client.set_zero_linger();
-                    }
-                    Ending::Silent => keep_silent(client).await,
-                }
-            }
-        });
-    }
-}
-
-/// How a proxied connection ended.
-enum Ending {
-    /// Either side closed it (or sent what is not Kafka).
-    Closed,
-    /// Reset: a planned reset, or the sink down.
-    Reset,
-    /// An answer was lost: the relay's side is kept silent until the relay gives up.
-    Silent,
-}
-
-/// Reads and drops what the relay sends on, until it closes the connection (or
-/// [`HOLD_LIMIT`]).
-async fn keep_silent(mut client: TcpStream) {
-    let mut discard = [0u8; 4096];
-    let _ = tokio::time::timeout(HOLD_LIMIT, async {
-        while matches!(client.read(&mut discard).await, Ok(n) if n > 0) {}
+    let (faults, record) = (way_in.faults.clone(), way_in.record.clone());
+    faults::accept(listener, &faults, &record, |client| {
+        proxied(client, way_in.clone())
     })
     .await;
+}
+
+/// One connection through the proxy: the relay's side, and how it ended.
+async fn proxied(mut client: TcpStream, way_in: WayIn) -> (TcpStream, Ending) {
+    let Ok(server) = TcpStream::connect(&way_in.upstream).await else {
+        return (client, Ending::Closed);
+    };
+    // As the link: no Nagle's wait on the way.
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let ending = pass_on(&mut client, server, &way_in).await;
+    (client, ending)
 }
 
 /// A request whose response is awaited: what it asked, in which version, and the delivery it
