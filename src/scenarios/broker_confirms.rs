@@ -67,7 +67,6 @@ const RELAY_TIMEOUT: Duration = Duration::from_secs(150);
 /// Longer than RabbitMQ's delayed write of its definitions.
 const DECLARATION_SETTLE: Duration = Duration::from_secs(3);
 
-const PUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
 const UNPUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NULL";
 
 impl Experiment for Params {
@@ -231,7 +230,7 @@ async fn one_round(
     );
     let clock = Instant::now();
     let published_at_kill = loop {
-        let published: i64 = client.query_one(PUBLISHED, &[]).await?.get(0);
+        let published: i64 = client.query_one(counts::PUBLISHED, &[]).await?.get(0);
         if published >= i64::from(params.kill_after) {
             break published;
         }

@@ -188,8 +188,6 @@ const SHIPPED: &str = "SELECT count(*) FROM consumer.shipments";
 const ACKNOWLEDGED_LOST: &str = "
 SELECT count(*) FROM unnest($1::uuid[]) AS acknowledged(event_id)
  WHERE NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = acknowledged.event_id)";
-/// The events the promoted standby holds.
-const EVENTS: &str = "SELECT count(*) FROM outbox";
 /// What the relay still owes on the promoted standby.
 const UNPUBLISHED: &str = "SELECT count(*) FROM outbox WHERE published_at IS NULL";
 
@@ -407,7 +405,7 @@ async fn fail_over(
             relay.stop().await?;
             let again = relay_command("1").spawn()?;
             wait::up_to(DELIVERY_LIMIT, RELAY_POLL, async || {
-                let events: i64 = promoted.query_one(EVENTS, &[]).await?.get(0);
+                let events: i64 = promoted.query_one(counts::OUTBOX_ROWS, &[]).await?.get(0);
                 Ok(shipments.query_one(SHIPPED, &[]).await?.get::<_, i64>(0) >= events)
             })
             .await?;

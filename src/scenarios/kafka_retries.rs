@@ -291,7 +291,7 @@ async fn retried(
     })
     .await?;
     held.retain(|_, ids| ids.windows(2).any(|pair| pair[1] < pair[0]));
-    let written = counts::count(&db.connect().await?, "SELECT count(*) FROM outbox").await?;
+    let written = counts::count(&db.connect().await?, counts::OUTBOX_ROWS).await?;
     let distinct = distinct.len() as i64;
     let figures = [
         refused,
