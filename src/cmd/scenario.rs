@@ -216,21 +216,20 @@ async fn run_once(args: &ScenarioArgs, prepared: &[Prepared]) -> Result<Run> {
         &args.run.server_choice(),
         &run_id,
         async |server: &PgServer| {
-            let mut reports: Vec<Option<Report>> = prepared.iter().map(|_| None).collect();
+            // The reports so far, in the order of `prepared`, and where each stands there.
+            let (mut reports, mut positions): (Vec<Report>, Vec<usize>) = (vec![], vec![]);
             let bar = progress.bar(prepared.len() as u64, "scenarios");
-            // What is left of a report: its files, its text, the page of the reports so far
+            // What is left of report `i`: its files, its text, the page of the reports so far
             // (a run stopped halfway still leaves a page of what it has).
-            let finish = |i: usize, report: Report, reports: &mut Vec<Option<Report>>| {
+            let mut finish = |i: usize, report: Report| {
                 report.write_files(&results)?;
                 if print_each {
                     progress.suspend(|| outln!("{}", report.render_text()))?;
                 }
-                reports[i] = Some(report);
-                html::write(
-                    &results,
-                    &reports.iter().flatten().cloned().collect::<Vec<_>>(),
-                    plots,
-                )?;
+                let at = positions.partition_point(|&j| j < i);
+                positions.insert(at, i);
+                reports.insert(at, report);
+                html::write(&results, &reports, plots)?;
                 bar.inc(1);
                 anyhow::Ok(())
             };
@@ -251,15 +250,15 @@ async fn run_once(args: &ScenarioArgs, prepared: &[Prepared]) -> Result<Run> {
                 .buffer_unordered(SIDE_BY_SIDE);
             while let Some(ended) = side_by_side.next().await {
                 let (i, report) = ended?;
-                finish(i, report, &mut reports)?;
+                finish(i, report)?;
             }
             for i in alone {
                 bar.set_message(prepared[i].scenario().name());
                 let (i, report) = run(i).await?;
-                finish(i, report, &mut reports)?;
+                finish(i, report)?;
             }
             bar.finish_and_clear();
-            Ok(reports.into_iter().flatten().collect())
+            Ok(reports)
         },
     )
     .await;
