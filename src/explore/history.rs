@@ -112,9 +112,11 @@ pub struct History {
     pub attempts: Vec<Attempt>,
     /// Offending ids per violated invariant.
     pub violations: BTreeMap<String, Vec<String>>,
-    /// The orders whose COMMIT the writer saw succeed, as its log says: (order id, customer).
+    /// Every order the writers wrote, with its events and how its COMMIT ended, as their logs
+    /// told it as it happened: the judge's own record of what was written, kept outside every
+    /// database.
     #[serde(skip)]
-    pub acknowledged: Vec<(i64, i64)>,
+    pub written: Vec<writer::WrittenOrder>,
     /// Acknowledged orders the database no longer has after the run (`order 12`): a failover
     /// lost them. The database's loss, told apart from a relay's `lost`; a shipment of one is
     /// a ghost "lost in failover".
@@ -166,9 +168,9 @@ impl History {
         });
     }
 
-    /// The orders a writer's log says were acknowledged.
-    pub fn record_acknowledged(&mut self, log: &str) {
-        self.acknowledged.extend(writer::acknowledged_in(log));
+    /// The orders a writer's log tells of.
+    pub fn record_writes(&mut self, log: &str) {
+        self.written.extend(writer::written_in(log));
     }
 
     pub fn record_process(&mut self, process: &str, armed: Option<String>, end: String) {

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use tokio_postgres::config::Host;
 use tokio_postgres::{Client, Config};
 
 use crate::connect;
@@ -24,10 +25,23 @@ const MAX_NAME_LEN: usize = 63;
 /// Bounds the wait for a stopped relay's walsender to let go of its slot.
 const SLOT_RELEASE_LIMIT: Duration = Duration::from_secs(10);
 
-/// `outboxlab_<run>_<label>`; past PostgreSQL's 63 bytes, its start and a digest of the whole,
-/// so that two long labels differing only at their end (a zoo entry's runs) stay two names.
+/// `outboxlab_<run>_<label>`, within PostgreSQL's 63 bytes ([`shorten`]).
 fn database_name(run_id: &str, label: &str) -> String {
-    let name = format!("{DATABASE_PREFIX}{run_id}_{}", label.replace('-', "_"));
+    shorten(format!(
+        "{DATABASE_PREFIX}{run_id}_{}",
+        label.replace('-', "_")
+    ))
+}
+
+/// `base` (a name of ours) and `suffix`, within PostgreSQL's 63 bytes ([`shorten`]): a role of
+/// a database's (`<database>_relay`).
+pub fn prefixed_name(base: &str, suffix: &str) -> String {
+    shorten(format!("{base}{suffix}"))
+}
+
+/// `name`, or past PostgreSQL's 63 bytes its start and a digest of the whole, so that two long
+/// names differing only at their end (a zoo entry's runs) stay two names.
+fn shorten(name: String) -> String {
     if name.len() <= MAX_NAME_LEN {
         return name;
     }
@@ -98,20 +112,40 @@ impl Database {
     /// and password are kept; the server's other options are not (the link talks in the clear).
     pub fn through(&self, host: &str, port: u16) -> Result<Database> {
         let config = self.config()?;
+        let user = config.get_user().unwrap_or("postgres");
+        let password = config.get_password().map(<[u8]>::to_vec);
+        Ok(self.at(host, port, user, password.as_deref()))
+    }
+
+    /// The same database as another role (`user`, with its `password` where the server asks
+    /// for one), at the same host and port.
+    pub fn as_login(&self, user: &str, password: Option<&str>) -> Result<Database> {
+        let config = self.config()?;
+        let (host, port) = match (config.get_hosts().first(), config.get_ports().first()) {
+            (Some(Host::Unix(dir)), port) => (dir.to_string_lossy().into_owned(), port),
+            (Some(Host::Tcp(name)), port) => (name.clone(), port),
+            (None, port) => ("localhost".to_string(), port),
+        };
+        let port = port.copied().unwrap_or(5432);
+        Ok(self.at(&host, port, user, password.map(str::as_bytes)))
+    }
+
+    /// This database's name at `host` and `port`, as `user`.
+    fn at(&self, host: &str, port: u16, user: &str, password: Option<&[u8]>) -> Database {
         let encode = |bytes: &[u8]| connect::percent_encode(bytes);
-        let user = encode(config.get_user().unwrap_or("postgres").as_bytes());
-        let credentials = match config.get_password() {
+        let user = encode(user.as_bytes());
+        let credentials = match password {
             Some(password) => format!("{user}:{}", encode(password)),
             None => user,
         };
-        Ok(Database {
+        Database {
             server_url: format!(
                 "postgresql://{credentials}@{}:{port}/{}",
                 encode(host.as_bytes()),
                 encode(self.name.as_bytes())
             ),
             name: self.name.clone(),
-        })
+        }
     }
 
     /// A `psql`-ready URL, for `--keep`. Only meaningful for URL-form server addresses.
@@ -189,6 +223,25 @@ impl PgServer {
     /// the throwaway cluster), whichever server the run's databases are on.
     pub fn binaries(&self) -> Result<PgBinaries> {
         PgBinaries::find(self.pg_bin.as_deref())
+    }
+
+    /// Whether the server is the user's (`--database-url`).
+    pub fn is_external(&self) -> bool {
+        self.cluster.is_none()
+    }
+
+    /// A throwaway cluster of this run's own beside this server (the same binaries): where a
+    /// lab keeps what no relay on the user's server may reach.
+    pub async fn private_cluster(&self) -> Result<PgServer> {
+        let choice = ServerChoice {
+            database_url: None,
+            pg_bin: self.pg_bin.as_deref(),
+            keep: false,
+            commit_timestamps: false,
+        };
+        PgServer::open(&choice, &self.run_id)
+            .await
+            .context("cannot start a private cluster for the judge's records")
     }
 
     /// "throwaway cluster" or "external server", for the report.

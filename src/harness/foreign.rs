@@ -7,8 +7,9 @@
 //! the first word is the program, so that a kill or pause nemesis hits the relay itself. A
 //! relay that needs a pipeline is written `sh -c '...'`.
 //!
-//! When outbox-lab runs as root, the relay runs as an unprivileged user ([`RunAs`]) in a home of
-//! its own.
+//! When outbox-lab runs as root, the relay runs as the lab's [`RelayIdentity`] (a uid of its
+//! own) in a home of its own, and can gain no privilege (no new privileges: a set-uid program
+//! runs as the relay).
 //!
 //! A command line is readable by every local user, so a value filled into one never carries a
 //! credential (the private NATS server's token, RabbitMQ's password): it is in the environment
@@ -27,7 +28,7 @@ use tokio::task::JoinHandle;
 
 use super::nemesis::OwnChild;
 use super::process_group::GroupLeader;
-use super::run_as::{RelayHome, RunAs};
+use super::run_as::{RelayHome, RelayIdentity, RunAs};
 use crate::secrets::without_secrets;
 
 /// The placeholders a template may hold, each also given in the environment.
@@ -102,7 +103,8 @@ const OUTPUT_DRAIN: Duration = Duration::from_millis(500);
 pub struct RelayTemplate {
     pub text: String,
     words: Vec<String>,
-    /// Who it runs as, when not as outbox-lab itself (which is root).
+    /// Who it runs as, when not as outbox-lab itself (which is root): each lab claims its own
+    /// [`RelayIdentity`] of it.
     pub run_as: Option<RunAs>,
 }
 
@@ -166,8 +168,13 @@ impl RelayTemplate {
 
     /// The command for relay `index`, its placeholders filled in, the values also in its
     /// environment, killed if we die ([`RelayTemplate::spawn`] starts it leading a process group
-    /// of its own), as [`RunAs`] in `home` if there is one.
-    fn command(&self, endpoints: &Endpoints, index: u32, home: Option<&RelayHome>) -> Command {
+    /// of its own), as `identity` in `home` if there is one.
+    fn command(
+        &self,
+        endpoints: &Endpoints,
+        index: u32,
+        confined: Option<(&RelayIdentity, &RelayHome)>,
+    ) -> Command {
         let name = relay_name(index);
         let index = index.to_string();
         let values: [(&str, &str); 10] = [
@@ -188,8 +195,8 @@ impl RelayTemplate {
             })
         };
         let mut cmd = Command::new(fill(&self.words[0]));
-        if let (Some(run_as), Some(home)) = (&self.run_as, home) {
-            run_as.confine(&mut cmd, &home.path());
+        if let Some((identity, home)) = confined {
+            identity.confine(&mut cmd, &home.path());
         }
         cmd.args(self.words[1..].iter().map(|w| fill(w)));
         for ((placeholder, var, _), (filled, value)) in PLACEHOLDERS.iter().zip(values) {
@@ -204,21 +211,29 @@ impl RelayTemplate {
         unsafe {
             cmd.pre_exec(|| {
                 nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                // A set-uid program the relay runs gains nothing: it stays the relay.
+                nix::sys::prctl::set_no_new_privs()?;
                 Ok(())
             });
         }
         cmd
     }
 
-    /// Starts relay `index`.
-    pub fn spawn(&self, endpoints: &Endpoints, index: u32) -> Result<ForeignRelay> {
-        let home = self.run_as.as_ref().map(RunAs::home).transpose()?;
-        let mut process = GroupLeader::spawn(&mut self.command(endpoints, index, home.as_ref()))
+    /// Starts relay `index`, as `identity` (the lab's, when outbox-lab runs as root).
+    pub fn spawn(
+        &self,
+        endpoints: &Endpoints,
+        index: u32,
+        identity: Option<&RelayIdentity>,
+    ) -> Result<ForeignRelay> {
+        let home = identity.map(RelayIdentity::home).transpose()?;
+        let confined = identity.zip(home.as_ref());
+        let mut process = GroupLeader::spawn(&mut self.command(endpoints, index, confined))
             .with_context(|| match &self.run_as {
                 Some(run_as) => format!(
-                    "cannot start --relay-cmd '{}' as the user {}",
+                    "cannot start --relay-cmd '{}' as {}",
                     self.text,
-                    run_as.name()
+                    run_as.describe()
                 ),
                 None => format!("cannot start --relay-cmd '{}'", self.text),
             })?;

@@ -30,6 +30,7 @@ pub mod process_group;
 pub mod rabbitmq_server;
 pub mod redis_server;
 pub mod replicated;
+pub mod roles;
 pub mod run;
 pub mod run_as;
 pub mod server;

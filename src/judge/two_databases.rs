@@ -6,8 +6,9 @@
 //! that failed over), the consumer's rows are copied into it instead.
 
 use anyhow::{Context, Result};
-use futures_util::{pin_mut, SinkExt, TryStreamExt};
 use tokio_postgres::Client;
+
+use super::record::copy;
 
 /// The application's tables as the invariants read them: the columns they use, and their
 /// types in the article's schema.
@@ -71,18 +72,5 @@ pub async fn bring_consumer_rows(consumer: &Client, application: &Client) -> Res
         .await
         .with_context(|| format!("cannot copy consumer.{table} from the consumer's database"))?;
     }
-    Ok(())
-}
-
-/// Streams what `copy_out` (a `COPY ... TO STDOUT`) reads from `from` into `copy_in` (a `COPY
-/// ... FROM STDIN`) on `to`, chunk by chunk.
-async fn copy(from: &Client, copy_out: &str, to: &Client, copy_in: &str) -> Result<()> {
-    let rows = from.copy_out(copy_out).await?;
-    let into = to.copy_in(copy_in).await?;
-    pin_mut!(rows, into);
-    while let Some(chunk) = rows.try_next().await? {
-        into.send(chunk).await?;
-    }
-    into.finish().await?;
     Ok(())
 }

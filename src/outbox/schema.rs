@@ -80,8 +80,11 @@ RESTART IDENTITY";
 
 /// Drops everything a run made (the article's tables, the consumer's, the judge's, and whatever
 /// a relay of the user's created, in `public` or in schemas of its own), for a run that starts
-/// from the schema files alone. Only ever run in a database of the run's own.
+/// from the schema files alone. Only ever run in a database of the run's own. With nothing but
+/// `pg_catalog` on the search path meanwhile, so that nothing a relay made is called; then
+/// `public` alone (no `$user` schema a relay may have made shadows a table).
 pub const RECREATE: &str = r#"
+SET search_path = pg_catalog;
 DO $$
 DECLARE
   made name;
@@ -94,7 +97,8 @@ BEGIN
   END LOOP;
 END $$;
 DROP SCHEMA public CASCADE;
-CREATE SCHEMA public"#;
+CREATE SCHEMA public;
+SET search_path = public"#;
 
 /// Where explore's stored watermark relay keeps its position across restarts.
 pub const ADD_RELAY_WATERMARK: &str =

@@ -102,10 +102,10 @@ pub async fn create_order_with_events(
         true => EventsTo::OutboxDeleted,
         false => EventsTo::Outbox,
     };
-    let order_id = insert_order_with_events(&tx, customer_id, events_per_order, &outbox).await?;
+    let inserted = insert_order_with_events(&tx, customer_id, events_per_order, &outbox).await?;
     crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
     end(tx, ending).await?;
-    Ok(order_id)
+    Ok(inserted.order_id)
 }
 
 /// Where an order's events are written.
@@ -120,20 +120,117 @@ pub enum EventsTo {
     Statement(String),
 }
 
+/// An event the writer inserted: its outbox row's id, its event id, its type.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WrittenEvent {
+    pub outbox_id: i64,
+    pub event_id: Uuid,
+    pub event_type: String,
+}
+
+/// An order and its events, inserted in a transaction not yet ended.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InsertedOrder {
+    pub order_id: i64,
+    pub customer_id: i64,
+    pub events: Vec<WrittenEvent>,
+}
+
+/// How an order's COMMIT ended, as the writer knows it (Jepsen's ok, fail, info).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CommitOutcome {
+    /// The server said it committed.
+    Ok,
+    /// The server said it did not.
+    Failed,
+    /// No answer came (the connection was lost, the writer died): committed if, and only if,
+    /// the order is in the database.
+    Unknown,
+}
+
+impl CommitOutcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            CommitOutcome::Ok => "ok",
+            CommitOutcome::Failed => "failed",
+            CommitOutcome::Unknown => "unknown",
+        }
+    }
+}
+
+/// What the writer tells the lab of each order, a line each as it happens (the typed contract
+/// of its log, [`write_step_line`]): the order and its events once inserted, before its COMMIT;
+/// then how the COMMIT ended. The lab keeps them outside every database, where no relay
+/// reaches: the judge's record of what was written.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "step", rename_all = "lowercase")]
+pub enum WriteStep {
+    Inserted(InsertedOrder),
+    Ended {
+        order_id: i64,
+        outcome: CommitOutcome,
+    },
+}
+
+/// An order as the writer wrote it, and how its COMMIT ended ([`CommitOutcome::Unknown`] when
+/// the writer never told).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrittenOrder {
+    pub order: InsertedOrder,
+    pub outcome: CommitOutcome,
+}
+
+/// Starts a [`WriteStep`]'s line in the writer's log.
+const WRITE_STEP: &str = "write ";
+
+/// The log line of a [`WriteStep`].
+pub fn write_step_line(step: &WriteStep) -> String {
+    let json = serde_json::to_string(step).expect("a write step serializes");
+    format!("{WRITE_STEP}{json}")
+}
+
+/// The orders a writer's log tells of ([`write_step_line`], among its other lines, each after
+/// a `[role] ` tag), in the order they were inserted, each with how its COMMIT ended.
+pub fn written_in(log: &str) -> Vec<WrittenOrder> {
+    let mut written: Vec<WrittenOrder> = Vec::new();
+    for line in log.lines() {
+        let line = line.split_once("] ").map_or(line, |(_, rest)| rest);
+        let Some(json) = line.strip_prefix(WRITE_STEP) else {
+            continue;
+        };
+        match serde_json::from_str(json) {
+            Ok(WriteStep::Inserted(order)) => written.push(WrittenOrder {
+                order,
+                outcome: CommitOutcome::Unknown,
+            }),
+            Ok(WriteStep::Ended { order_id, outcome }) => {
+                let mut told = written.iter_mut().rev();
+                if let Some(ended) = told.find(|w| w.order.order_id == order_id) {
+                    ended.outcome = outcome;
+                }
+            }
+            // A line cut short by a kill: that order's end was never told.
+            Err(_) => {}
+        }
+    }
+    written
+}
+
 /// The order and its events, in the caller's transaction, where `to` says.
 pub async fn insert_order_with_events(
     tx: &Transaction<'_>,
     customer_id: i64,
     events_per_order: u32,
     to: &EventsTo,
-) -> Result<i64> {
+) -> Result<InsertedOrder> {
     let order_id: i64 = tx.query_one(INSERT_ORDER, &[&customer_id]).await?.get(0);
     let aggregate_id = order_id.to_string();
     let theirs = match to {
         EventsTo::Statement(sql) => Some(tx.prepare_typed(sql, &INSERT_SQL_TYPES).await?),
         _ => None,
     };
-    let mut outbox_ids: Vec<i64> = Vec::with_capacity(events_per_order as usize);
+    let mut events = Vec::with_capacity(events_per_order as usize);
     for n in 1..=events_per_order {
         let mut payload = order_payload(order_id);
         payload["seq"] = n.into();
@@ -141,24 +238,50 @@ pub async fn insert_order_with_events(
         let row = tx
             .query_one(INSERT_OUTBOX, &[&aggregate_id, &event_type, &payload])
             .await?;
-        outbox_ids.push(row.get("id"));
+        let event_id: Uuid = row.get("event_id");
         if let Some(statement) = &theirs {
-            let event_id: Uuid = row.get("event_id");
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
                 [&event_id, &aggregate_id, &"orders", &event_type, &payload];
             tx.execute(statement, &params).await?;
         }
+        events.push(WrittenEvent {
+            outbox_id: row.get("id"),
+            event_id,
+            event_type,
+        });
     }
     if !matches!(to, EventsTo::Outbox) {
-        tx.execute(DELETE_OUTBOX_ROWS, &[&outbox_ids]).await?;
+        let ids: Vec<i64> = events.iter().map(|e| e.outbox_id).collect();
+        tx.execute(DELETE_OUTBOX_ROWS, &[&ids]).await?;
     }
-    Ok(order_id)
+    Ok(InsertedOrder {
+        order_id,
+        customer_id,
+        events,
+    })
+}
+
+/// Commits `tx` and tells `step` how it ended (a lost connection leaves it unknown).
+async fn commit_told(
+    tx: Transaction<'_>,
+    order_id: i64,
+    step: &mut dyn FnMut(WriteStep),
+) -> Result<()> {
+    let committed = tx.commit().await.map_err(anyhow::Error::from);
+    let outcome = match &committed {
+        Ok(()) => CommitOutcome::Ok,
+        Err(e) if crate::connect::lost_connection(e) => CommitOutcome::Unknown,
+        Err(_) => CommitOutcome::Failed,
+    };
+    step(WriteStep::Ended { order_id, outcome });
+    committed
 }
 
 /// Orders written in pairs by two sessions whose transactions overlap, as on any busy server:
 /// the second order of a pair commits first and the first `overlap` later (a slow request), so
-/// outbox ids do not become visible in id order. Each pair takes at least `pace`. Each order
-/// whose COMMIT succeeded is told to `committed` at once (its id, its customer).
+/// outbox ids do not become visible in id order. Each pair takes at least `pace`. Each step of
+/// each order is told to `step` as it happens: inserted (with its events), then how its COMMIT
+/// ended.
 #[allow(clippy::too_many_arguments)]
 pub async fn write_overlapping_pairs(
     slow: &mut Client,
@@ -168,47 +291,28 @@ pub async fn write_overlapping_pairs(
     to: &EventsTo,
     overlap: Duration,
     pace: Duration,
-    committed: &mut dyn FnMut(i64, i64),
+    step: &mut dyn FnMut(WriteStep),
 ) -> Result<()> {
     for pair in customers.chunks(2) {
         let paced = tokio::time::sleep(pace);
         let slow_tx = slow.transaction().await?;
         let first = insert_order_with_events(&slow_tx, pair[0], events_per_order, to).await?;
+        let first_id = first.order_id;
+        step(WriteStep::Inserted(first));
         if let Some(&customer) = pair.get(1) {
             let fast_tx = fast.transaction().await?;
             let second = insert_order_with_events(&fast_tx, customer, events_per_order, to).await?;
+            let second_id = second.order_id;
+            step(WriteStep::Inserted(second));
             crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
-            fast_tx.commit().await?;
-            committed(second, customer);
+            commit_told(fast_tx, second_id, step).await?;
             tokio::time::sleep(overlap).await;
         }
         crash::point(CrashPoint::WriterAfterInsertBeforeCommit);
-        slow_tx.commit().await?;
-        committed(first, pair[0]);
+        commit_told(slow_tx, first_id, step).await?;
         paced.await;
     }
     Ok(())
-}
-
-/// How the explore writer tells the lab an order's COMMIT succeeded, in its log: the
-/// acknowledged orders a failover may lose ([`acknowledged_in`] reads them back). The
-/// customer tells the order apart from a later one given the same id (a promoted standby
-/// hands out again the ids it never received).
-pub fn acknowledged_line(order_id: i64, customer_id: i64) -> String {
-    format!("order {order_id} of customer {customer_id}{ACKNOWLEDGED}")
-}
-
-const ACKNOWLEDGED: &str = " committed, acknowledged";
-
-/// The orders a writer's log says were acknowledged ([`acknowledged_line`]), in order: (order
-/// id, customer id).
-pub fn acknowledged_in(log: &str) -> impl Iterator<Item = (i64, i64)> + '_ {
-    log.lines().filter_map(|line| {
-        let line = line.split_once("] ").map_or(line, |(_, rest)| rest);
-        let order = line.strip_suffix(ACKNOWLEDGED)?.strip_prefix("order ")?;
-        let (order, customer) = order.split_once(" of customer ")?;
-        Some((order.parse().ok()?, customer.parse().ok()?))
-    })
 }
 
 /// Of `customers`, those without a committed order, in order.
@@ -273,18 +377,47 @@ pub async fn dual_write(
 mod tests {
     use super::*;
 
-    /// The lab reads back, from the writer's log among its other lines, exactly the orders it
-    /// said were acknowledged.
+    /// The lab reads back, from the writer's log among its other lines, every order it wrote
+    /// with how its COMMIT ended: as told, or unknown when no end was told (the writer died, or
+    /// its last line was cut short).
     #[test]
-    fn acknowledged_orders_round_trip_through_the_log() {
-        let log = format!(
-            "[app] {}\n[app] customer=3 sending\n[app] {}\norder 9 committed\n",
-            acknowledged_line(12, 5),
-            acknowledged_line(40, 17)
-        );
+    fn written_orders_round_trip_through_the_log() {
+        let order = |order_id: i64, customer_id| InsertedOrder {
+            order_id,
+            customer_id,
+            events: vec![WrittenEvent {
+                outbox_id: order_id * 2,
+                event_id: Uuid::new_v4(),
+                event_type: event_type(1),
+            }],
+        };
+        let ended = |order_id, outcome| WriteStep::Ended { order_id, outcome };
+        let first = order(12, 5);
+        let cut = write_step_line(&ended(40, CommitOutcome::Ok));
+        let log = [
+            write_step_line(&WriteStep::Inserted(first.clone())),
+            "customer=3 sending".to_string(),
+            write_step_line(&WriteStep::Inserted(order(40, 17))),
+            write_step_line(&ended(12, CommitOutcome::Ok)),
+            write_step_line(&WriteStep::Inserted(order(41, 18))),
+            write_step_line(&ended(41, CommitOutcome::Failed)),
+            cut[..cut.len() - 3].to_string(),
+        ]
+        .map(|line| format!("[app] {line}\n"))
+        .concat();
+        let written = written_in(&log);
+        let outcomes: Vec<(i64, CommitOutcome)> = written
+            .iter()
+            .map(|w| (w.order.order_id, w.outcome))
+            .collect();
         assert_eq!(
-            acknowledged_in(&log).collect::<Vec<_>>(),
-            [(12, 5), (40, 17)]
+            outcomes,
+            [
+                (12, CommitOutcome::Ok),
+                (40, CommitOutcome::Unknown),
+                (41, CommitOutcome::Failed)
+            ]
         );
+        assert_eq!(written[0].order, first);
     }
 }

@@ -89,7 +89,7 @@ impl Verification {
 /// Runs `schedule` through the lab and measures what its database says.
 pub(super) async fn once(lab: &Lab<'_>, schedule: &Schedule) -> Result<VerifyRun> {
     let history = lab.run(schedule).await?;
-    let client = lab.client().await?;
+    let client = lab.judge_client().await?;
     let figures = measure(&client, &history.held)
         .await
         .context("cannot measure the run's deliveries")?;
@@ -130,9 +130,14 @@ SELECT count(*) AS delivered,
     };
 }
 
-/// The order's row version is the writer's (a relay updates the outbox row, making its own).
-const LATENCY_FROM_COMMIT: &str = latencies!("pg_xact_commit_timestamp(ord.xmin)");
+/// The order's COMMIT, as the application's database stamped it (the judge copied it: see
+/// [`record`](crate::judge::record)).
+const LATENCY_FROM_COMMIT: &str = latencies!("ord.committed_at");
 const LATENCY_FROM_INSERT: &str = latencies!("o.created_at");
+
+/// Whether every committed order has its commit timestamp (the server tracked them).
+const HAS_COMMIT_TIMESTAMPS: &str =
+    "SELECT coalesce(bool_and(committed_at IS NOT NULL), false) FROM orders";
 
 /// The outbox's events, the consumer's distinct and total deliveries.
 const COUNTS: &str = "
@@ -153,7 +158,8 @@ SELECT (extract(epoch FROM f.received_at - origin.t0) * 1000)::bigint / $1 * $1 
  WHERE origin.t0 IS NOT NULL
  GROUP BY 1 ORDER BY 1";
 
-/// What the run's database says: counts, latency (less the time `held` was held on its way:
+/// What the run's judge says (`client`, a session of the judge's: the committed orders and
+/// events, the consumer's receipts): counts, latency (less the time `held` was held on its way:
 /// harness time), throughput, the timeline.
 pub async fn measure(client: &Client, held: &[Held]) -> Result<Figures> {
     let (held_ids, held_ms): (Vec<&str>, Vec<f64>) = held
@@ -161,11 +167,7 @@ pub async fn measure(client: &Client, held: &[Held]) -> Result<Figures> {
         .flat_map(|h| h.event_ids.iter().map(|id| (id.as_str(), h.held_ms)))
         .unzip();
     let counts = client.query_one(COUNTS, &[]).await?;
-    let from_commit: String = client
-        .query_one("SHOW track_commit_timestamp", &[])
-        .await?
-        .get(0);
-    let from_commit = from_commit == "on";
+    let from_commit: bool = client.query_one(HAS_COMMIT_TIMESTAMPS, &[]).await?.get(0);
     let latency = client
         .query_one(
             if from_commit {

@@ -13,7 +13,6 @@ use crate::explore::lab::STOPPED_ONCE_DRAINED;
 use crate::explore::schedule::Nemesis;
 use crate::explore::watchdog::LIVENESS_BOUND;
 use crate::harness::nemesis::format_duration;
-use crate::harness::run_as;
 use crate::judge::expectations::CheckResult;
 use crate::report::{Environment, Metrics, Report, Table};
 
@@ -307,11 +306,8 @@ pub(crate) fn replay_line(plan: &Plan, schedule: &str) -> String {
     if let Some(replication) = plan.replication {
         line.push_str(&format!(" --replication {}", replication.name()));
     }
-    match &plan.template.run_as {
-        Some(run_as) if run_as.name() != run_as::DEFAULT_USER => {
-            line.push_str(&format!(" --run-as {}", run_as.name()))
-        }
-        _ => {}
+    if let Some(name) = plan.template.run_as.as_ref().and_then(|r| r.named()) {
+        line.push_str(&format!(" --run-as {name}"));
     }
     line
 }

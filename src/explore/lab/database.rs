@@ -10,10 +10,13 @@ use tokio_postgres::Client;
 use super::{Bounds, ForeignRelays, Lab, Relays, Workload, EXPLORE_BOUNDS};
 use crate::error;
 use crate::explore::designs::Design;
-use crate::harness::db::PgServer;
+use crate::explore::schedule::Role;
+use crate::harness::db::{Database, PgServer};
 use crate::harness::nemesis::format_duration;
 use crate::harness::ports;
 use crate::harness::replicated::{Replication, VirtualPrimary};
+use crate::harness::roles::{self, ActorRoles};
+use crate::harness::run_as::RunAs;
 use crate::judge::record;
 use crate::outbox::schema;
 use crate::outbox::writer;
@@ -79,7 +82,7 @@ impl<'s> Lab<'s> {
         let Relays::Foreign(foreign) = &self.relays else {
             return Ok(());
         };
-        let client = self.client().await?;
+        let client = self.session_as(Role::Relay).await?;
         let row = client
             .query_one(foreign.pending_sql.as_str(), &[])
             .await
@@ -104,7 +107,7 @@ impl<'s> Lab<'s> {
         else {
             return Ok(());
         };
-        let client = self.client().await?;
+        let client = self.session_as(Role::Writer).await?;
         client
             .prepare_typed(sql, &writer::INSERT_SQL_TYPES)
             .await
@@ -120,11 +123,9 @@ impl<'s> Lab<'s> {
         bounds: Bounds,
         replication: Option<Replication>,
     ) -> Result<Lab<'s>> {
-        let (pair, db, consumer_db) = match replication {
-            None => {
-                let db = server.create_database(design.name).await?;
-                (None, db.clone(), db)
-            }
+        let strangers = matches!(relays, Relays::Foreign(_));
+        let (pair, db) = match replication {
+            None => (None, server.create_database(design.name).await?),
             Some(replication) => {
                 let pair = VirtualPrimary::start(&server.binaries()?, replication)
                     .await
@@ -132,14 +133,40 @@ impl<'s> Lab<'s> {
                 let db = pair
                     .create_database(&format!("outboxlab_{}", design.name))
                     .await?;
-                let consumer_db = server
-                    .create_database(&format!("{}_consumer", design.name))
-                    .await?;
-                (Some(pair), db, consumer_db)
+                (Some(pair), db)
             }
         };
         let client = db.connect_as(LAB_APPLICATION_NAME).await?;
         bound_session(&client, &bounds).await?;
+        // Strangers' relays get roles of least privilege, where the server lets us make them
+        // (on the user's server, with passwords of their own).
+        let roles = match strangers {
+            true => {
+                ActorRoles::create(&client, &db, pair.is_none() && server.is_external()).await?
+            }
+            false => None,
+        };
+        // The consumer's database is apart where the application's is on the pair, or the
+        // relays are strangers' (the judge keeps its record there too, and no relay may
+        // connect to it): on the run's server, or on a private cluster where the relays have
+        // the user's server's own role (no roles could be made), which could reach it there.
+        let label = format!("{}_consumer", design.name);
+        let (judge_server, consumer_db) = if !strangers && pair.is_none() {
+            (None, db.clone())
+        } else if strangers && pair.is_none() && roles.is_none() {
+            let private = server.private_cluster().await?;
+            let consumer_db = private.create_database(&label).await?;
+            (Some(private), consumer_db)
+        } else {
+            (None, server.create_database(&label).await?)
+        };
+        if strangers {
+            roles::keep_out(&consumer_db.connect().await?, &consumer_db).await?;
+        }
+        let identity = match &relays {
+            Relays::Foreign(foreign) => foreign.template.run_as.as_ref().map(RunAs::claim),
+            Relays::Ours => None,
+        };
         let [port] = ports::free_ports()?;
         Ok(Lab {
             design,
@@ -149,10 +176,36 @@ impl<'s> Lab<'s> {
             pair,
             db,
             consumer_db,
+            roles,
+            _judge_server: judge_server,
+            identity: identity.transpose()?,
             client: tokio::sync::Mutex::new(client),
             port,
             workload,
         })
+    }
+
+    /// `db` as `role`'s processes reach it (before their link): strangers' relays and the
+    /// writer as their roles, where they have them; else as the server's own role.
+    pub(super) fn database_of(&self, role: Role) -> Result<Database> {
+        let login = match (&self.roles, role) {
+            (Some(roles), Role::Relay) => &roles.relay,
+            (Some(roles), Role::Writer) => &roles.writer,
+            _ => return Ok(self.db.clone()),
+        };
+        login.database(&self.db)
+    }
+
+    /// A session of the lab's as `role` reaches the database (not through its link): for the
+    /// user's SQL (`--schema` as the relays, `--pending-sql` as the relays, `--insert-sql` as
+    /// the writer), which may call what a relay made, and must do so with its rights alone.
+    pub(super) async fn session_as(&self, role: Role) -> Result<Client> {
+        let client = self
+            .database_of(role)?
+            .connect_as(LAB_APPLICATION_NAME)
+            .await?;
+        bound_session(&client, &self.bounds).await?;
+        Ok(client)
     }
 
     /// The lab's own connection, made again if the database restarted under it.
@@ -169,40 +222,49 @@ impl<'s> Lab<'s> {
     }
 
     /// Empties the tables (our relays), or makes the schema anew (the user's: their own
-    /// tables, a stored position, start from nothing too).
+    /// tables, a stored position, start from nothing too); for strangers' relays, the
+    /// consumer's and the judge's tables too, in their database apart.
     pub(super) async fn reset(&self) -> Result<()> {
-        if self.pair.is_some() {
-            // The consumer's tables apart, on the run's server, made anew.
-            let consumer = self.consumer_db.connect().await?;
-            consumer.batch_execute(schema::RECREATE).await?;
-            schema::create(&consumer).await?;
-            if let Relays::Ours = self.relays {
-                consumer.batch_execute(schema::ADD_FENCING).await?;
-            }
-        }
         let client = self.client().await?;
         match &self.relays {
             Relays::Ours => {
+                if self.pair.is_some() {
+                    // The consumer's tables apart, on the run's server, made anew.
+                    let consumer = self.consumer_db.connect().await?;
+                    consumer.batch_execute(schema::RECREATE).await?;
+                    schema::create(&consumer).await?;
+                    consumer.batch_execute(schema::ADD_FENCING).await?;
+                }
                 client.batch_execute(schema::RESET).await?;
                 client.batch_execute(schema::RESET_RELAY_WATERMARK).await?;
                 client.batch_execute(schema::RESET_FENCES).await?;
             }
             Relays::Foreign(foreign) => {
+                let consumer = self.consumer_db.connect().await?;
+                consumer.batch_execute(schema::RECREATE).await?;
+                consumer.batch_execute(schema::CREATE_CONSUMER).await?;
+                consumer.batch_execute(record::JUDGE_TABLES).await?;
                 client.batch_execute(schema::RECREATE).await?;
-                schema::create(&client).await?;
+                client
+                    .batch_execute(schema::CREATE_OUTBOX)
+                    .await
+                    .context("cannot create the outbox tables")?;
                 client.batch_execute(schema::NOTIFY_TRIGGER).await?;
-                // Before the user's DDL, so that the check below finds the record's tables.
-                client.batch_execute(record::RECORD_WRITES).await?;
+                if let Some(roles) = &self.roles {
+                    roles.grant(&client).await?;
+                }
                 if let Some(ddl) = &foreign.schema {
-                    client
+                    // As the relays' role: what it makes is theirs, as a library's tables are.
+                    self.session_as(Role::Relay)
+                        .await?
                         .batch_execute(ddl)
                         .await
                         .map_err(|e| self.user_sql_failed("--schema does not apply", e))?;
                     if let Some(why) = record::broken_by_user_schema(&client).await {
                         return Err(error::Error::Usage(anyhow!(
                             "--schema breaks outbox-lab's tables ({why}): your DDL may add \
-                             tables, columns, indexes and triggers, not drop or change the \
-                             article's outbox, orders and consumer tables"
+                             tables, indexes and triggers of its own, not drop or change the \
+                             article's outbox and orders"
                         ))
                         .into());
                     }

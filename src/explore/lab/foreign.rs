@@ -13,10 +13,15 @@ use tokio_postgres::error::SqlState;
 use super::delivery::{Backlog, Delivery};
 use super::{Lab, Relays, Stage};
 use crate::error;
+use crate::explore::checker::{self, Violations};
+use crate::explore::history::History;
+use crate::explore::schedule::Role;
 use crate::harness::db::Database;
 use crate::harness::foreign::{relay_name, Endpoints, RelayTemplate};
-use crate::harness::run_as::RunAs;
+use crate::harness::run_as::RelayIdentity;
 use crate::judge::invariants::pending;
+use crate::judge::invariants::Invariant;
+use crate::judge::record;
 
 /// A relay of the user's must have connected to the database within this time of the start.
 const CONNECT_BOUND: Duration = Duration::from_secs(10);
@@ -69,13 +74,10 @@ pub enum ForeignRelayError {
 }
 
 impl Lab<'_> {
-    /// The user strangers' relays run as, when not as ourselves: the sockets they are given
-    /// let it in.
+    /// The user strangers' relays run as, when not as ourselves (the lab's claimed identity):
+    /// the sockets they are given let it in.
     pub(super) fn relay_user(&self) -> Option<&User> {
-        match &self.relays {
-            Relays::Foreign(foreign) => foreign.template.run_as.as_ref().map(RunAs::user),
-            Relays::Ours => None,
-        }
+        self.identity.as_ref().map(RelayIdentity::user)
     }
 
     /// For the user's relays: fails the run if none connects within [`CONNECT_BOUND`]; once
@@ -91,14 +93,13 @@ impl Lab<'_> {
         let mut connected = false;
         let mut settled: Option<(i64, Instant)> = None;
         let mut broker = Backlog::new(&foreign.delivery);
-        // The consumer's receipts, where its database is apart (db:failover).
+        // The user's count of what is owed runs as the relays (it may call what a relay made);
+        // the consumer's receipts are read in its own database. Each session is made again
+        // after a database restart (a nemesis): meanwhile, look again later.
+        let mut owed: Option<tokio_postgres::Client> = None;
         let mut consumer: Option<tokio_postgres::Client> = None;
         loop {
             tokio::time::sleep(DRAIN_POLL).await;
-            // The database may be restarting (a nemesis): look again later.
-            let Ok(client) = self.client().await else {
-                continue;
-            };
             if !connected {
                 connected = stage.links.relay_connected();
                 stage.relay_connected.send_replace(connected);
@@ -112,20 +113,21 @@ impl Lab<'_> {
             if !*stage.writer_done.borrow() || !*stage.nemeses_done.borrow() {
                 continue;
             }
-            let pending = match client.query_one(&foreign.pending_sql, &[]).await {
+            if owed.as_ref().is_none_or(|c| c.is_closed()) {
+                owed = self.session_as(Role::Relay).await.ok();
+            }
+            if consumer.as_ref().is_none_or(|c| c.is_closed()) {
+                consumer = self.consumer_db.connect().await.ok();
+            }
+            let (Some(owed), Some(receipts)) = (&owed, &consumer) else {
+                continue;
+            };
+            let pending = match owed.query_one(&foreign.pending_sql, &[]).await {
                 Ok(row) => row.get::<_, i64>(0),
                 Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => {
                     return self.user_sql_failed("--pending-sql took too long during the run", e);
                 }
                 Err(_) => continue,
-            };
-            if self.pair.is_some() && consumer.as_ref().is_none_or(|c| c.is_closed()) {
-                consumer = self.consumer_db.connect().await.ok();
-            }
-            let receipts = match (&self.pair, &consumer) {
-                (None, _) => &*client,
-                (Some(_), Some(consumer)) => consumer,
-                (Some(_), None) => continue,
             };
             let counts = async {
                 let received: i64 = receipts.query_one(COUNT_RECEIPTS, &[]).await?.get(0);
@@ -227,5 +229,54 @@ impl Lab<'_> {
             amqp_url,
             kafka_url,
         })
+    }
+}
+
+/// The judge names its sessions so (`application_name`).
+const JUDGE_APPLICATION_NAME: &str = "outbox-lab judge";
+
+impl Lab<'_> {
+    /// A session of the judge's: the consumer's database, the judge's tables first on its path
+    /// (strangers' relays: see [`record`]).
+    pub async fn judge_client(&self) -> Result<tokio_postgres::Client> {
+        let client = self.consumer_db.connect_as(JUDGE_APPLICATION_NAME).await?;
+        client.batch_execute(record::JUDGE_SEARCH_PATH).await?;
+        Ok(client)
+    }
+
+    /// Judges a run of strangers' relays on the judge's own record ([`record`]), where no relay
+    /// reaches: the violations (`cut_short`: not drained, so what is owed is pending, not lost,
+    /// and liveness is not judged; `stuck`: the liveness bound the run hit), and the orders the
+    /// writer was told committed that the database no longer has.
+    pub(super) async fn judge_strangers(
+        &self,
+        history: &History,
+        failed_over: bool,
+        cut_short: bool,
+        stuck: Option<&str>,
+    ) -> Result<(Violations, Vec<String>)> {
+        let judge = self.judge_client().await?;
+        {
+            let application = self.client().await?;
+            record::judge_from_record(&application, &judge, &history.written, failed_over).await?;
+        }
+        let mut violations = match cut_short {
+            true => checker::check_live(&judge).await?,
+            false => checker::check(&judge, stuck).await?,
+        };
+        let tampering = record::tampering(&judge).await?;
+        for (invariant, found) in [
+            (Invariant::Lost, tampering.rewritten),
+            (Invariant::Ghost, tampering.never_written),
+        ] {
+            if !found.is_empty() {
+                let ids = violations.entry(invariant).or_default();
+                ids.extend(found);
+                ids.sort();
+                ids.dedup();
+            }
+        }
+        let acknowledged_lost = record::acknowledged_lost(&judge).await?;
+        Ok((violations, acknowledged_lost))
     }
 }

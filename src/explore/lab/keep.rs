@@ -95,7 +95,10 @@ impl Lab<'_> {
         for n in 1..=MAX_PROCESSES_PER_ROLE {
             let plan = faults.next(Role::Writer);
             let label = format!("writer#{n}");
-            let database = stage.links.database(&self.db, Role::Writer, 0)?;
+            let database =
+                stage
+                    .links
+                    .database(&self.database_of(Role::Writer)?, Role::Writer, 0)?;
             let writer = self
                 .writer_command(&database, &stage.sink, stage.schedule)
                 .crash_at(plan)
@@ -108,7 +111,7 @@ impl Lab<'_> {
             history
                 .lock()
                 .expect("not poisoned")
-                .record_acknowledged(&run.stdout);
+                .record_writes(&run.stdout);
             match run.end {
                 ChildEnd::Ok => {
                     stuck = None;
@@ -180,13 +183,15 @@ impl Lab<'_> {
         history: &Mutex<History>,
         stage: &Stage<'_>,
     ) -> Result<Option<String>> {
-        let database = stage.links.database(&self.db, Role::Relay, index)?;
+        let database = stage
+            .links
+            .database(&self.database_of(Role::Relay)?, Role::Relay, index)?;
         let endpoints = self.endpoints(&database, &stage.relay_sinks[index as usize], index)?;
         let name = relay_name(index);
         let mut quick_exits = 0;
         for n in 1..=MAX_PROCESSES_PER_ROLE {
             let label = format!("{name}#{n}");
-            let mut relay = template.spawn(&endpoints, index)?;
+            let mut relay = template.spawn(&endpoints, index, self.identity.as_ref())?;
             stage
                 .live
                 .started_own(Role::Relay, index, &label, relay.own());

@@ -37,22 +37,15 @@ use crate::harness::db::{Database, PgServer};
 use crate::harness::foreign::Tail;
 use crate::harness::link::faults::FaultRecord;
 use crate::harness::replicated::VirtualPrimary;
+use crate::harness::roles::ActorRoles;
+use crate::harness::run_as::RelayIdentity;
 use crate::judge::invariants::Invariant;
 use crate::judge::{record, two_databases};
+use crate::outbox::writer::CommitOutcome;
 
 pub use delivery::Delivery;
 use delivery::Middle;
 pub use foreign::{ForeignRelayError, ForeignRelays, COUNT_PENDING};
-
-/// Fills in what a relay of the user's may leave out of a delivery (the outbox id, the event
-/// type), from the outbox row of the event id it sent: the order and duplicate invariants read
-/// them from the receipts.
-const COMPLETE_RECEIPTS: &str = "
-UPDATE consumer.receipts r
-   SET outbox_id = o.id, event_type = o.event_type
-  FROM outbox o
- WHERE o.event_id = r.event_id
-   AND (r.outbox_id IS NULL OR r.event_type = '')";
 
 /// How the history says a relay of the user's ended that the lab stopped once the outbox was
 /// drained (any other end is its own: a crash, an exit).
@@ -112,8 +105,20 @@ pub struct Lab<'s> {
     pair: Option<VirtualPrimary>,
     /// The application's database: the orders, the outbox, the user's tables.
     db: Database,
-    /// The consumer's database: `db`, or one on the run's server when `db` is on the pair.
+    /// The consumer's database: `db` for our relays, else apart (on the run's server when `db`
+    /// is on the pair). For strangers' relays it also holds the judge's record, and no relay
+    /// may connect to it.
     consumer_db: Database,
+    /// The roles strangers' relays and the writer reach `db` as (least privilege), where they
+    /// could be made; `None`: the server's own role (ours; or the user's server whose role may
+    /// not create roles).
+    roles: Option<ActorRoles>,
+    /// A private cluster of the lab's own holding `consumer_db`, where strangers' relays get
+    /// the user's server's role, which could reach a database of it.
+    _judge_server: Option<PgServer>,
+    /// Who strangers' relays run as, claimed for the lab (outbox-lab runs as root): every
+    /// process of it ends with each run.
+    identity: Option<RelayIdentity>,
     /// Resets the database and runs the checker; connected again after a database restart.
     client: tokio::sync::Mutex<Client>,
     /// The consumer's port, the same for every restart so that senders find it again.
@@ -269,19 +274,23 @@ impl<'s> Lab<'s> {
                 }
             }
         };
+        if let Some(identity) = &self.identity {
+            // Whatever the relays started and left running (setsid, a double fork) ends with
+            // the run: it must not write while the run is judged, nor into the next run.
+            let ended = identity.leftovers();
+            identity.end_every_process();
+            if ended > 0 {
+                history.lock().expect("not poisoned").record_process(
+                    "relays' leftovers",
+                    None,
+                    format!(
+                        "{ended} process(es) the relays started still ran after they stopped \
+                         (outside their process group: setsid, a double fork): ended with SIGKILL"
+                    ),
+                );
+            }
+        }
         nemeses::settle(schedule, proxied, &stage.links, &faults);
-        let client = self.client().await?;
-        if self.pair.is_some() {
-            // The consumer's side effects, beside what the application's database kept.
-            let consumer = self.consumer_db.connect().await?;
-            two_databases::bring_consumer_rows(&consumer, &client).await?;
-        }
-        if let Relays::Foreign(_) = self.relays {
-            // The rows the relay deleted once published come back, and what it left out of
-            // its deliveries is filled in by the event id it did send.
-            record::restore_deleted(&client).await?;
-            client.batch_execute(COMPLETE_RECEIPTS).await?;
-        }
         let faults = faults.records(schedule);
         let failed_over = faults.iter().any(|f| {
             f.outcome.is_reached() && matches!(f.fault.parse(), Ok(Nemesis::DbFailover { .. }))
@@ -295,15 +304,31 @@ impl<'s> Lab<'s> {
                 false => why,
             },
         );
-        let violations = match cut_short {
-            // Not drained: what is owed is pending, not lost, and liveness is not judged.
-            Some(_) => checker::check_live(&client).await?,
-            None => checker::check(&client, stuck.as_deref()).await?,
-        };
         let mut history = history.into_inner().expect("not poisoned");
-        history.acknowledged_lost =
-            record::acknowledged_lost(&client, &history.acknowledged).await?;
-        drop(client);
+        let (violations, acknowledged_lost) = match self.relays {
+            Relays::Foreign(_) => {
+                self.judge_strangers(&history, failed_over, cut_short.is_some(), stuck.as_deref())
+                    .await?
+            }
+            Relays::Ours => {
+                let client = self.client().await?;
+                if self.pair.is_some() {
+                    // The consumer's side effects, beside what the application's database kept.
+                    let consumer = self.consumer_db.connect().await?;
+                    two_databases::bring_consumer_rows(&consumer, &client).await?;
+                }
+                let acknowledged: Vec<(i64, i64)> = history
+                    .written
+                    .iter()
+                    .filter(|w| w.outcome == CommitOutcome::Ok)
+                    .map(|w| (w.order.order_id, w.order.customer_id))
+                    .collect();
+                let violations = checker::check(&client, stuck.as_deref()).await?;
+                let lost = record::acknowledged_lost_in(&client, &acknowledged).await?;
+                (violations, lost)
+            }
+        };
+        history.acknowledged_lost = acknowledged_lost;
         history.cut_short = cut_short;
         history.faults = faults;
         history.held = watch.map(|watch| watch.held()).unwrap_or_default();

@@ -276,12 +276,7 @@ async fn explore_writer(db: &Database, args: ExploreWriterRole) -> Result<()> {
                     &to,
                     args.overlap,
                     args.pace,
-                    &mut |order, customer| {
-                        log_line(format_args!(
-                            "{}",
-                            writer::acknowledged_line(order, customer)
-                        ))
-                    },
+                    &mut |step| log_line(format_args!("{}", writer::write_step_line(&step))),
                 )
                 .await
             };
