@@ -253,8 +253,9 @@ fn clean_leaves_a_live_run_alone() {
     assert!(!server.process.is_running());
 }
 
-/// `clean --database-url` drops what dead runs left (and their slots) and nothing else: not a
-/// live run's databases, not one someone is connected to, not the user's.
+/// `clean --database-url` drops what dead runs left (their databases, slots and relays' roles)
+/// and nothing else: not a live run's databases or roles, not one someone is connected to, not
+/// the user's (a role named like ours without a run's comment is not provably ours).
 #[test]
 fn clean_drops_only_dead_runs_databases() {
     let _turn = one_at_a_time();
@@ -278,7 +279,13 @@ fn clean_drops_only_dead_runs_databases() {
         admin
             .batch_execute(&format!(
                 "COMMENT ON DATABASE {dead} IS 'outbox-lab run deadrun{tag}';
-                 COMMENT ON DATABASE {live} IS 'outbox-lab run liverun{tag}'"
+                 COMMENT ON DATABASE {live} IS 'outbox-lab run liverun{tag}';
+                 CREATE ROLE {dead}_relay; CREATE ROLE {dead}_writer IN ROLE {dead}_relay;
+                 COMMENT ON ROLE {dead}_relay IS 'outbox-lab run deadrun{tag}';
+                 COMMENT ON ROLE {dead}_writer IS 'outbox-lab run deadrun{tag}';
+                 CREATE ROLE {live}_relay;
+                 COMMENT ON ROLE {live}_relay IS 'outbox-lab run liverun{tag}';
+                 CREATE ROLE outboxlab_users_{tag};"
             ))
             .await
             .unwrap();
@@ -336,10 +343,38 @@ fn clean_drops_only_dead_runs_databases() {
         for name in [&live, &busy, &users] {
             assert_eq!(exists(name).await, 1, "{name} dropped:\n{}", cleaned.stdout);
         }
+        let role = |name: String| {
+            count(format!(
+                "SELECT count(*) FROM pg_roles WHERE rolname = '{name}'"
+            ))
+        };
+        for dropped in [format!("{dead}_relay"), format!("{dead}_writer")] {
+            assert!(
+                cleaned.stdout.contains(&format!("dropped role {dropped}")),
+                "{}",
+                cleaned.stdout
+            );
+            assert_eq!(role(dropped).await, 0);
+        }
+        let kept = [format!("{live}_relay"), format!("outboxlab_users_{tag}")];
+        for name in &kept {
+            assert_eq!(
+                role(name.clone()).await,
+                1,
+                "{name} dropped:\n{}",
+                cleaned.stdout
+            );
+        }
         drop((_holder, _busy));
         for name in [&live, &busy, &users] {
             admin
                 .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+                .await
+                .unwrap();
+        }
+        for name in kept {
+            admin
+                .batch_execute(&format!("DROP ROLE {name}"))
                 .await
                 .unwrap();
         }

@@ -27,6 +27,7 @@ mod secrets;
 mod setup;
 mod standalone;
 mod storage;
+mod strangers;
 mod verify;
 mod verify_bad_input;
 mod zoo;

@@ -26,6 +26,11 @@ pub async fn run(database_url: Option<&str>) -> Result<ExitCode> {
                 db::CleanedDatabase::InUse(name) => {
                     outln!("left database {name}: its run is still going, or it is in use")?
                 }
+                db::CleanedDatabase::DroppedRole(name) => outln!("dropped role {name}")?,
+                db::CleanedDatabase::RoleInUse(name) => {
+                    outln!("left role {name}: its run is still going, or it is logged in")?
+                }
+                db::CleanedDatabase::LeftRole(name, why) => outln!("left role {name}: {why}")?,
             }
         }
     }

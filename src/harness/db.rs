@@ -13,6 +13,7 @@ use tokio_postgres::{Client, Config};
 
 use crate::connect;
 use crate::harness::cluster::{Cluster, PgBinaries};
+use crate::harness::roles::{self, ActorRoles};
 use crate::wait;
 
 /// Every database outbox-lab creates starts with this.
@@ -168,6 +169,9 @@ pub struct PgServer {
     _holder: Client,
     /// Names created in this run; dropped at close unless kept.
     created: Mutex<Vec<String>>,
+    /// Roles created in this run (the actors' of a database: see [`roles`]); dropped at close,
+    /// after the databases, unless kept.
+    created_roles: Mutex<Vec<String>>,
     keep: bool,
     /// Distinguishes this run's databases from another run's on a shared server.
     run_id: String,
@@ -212,6 +216,7 @@ impl PgServer {
             cluster,
             _holder: holder,
             created: Mutex::new(Vec::new()),
+            created_roles: Mutex::new(Vec::new()),
             keep: choice.keep,
             run_id,
             version,
@@ -294,6 +299,20 @@ impl PgServer {
         })
     }
 
+    /// The least-privilege roles of `db`'s actors (strangers' relays, the writer), made on
+    /// this server where its role may make them ([`ActorRoles::create`]), named after the run,
+    /// and dropped with it.
+    pub async fn create_actor_roles(&self, db: &Database) -> Result<Option<ActorRoles>> {
+        let admin = connect::postgres(&connect::parse_url(&self.url)?).await?;
+        let tag = run_tag(&self.run_id);
+        let roles = ActorRoles::create(&admin, db, self.is_external(), Some(&tag)).await?;
+        if let Some(roles) = &roles {
+            let mut created = self.created_roles.lock().expect("not poisoned");
+            created.extend(roles.names().map(str::to_string));
+        }
+        Ok(roles)
+    }
+
     /// Drops every database this run created (unless kept) and stops the throwaway cluster.
     pub async fn close(mut self) -> Result<()> {
         if self.keep {
@@ -315,6 +334,9 @@ impl PgServer {
             for name in self.created.lock().expect("not poisoned").iter() {
                 crate::errln!("kept database {name}");
             }
+            for name in self.created_roles.lock().expect("not poisoned").iter() {
+                crate::errln!("kept role {name}");
+            }
             return Ok(());
         }
         if self.cluster.take().is_some() {
@@ -322,7 +344,8 @@ impl PgServer {
             return Ok(());
         }
         let names = std::mem::take(&mut *self.created.lock().expect("not poisoned"));
-        if names.is_empty() {
+        let role_names = std::mem::take(&mut *self.created_roles.lock().expect("not poisoned"));
+        if names.is_empty() && role_names.is_empty() {
             return Ok(());
         }
         let admin = connect::postgres(&connect::parse_url(&self.url)?).await?;
@@ -334,6 +357,11 @@ impl PgServer {
                 .await
                 .with_context(|| format!("cannot drop database {name}"))?;
         }
+        // Their databases gone, the roles own nothing.
+        for name in role_names {
+            debug_assert!(name.starts_with(DATABASE_PREFIX));
+            roles::drop_role(&admin, &name).await?;
+        }
         Ok(())
     }
 }
@@ -343,12 +371,30 @@ fn run_tag(run_id: &str) -> String {
     format!("{RUN_TAG_PREFIX}{run_id}")
 }
 
-/// What `outbox-lab clean --database-url` did with one `outboxlab_` database.
+/// What `outbox-lab clean --database-url` did with one `outboxlab_` database or role.
 pub enum CleanedDatabase {
     Dropped(String),
     /// Its run is alive, or something is connected to it: never touched.
     InUse(String),
+    /// A role of a dead run: dropped.
+    DroppedRole(String),
+    /// A role whose run is alive, or that is logged in: never touched.
+    RoleInUse(String),
+    /// A role of a dead run that still owns something, or is logged in: left, and why.
+    LeftRole(String, String),
 }
+
+/// Our roles (named and commented after their run, [`PgServer::create_actor_roles`]), and
+/// whether their run still holds its connection, or one of them is logged in.
+const OUR_ROLES: &str = "
+SELECT r.rolname,
+       EXISTS (SELECT 1 FROM pg_stat_activity a
+                WHERE a.usename = r.rolname
+                   OR a.application_name = shobj_description(r.oid, 'pg_authid')) AS in_use
+  FROM pg_roles r
+ WHERE r.rolname LIKE 'outboxlab\\_%'
+   AND shobj_description(r.oid, 'pg_authid') LIKE $1 || '%'
+ ORDER BY r.rolname LIKE '%\\_writer' DESC, r.rolname";
 
 /// Drops the `outboxlab_` databases (and their replication slots) of runs that are no longer
 /// alive: neither the run that made one holds its connection, nor is anyone connected to it.
@@ -369,6 +415,18 @@ pub async fn clean_databases(url: &str) -> Result<Vec<CleanedDatabase>> {
             .await
             .with_context(|| format!("cannot drop database {name}"))?;
         cleaned.push(CleanedDatabase::Dropped(name));
+    }
+    // Their databases gone, the roles of dead runs (the writers' first: members of the relays').
+    for row in admin.query(OUR_ROLES, &[&RUN_TAG_PREFIX]).await? {
+        let name: String = row.get("rolname");
+        if row.get::<_, bool>("in_use") {
+            cleaned.push(CleanedDatabase::RoleInUse(name));
+            continue;
+        }
+        match roles::drop_role(&admin, &name).await {
+            Ok(()) => cleaned.push(CleanedDatabase::DroppedRole(name)),
+            Err(e) => cleaned.push(CleanedDatabase::LeftRole(name, format!("{e:#}"))),
+        }
     }
     Ok(cleaned)
 }

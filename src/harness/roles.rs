@@ -60,12 +60,14 @@ pub struct ActorRoles {
 
 impl ActorRoles {
     /// Makes the roles for `db` (through `admin`, a session of the server's own role), with
-    /// passwords where the server is the user's (`with_passwords`); `None` when that role may
-    /// not create roles, or the server does not let the new roles in (its pg_hba.conf).
+    /// passwords where the server is the user's (`with_passwords`) and `comment` on them (the
+    /// run they belong to); `None` when that role may not create roles, or the server does not
+    /// let the new roles in (its pg_hba.conf).
     pub async fn create(
         admin: &Client,
         db: &Database,
         with_passwords: bool,
+        comment: Option<&str>,
     ) -> Result<Option<ActorRoles>> {
         let may: Option<bool> = admin
             .query_opt(MAY_CREATE_ROLES, &[])
@@ -94,13 +96,24 @@ impl ActorRoles {
                  CREATE ROLE {writer} {plain} IN ROLE {relay}{};
                  ALTER ROLE {writer} SET search_path = public;
                  REVOKE ALL ON DATABASE {db} FROM PUBLIC;
-                 GRANT CONNECT, TEMPORARY, CREATE ON DATABASE {db} TO {relay};",
+                 GRANT CONNECT, TEMPORARY, CREATE ON DATABASE {db} TO {relay};
+                 GRANT {relay} TO CURRENT_USER;",
                 password(&roles.relay),
                 password(&roles.writer),
                 db = ident(&db.name),
             ))
             .await
             .with_context(|| format!("cannot create the relay's role for {}", db.name))?;
+        // The server's own role is a member of the relay's (not the other way round): it may
+        // drop whatever a relay made, between runs.
+        if let Some(comment) = comment {
+            for role in [&relay, &writer] {
+                let comment = literal(comment);
+                admin
+                    .batch_execute(&format!("COMMENT ON ROLE {role} IS {comment}"))
+                    .await?;
+            }
+        }
         // The user's server may not let them in (its pg_hba.conf names its users).
         if with_passwords && roles.relay.database(db)?.connect().await.is_err() {
             roles.drop_from(admin).await?;
@@ -120,16 +133,17 @@ impl ActorRoles {
             .context("cannot grant the relay's and the writer's privileges")
     }
 
-    /// Drops both roles (the user's server: once their database is gone, they own nothing).
+    /// Both roles' names, the writer's first (it is a member of the relay's).
+    pub fn names(&self) -> [&str; 2] {
+        [&self.writer.name, &self.relay.name]
+    }
+
+    /// Drops both roles (once their database is gone, they own nothing).
     pub async fn drop_from(&self, admin: &Client) -> Result<()> {
-        admin
-            .batch_execute(&format!(
-                "DROP ROLE IF EXISTS {}; DROP ROLE IF EXISTS {}",
-                ident(&self.writer.name),
-                ident(&self.relay.name)
-            ))
-            .await
-            .context("cannot drop the relay's and the writer's roles")
+        for name in self.names() {
+            drop_role(admin, name).await?;
+        }
+        Ok(())
     }
 }
 
@@ -142,6 +156,14 @@ pub async fn keep_out(admin: &Client, db: &Database) -> Result<()> {
         ))
         .await
         .with_context(|| format!("cannot revoke CONNECT on {}", db.name))
+}
+
+/// Drops the role `name`, if it exists.
+pub async fn drop_role(admin: &Client, name: &str) -> Result<()> {
+    admin
+        .batch_execute(&format!("DROP ROLE IF EXISTS {}", ident(name)))
+        .await
+        .with_context(|| format!("cannot drop the role {name}"))
 }
 
 /// `name` as a quoted identifier.

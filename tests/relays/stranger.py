@@ -13,11 +13,12 @@ became of it to --evidence (a line each), for the test to read.
               reading the orders, disabling the outbox's triggers), then relays honestly
   leftover    starts a process that leaves its group and session (setsid, a double fork) and
               outlives the relay, then relays honestly
-  spy         reads every other process's environment it can, and tries every other run's
-              database link, for a while at each batch, then relays honestly
+  spy         reads every other relay's environment it can, and connects to every other
+              database link it can, for a while, then relays honestly
 """
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -109,33 +110,37 @@ def leave_a_process_behind(args):
 
 
 def spy(args):
-    """Every other process's environment it can read that holds a relay's variables, and
-    every database link it can reach, for --spy-for-s."""
-    me = os.getpid()
+    """For --spy-for-s: every other relay's environment it can read (its database password,
+    its broker's token), and every database link but its own it can connect to."""
+    me, mine = os.getpid(), os.environ.get("PGHOST", "")
     deadline = time.monotonic() + args.spy_for_s
-    read, links = set(), set()
+    read, reached, own = set(), set(), set()
     while time.monotonic() < deadline:
         for pid in filter(str.isdigit, os.listdir("/proc")):
             if int(pid) == me:
                 continue
             try:
                 with open(f"/proc/{pid}/environ", "rb") as f:
-                    env = f.read()
+                    if b"OUTBOX_LAB_RELAY_NAME" in f.read():
+                        read.add(pid)
             except OSError:
                 continue
-            if b"OUTBOX_LAB_RELAY_NAME" in env and os.stat(f"/proc/{pid}").st_uid != os.getuid():
-                read.add(pid)
-        tmp = os.environ.get("TMPDIR_OF_RUNS", "/tmp")
-        for entry in os.listdir(tmp):
-            if entry.startswith("outbox-lab-pg-link-"):
-                try:
-                    for name in os.listdir(os.path.join(tmp, entry)):
-                        links.add(os.path.join(tmp, entry, name))
-                except OSError:
-                    pass
+        for entry in os.listdir("/tmp"):
+            link = os.path.join("/tmp", entry)
+            if not entry.startswith("outbox-lab-pg-link-"):
+                continue
+            for port in range(6000, 6010):
+                path = os.path.join(link, f".s.PGSQL.{port}")
+                with socket.socket(socket.AF_UNIX) as s:
+                    try:
+                        s.connect(path)
+                        (own if link == mine else reached).add(path)
+                    except OSError:
+                        pass
         time.sleep(0.05)
-    evidence(args, f"environments of other users' relays read: {len(read)}")
-    evidence(args, f"other runs' database links listed: {len(links)}")
+    evidence(args, f"other relays' environments read: {len(read)}")
+    evidence(args, f"other database links reached: {len(reached)}")
+    evidence(args, f"its own run's database links reached: {len(own)}")
 
 
 def main():

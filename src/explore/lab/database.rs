@@ -140,11 +140,10 @@ impl<'s> Lab<'s> {
         bound_session(&client, &bounds).await?;
         // Strangers' relays get roles of least privilege, where the server lets us make them
         // (on the user's server, with passwords of their own).
-        let roles = match strangers {
-            true => {
-                ActorRoles::create(&client, &db, pair.is_none() && server.is_external()).await?
-            }
-            false => None,
+        let roles = match (strangers, &pair) {
+            (false, _) => None,
+            (true, None) => server.create_actor_roles(&db).await?,
+            (true, Some(_)) => ActorRoles::create(&client, &db, false, None).await?,
         };
         // The consumer's database is apart where the application's is on the pair, or the
         // relays are strangers' (the judge keeps its record there too, and no relay may
