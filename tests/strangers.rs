@@ -281,3 +281,60 @@ fn history_of(results: &Path) -> String {
     let history = run.path().join("history/verify.jsonl");
     std::fs::read_to_string(&history).unwrap()
 }
+
+/// On a server whose role may not make roles (the user's, `--database-url`), the relay has that
+/// role; the consumer's and the judge's records are then on a private cluster of outbox-lab's
+/// own, out of its reach: a forging relay is judged lost all the same, an honest one passes.
+#[test]
+fn where_no_role_can_be_made_the_judge_keeps_its_records_elsewhere() {
+    if !root_only("where_no_role_can_be_made_the_judge_keeps_its_records_elsewhere") {
+        return;
+    }
+    let owner = format!("plain_owner_{}", std::process::id());
+    let cluster = common::server_url();
+    let url = common::block_on(async {
+        let admin = admin().await;
+        admin
+            .batch_execute(&format!("CREATE ROLE {owner} LOGIN CREATEDB"))
+            .await
+            .unwrap();
+        let maintenance = outbox_lab::harness::db::Database {
+            server_url: cluster.to_string(),
+            name: "postgres".into(),
+        };
+        maintenance.as_login(&owner, None).unwrap().server_url
+    });
+    let run_on = |act: &str, file: &Path| {
+        let results = scratch_dir("stranger-plain-results");
+        let output = common::outbox_lab()
+            .args(["verify", "--format", "json", "--database-url", &url])
+            .arg("--results-dir")
+            .arg(&results)
+            .args(["--relay-cmd", &stranger(act, file, "")])
+            .args(["--events", "100", "--nemesis", "none"])
+            .output()
+            .unwrap();
+        common::Run::from(output)
+    };
+    let file = evidence_file("stranger-plain");
+    let forged = run_on("forge", &file);
+    assert_eq!(forged.code, 1, "{}", forged.stderr);
+    assert_eq!(forged.metric("verify.lost.violating"), 100);
+    let lines = evidence(&file);
+    let reach = about(&lines, "connect to the consumer's database");
+    assert!(reach.contains("does not exist"), "{reach}");
+    assert_passed(&run_on("honest", &evidence_file("stranger-plain-honest")));
+    common::block_on(async {
+        let admin = admin().await;
+        admin
+            .batch_execute(&format!("DROP ROLE {owner}"))
+            .await
+            .unwrap();
+    });
+}
+
+/// A session of the suite's cluster's own role.
+async fn admin() -> tokio_postgres::Client {
+    let config = outbox_lab::connect::parse_url(common::server_url()).unwrap();
+    outbox_lab::connect::postgres(&config).await.unwrap()
+}
