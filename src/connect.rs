@@ -215,6 +215,7 @@ pub async fn kafka(url: &str) -> Result<rskafka::client::Client> {
         brokers,
         credentials,
     } = kafka_url(url).map_err(|e| anyhow!("invalid Kafka URL '{shown}': {e}"))?;
+    let anonymous = credentials.is_none();
     let mut builder = rskafka::client::ClientBuilder::new(brokers);
     if let Some((username, password)) = credentials {
         builder = builder.sasl_config(rskafka::client::SaslConfig::Plain(
@@ -225,7 +226,17 @@ pub async fn kafka(url: &str) -> Result<rskafka::client::Client> {
         .await
         .map_err(|_| anyhow!("no answer within 5 s"))
         .and_then(|r| r.map_err(anyhow::Error::from))
-        .with_context(|| format!("cannot connect to Kafka at {shown} (is it running?)"))
+        .with_context(|| match anonymous {
+            // A broker that asks for SASL closes the connection of a client that does not
+            // authenticate: say so, since the URL most likely came from a command line.
+            true => format!(
+                "cannot connect to Kafka at {shown} (is it running? the URL names no SASL user \
+                 and password: a broker that asks for them, as outbox-lab's own does, closes \
+                 the connection; verify gives them in OUTBOX_LAB_KAFKA_URL and \
+                 OUTBOX_LAB_SINK_URL, never on a command line)"
+            ),
+            false => format!("cannot connect to Kafka at {shown} (is it running?)"),
+        })
 }
 
 /// What a Kafka URL names.

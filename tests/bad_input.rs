@@ -113,6 +113,24 @@ fn missing_postgres_binaries_say_what_to_install() {
     assert_usage_error(&run, "apt-get install postgresql");
 }
 
+/// `--pg-bin` relative to where outbox-lab is started, as anyone types it, means that
+/// directory (the cluster is started from another).
+#[test]
+fn a_relative_pg_bin_is_read_from_where_outbox_lab_runs() {
+    let bins = outbox_lab::harness::cluster::PgBinaries::find(None).unwrap();
+    let bin = bins.initdb.parent().unwrap();
+    let (parent, name) = (bin.parent().unwrap(), bin.file_name().unwrap());
+    let output = outbox_lab()
+        .current_dir(parent)
+        .args(["scenario", "dual-write", "--format", "json", "--pg-bin"])
+        .arg(name)
+        .arg("--results-dir")
+        .arg(scratch_dir("relative-pg-bin"))
+        .output()
+        .unwrap();
+    common::assert_passed(&Run::from(output));
+}
+
 #[test]
 fn malformed_scenario_file() {
     let dir = scratch_dir("bad-toml");

@@ -238,11 +238,17 @@ pub struct RunArgs {
     #[arg(long)]
     pub keep: bool,
     /// Directory with initdb and postgres (default: PATH, then /usr/lib/postgresql/*/bin).
-    #[arg(long, env = "OUTBOX_LAB_PG_BIN")]
+    #[arg(long, env = "OUTBOX_LAB_PG_BIN", value_parser = from_here)]
     pub pg_bin: Option<PathBuf>,
     /// Where each run writes `<run-id>/<name>.json`, its tables as CSV, and report.html.
-    #[arg(long, default_value = "results")]
+    #[arg(long, default_value = "results", value_parser = from_here)]
     pub results_dir: PathBuf,
+}
+
+/// A path as given, made absolute against the directory outbox-lab was started in: the
+/// servers it starts work elsewhere, and a relative path must still mean what the user meant.
+fn from_here(path: &str) -> Result<PathBuf, String> {
+    std::path::absolute(path).map_err(|e| format!("{path}: {e}"))
 }
 
 impl RunArgs {

@@ -275,10 +275,33 @@ pub fn remove_orphans() {
         // One left alone is not this run's business: `outbox-lab clean` says why.
         if remove_found(&dir, &marker).is_ok() {
             crate::errln!(
-                "removed a throwaway server left by an earlier run: {}",
+                "removed {} left by an earlier run: {}",
+                what_it_held(&dir),
                 dir.display()
             );
         }
+    }
+}
+
+/// What a throwaway directory held, by its kind (`outbox-lab-<kind>-<pid>-<nanos>`), in words.
+fn what_it_held(dir: &Path) -> String {
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
+    let kind = name
+        .strip_prefix(DIR_PREFIX)
+        .and_then(|rest| rest.rsplitn(3, '-').nth(2))
+        .unwrap_or("");
+    match kind {
+        "pg" => "a throwaway PostgreSQL cluster".into(),
+        "pg-standby" => "a throwaway PostgreSQL standby".into(),
+        "redis" => "a throwaway Redis server".into(),
+        "nats" | "nats-cluster" => "a throwaway NATS server".into(),
+        "rabbitmq" => "a throwaway RabbitMQ node".into(),
+        "epmd" => "a throwaway Erlang port mapper".into(),
+        "kafka" => "a throwaway Kafka broker".into(),
+        "pg-link" => "a run's database links (their sockets)".into(),
+        "redis-proxy" => "a run's Redis proxy (its socket)".into(),
+        "relay-home" => "a relay's home directory".into(),
+        other => format!("a throwaway directory ({other})"),
     }
 }
 
@@ -322,4 +345,28 @@ pub fn last_line(text: &str) -> String {
         .unwrap_or("")
         .trim()
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What an earlier run left is named by what it held, not all "a throwaway server".
+    #[test]
+    fn leftovers_are_named_by_their_kind() {
+        let held = |name: &str| what_it_held(&std::env::temp_dir().join(name));
+        assert_eq!(
+            held("outbox-lab-pg-123-18ef"),
+            "a throwaway PostgreSQL cluster"
+        );
+        assert_eq!(
+            held("outbox-lab-pg-link-123-18ef"),
+            "a run's database links (their sockets)"
+        );
+        assert_eq!(
+            held("outbox-lab-relay-home-9-a"),
+            "a relay's home directory"
+        );
+        assert_eq!(held("outbox-lab-odd-9-a"), "a throwaway directory (odd)");
+    }
 }

@@ -212,6 +212,11 @@ impl Plan {
                 .collect::<Result<Vec<_>>>()?,
         };
         let (schedule, replay) = match &options.schedule {
+            // explore's hint names crash points, which a relay of yours has none of.
+            Some(text) if text.trim().is_empty() => bail!(
+                "invalid --schedule: empty schedule (give nemeses like \
+                 kill:relay@250ms,net:reset@5, or none)"
+            ),
             Some(text) => (
                 text.parse()
                     .map_err(|e| anyhow!("invalid --schedule: {e}"))?,

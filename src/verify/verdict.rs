@@ -61,6 +61,7 @@ pub fn report(plan: &Plan, verification: &Verification, environment: Environment
         faults_table(&main.history),
         latency_table(figures),
         timeline,
+        in_flight_table(&main.history),
     ];
     if let Some(seed) = plan.search.as_ref().map(|search| search.seed) {
         let drawn = verification.searched.len() + 1;
@@ -325,9 +326,14 @@ fn faults_table(history: &History) -> Table {
                 at_ms,
                 in_flight,
             } => {
+                // A batch's ids would make the cell hundreds of characters wide: the first, and
+                // how many more (every one in the in-flight table, in the files and the page).
                 let process = match in_flight.as_slice() {
                     [] => process.clone(),
-                    ids => format!("{process}, delivering {}", ids.join(" ")),
+                    [id] => format!("{process}, delivering {id}"),
+                    [id, more @ ..] => {
+                        format!("{process}, delivering {id} and {} more", more.len())
+                    }
                 };
                 ("fired", process, at_ms.to_string())
             }
@@ -339,6 +345,24 @@ fn faults_table(history: &History) -> Table {
         faults.push(vec![fault.fault.clone(), outcome.into(), process, at]);
     }
     faults
+}
+
+/// Every event in flight when a fault on a delivery struck, a row each: raw data, in the JSON,
+/// the CSV and the page (the faults table shows the first).
+fn in_flight_table(history: &History) -> Table {
+    let mut in_flight = Table::new(
+        "faults: the events in flight when each struck",
+        &["fault", "event id"],
+    )
+    .detail();
+    for fault in &history.faults {
+        if let FaultOutcome::Fired { in_flight: ids, .. } = &fault.outcome {
+            for id in ids {
+                in_flight.push(vec![fault.fault.clone(), id.clone()]);
+            }
+        }
+    }
+    in_flight
 }
 
 /// The relay's latency percentiles and throughput, under every nemesis of the main run.
@@ -482,5 +506,38 @@ pub(super) fn verdict_line(history: &History) -> String {
                 .collect();
             format!("violated: {}", broken.join(", "))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::explore::history::FaultRecord;
+
+    /// A fault that struck a batch of 20 events names the first and the count in its cell; the
+    /// in-flight table (files and page only) has every one.
+    #[test]
+    fn a_batch_in_flight_is_one_id_and_a_count_in_the_faults_table() {
+        let ids: Vec<String> = (0..20).map(|k| format!("{k:08}-aaaa-bbbb-cccc")).collect();
+        let history = History {
+            faults: vec![FaultRecord::new(
+                "kill:relay:on-delivery@4".into(),
+                FaultOutcome::Fired {
+                    process: "relay-0#1 (delivery 4)".into(),
+                    at_ms: 12,
+                    in_flight: ids.clone(),
+                },
+            )],
+            ..History::default()
+        };
+        let faults = faults_table(&history);
+        assert_eq!(
+            faults.rows[0][2],
+            format!("relay-0#1 (delivery 4), delivering {} and 19 more", ids[0])
+        );
+        let in_flight = in_flight_table(&history);
+        assert!(in_flight.detail);
+        assert_eq!(in_flight.rows.len(), 20);
+        assert_eq!(in_flight.rows[19][1], ids[19]);
     }
 }
