@@ -10,9 +10,9 @@ use crate::error::exit;
 use crate::harness::run::interrupted;
 use crate::ops::logging::{self, LogFormat};
 use crate::ops::standalone;
-use crate::secrets;
 use crate::outbox::relay::{Partition, RelayConfig, RelayOptions, Wakeup};
 use crate::outbox::sink::{self, HttpBody, SinkOptions};
+use crate::secrets;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum RelayMode {

@@ -168,9 +168,20 @@ impl History {
         });
     }
 
-    /// The orders a writer's log tells of.
-    pub fn record_writes(&mut self, log: &str) {
+    /// The orders a writer's log tells of, and the database sessions it lost (`label`: the
+    /// writer's process), each recorded as such: whoever ended it, the history says so.
+    pub fn record_writes(&mut self, label: &str, log: &str) {
         self.written.extend(writer::written_in(log));
+        for line in log.lines() {
+            let line = line.split_once("] ").map_or(line, |(_, rest)| rest);
+            if let Some(error) = line.strip_prefix(writer::SESSION_LOST) {
+                self.record_process(
+                    &format!("{label} session"),
+                    None,
+                    format!("ended under the writer, which reconnected: {error}"),
+                );
+            }
+        }
     }
 
     pub fn record_process(&mut self, process: &str, armed: Option<String>, end: String) {

@@ -181,6 +181,10 @@ pub struct WrittenOrder {
     pub outcome: CommitOutcome,
 }
 
+/// Starts the writer's log line of a database session it lost (then the error): the lab records
+/// each, whoever ended it (a nemesis, a restart, or someone else).
+pub const SESSION_LOST: &str = "lost its database session: ";
+
 /// Starts a [`WriteStep`]'s line in the writer's log.
 const WRITE_STEP: &str = "write ";
 

@@ -414,8 +414,12 @@ fn notes(plan: &Plan, verification: &Verification) -> Vec<String> {
             LIVENESS_BOUND.as_secs()
         ),
     ];
+    // How the relays ended, when not stopped once drained; what they left running; and the
+    // writer's sessions that someone or something ended.
     for process in &main.history.processes {
-        if process.process.starts_with("relay-") && !process.end.starts_with(STOPPED_ONCE_DRAINED) {
+        let relay = process.process.starts_with("relay");
+        let writer_session = process.process.ends_with(" session");
+        if relay && !process.end.starts_with(STOPPED_ONCE_DRAINED) || writer_session {
             notes.push(format!("{}: {}", process.process, process.end));
         }
     }

@@ -111,7 +111,7 @@ impl Lab<'_> {
             history
                 .lock()
                 .expect("not poisoned")
-                .record_writes(&run.stdout);
+                .record_writes(&label, &run.stdout);
             match run.end {
                 ChildEnd::Ok => {
                     stuck = None;

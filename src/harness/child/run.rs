@@ -281,7 +281,9 @@ async fn explore_writer(db: &Database, args: ExploreWriterRole) -> Result<()> {
                 .await
             };
             match written.await {
-                Err(e) if connect::lost_connection(&e) => {}
+                Err(e) if connect::lost_connection(&e) => {
+                    log_line(format_args!("{}{e:#}", writer::SESSION_LOST))
+                }
                 written => return written,
             }
         }
