@@ -72,7 +72,8 @@ pub struct VerifyArgs {
     #[arg(long, value_name = "CMD")]
     relay_cmd: String,
     /// Run the relay as this unprivileged user (when outbox-lab runs as root it never runs a
-    /// relay as root: by default as outbox-lab-relay, created the first time).
+    /// relay as root: by default as a uid of the run's own). Not root, not the servers' user,
+    /// and one that runs nothing else: all its processes are ended when the run ends.
     #[arg(long, value_name = "USER")]
     run_as: Option<String>,
     /// Copies of the relay running at once.

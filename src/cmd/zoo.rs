@@ -83,8 +83,9 @@ pub struct ZooArgs {
     /// Where the entries are.
     #[arg(long, default_value = ZOO_DIR, value_name = "DIR")]
     zoo_dir: PathBuf,
-    /// Run the libraries' relays as this unprivileged user (when outbox-lab runs as root they
-    /// never run as root: by default as outbox-lab-relay, created the first time).
+    /// Run the libraries' relays as this unprivileged user, one entry at a time (when
+    /// outbox-lab runs as root they never run as root: by default each run's relays as a uid
+    /// of their own). Not root, not the servers' user, and one that runs nothing else.
     #[arg(long, value_name = "USER")]
     run_as: Option<String>,
     #[command(flatten)]
@@ -151,10 +152,11 @@ pub async fn run(args: ZooArgs) -> Result<ExitCode> {
     };
     let progress = args.run.format == Format::Text;
     // A lane per server: on the throwaway cluster, entries run side by side on clusters of
-    // their own; on the user's server, one after another.
-    let lanes = match args.run.database_url {
-        Some(_) => 1,
-        None => args.jobs as usize,
+    // their own; on the user's server, one after another; as a --run-as user too (its relays'
+    // processes are all ended when a run ends, so one run at a time is its).
+    let lanes = match (&args.run.database_url, &run_as) {
+        (Some(_), _) | (_, Some(RunAs::Named(_))) => 1,
+        _ => args.jobs as usize,
     };
     let lanes = zoo::deal(planned, lanes).into_iter().map(|lane| {
         let (choice, run_id, results_dir) = (&choice, &run_id, &results_dir);
