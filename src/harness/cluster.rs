@@ -189,6 +189,10 @@ impl Cluster {
                 "max_replication_slots=20",
                 "-c",
                 "max_wal_senders=20",
+                // Prepared transactions hold the horizon across a restart (txn:prepared, the
+                // horizon scenario); PostgreSQL allows none by default.
+                "-c",
+                "max_prepared_transactions=20",
             ]);
         if self.commit_timestamps {
             postgres.args(["-c", "track_commit_timestamp=on"]);
