@@ -52,8 +52,9 @@ pub enum DbNetFault {
     Reset { at: Duration },
     /// The link black-holed from `at` for `hold`: open connections stall, new ones hang.
     Partition { at: Duration, hold: Duration },
-    /// The link's N-th COMMIT reaches the server and commits; its answer is dropped and the
-    /// connection cut: the actor cannot know whether it committed.
+    /// The link's N-th committing answer (a COMMIT's, or the end of a write in autocommit): the
+    /// server has committed; the answer is dropped and the connection cut: the actor cannot
+    /// know whether it committed.
     CommitLost { on_commit: u32 },
 }
 
@@ -179,8 +180,9 @@ pub const KINDS: [(&str, &str, &str); 16] = [
     (
         "dbnet-commit-lost",
         "dbnet:commit-lost:ROLE@N",
-        "the N-th COMMIT on the relay's or the writer's database link commits on the server; \
-         its answer is dropped and the connection cut: the client cannot know it committed",
+        "the N-th committing answer (a COMMIT, or the end of a write in autocommit) on the \
+         relay's or the writer's database link: the server has committed; the answer is \
+         dropped and the connection cut: the client cannot know it committed",
     ),
 ];
 
@@ -395,10 +397,10 @@ fn db_net(spec: &str, item: &str) -> Result<Nemesis, String> {
         }
         "commit-lost" => {
             let (role, number) = target.split_once('@').ok_or_else(|| {
-                format!("'{item}' needs a COMMIT number: dbnet:commit-lost:ROLE@N")
+                format!("'{item}' needs a committing answer's number: dbnet:commit-lost:ROLE@N")
             })?;
             let on_commit = number.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
-                format!("'{number}' in '{item}' is not a COMMIT number of 1 or more")
+                format!("'{number}' in '{item}' is not a committing answer's number of 1 or more")
             })?;
             (
                 role_named(role, item)?,
@@ -536,8 +538,8 @@ mod tests {
         assert!(err("dbnet:reset:consumer@1s").contains("outbox-lab's own"));
         assert!(err("dbnet:partition:relay@1s").contains("needs how long"));
         assert!(err("dbnet:partition:relay@1s+0ms").contains("cuts nothing"));
-        assert!(err("dbnet:commit-lost:writer@0").contains("COMMIT number"));
-        assert!(err("dbnet:commit-lost:writer").contains("needs a COMMIT number"));
+        assert!(err("dbnet:commit-lost:writer@0").contains("committing answer's number of 1"));
+        assert!(err("dbnet:commit-lost:writer").contains("needs a committing answer's number"));
         assert!(err("dbnet:drop:relay@1s").contains("unknown database link nemesis"));
         assert!(err("net:down@1s").contains("needs how long"));
         assert!(err("net:down@1s+0ms").contains("none"));
