@@ -1,10 +1,12 @@
 //! The PostgreSQL link (`harness::link::postgres`) under real traffic, in this process, with
-//! real clients (psycopg 3) on the suite's cluster: a pipeline sending while it reads,
-//! large values, a connection stuck mid-write reset, a lost answer in autocommit.
+//! real clients (psycopg 3, psql) on the suite's cluster: a pipeline sending while it reads,
+//! large values, a connection stuck mid-write reset, a lost answer in autocommit, and who may
+//! come in.
 
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use outbox_lab::harness::cluster::SUPERUSER;
 use outbox_lab::harness::db::Database;
 use outbox_lab::harness::link::postgres::{PgLink, PgProxy};
 use tokio::process::{Child, Command};
@@ -130,6 +132,19 @@ fn resident() -> u64 {
 /// `db` as an actor reaches it through `link`: a URL for libpq.
 fn through(link: &PgLink, db: &Database) -> String {
     link.database(db).unwrap().url()
+}
+
+/// `sql` run by psql through `link` as `user` on `database`.
+async fn psql(link: &PgLink, user: &str, database: &str, sql: &str) -> Output {
+    let psql = Command::new("psql")
+        .args(["-h", &link.host, "-p", &link.port.to_string()])
+        .args(["-U", user, "-d", database, "-Atc", sql])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("psql runs");
+    ended_within(psql, CLIENT_LIMIT, "psql").await
 }
 
 /// The rows of `table`, counted on the server directly.
@@ -287,5 +302,40 @@ fn a_write_in_autocommit_is_a_committing_answer() {
         let output = ended_within(select, CLIENT_LIMIT, "the SELECT").await;
         assert_eq!(succeeded(&output, "the SELECT").trim(), "3");
         assert_eq!(read.committing_answers(), 0);
+    });
+}
+
+/// A link that admits only one role to one database answers anyone else with its own FATAL
+/// error, which the client shows, and the server never sees them; the one admitted comes in.
+#[test]
+fn a_link_admits_only_its_role_to_its_database() {
+    let name = "pg_link_admission";
+    let db = create_database(name, "");
+    block_on(async {
+        let proxy = PgProxy::start(&db.config().unwrap(), 1, None)
+            .await
+            .unwrap();
+        let link = proxy.link(0);
+        link.admit_only(SUPERUSER, name);
+        // A role the server does not know, and one it would let in to a database it has.
+        for (user, database) in [("stranger", name), (SUPERUSER, "postgres")] {
+            let output = psql(link, user, database, "SELECT 1").await;
+            let said = String::from_utf8_lossy(&output.stderr);
+            assert!(!output.status.success(), "{user} came in to {database}");
+            let refusal = format!(
+                "FATAL:  outbox-lab's link admits only role {SUPERUSER} to database {name} \
+                 (asked: role {user}, database {database})"
+            );
+            assert!(said.contains(&refusal), "{said}");
+        }
+        assert_eq!(link.refusals(), 2);
+        assert_eq!(link.refused().len(), 2);
+        // No backend ever served the link: the server never heard of them.
+        assert!(!link.ever_connected());
+
+        let output = psql(link, SUPERUSER, name, "SELECT 1").await;
+        assert_eq!(succeeded(&output, "the role admitted").trim(), "1");
+        assert!(link.ever_connected());
+        assert_eq!(link.refusals(), 2);
     });
 }

@@ -4,7 +4,8 @@
 //! message of each connection (the backend's pid), whatever `application_name` the actor sets.
 //! It does to the link what real networks do: cuts its connections (`dbnet:reset`), black-holes
 //! it for a while (`dbnet:partition`), and loses a committing answer after the server committed
-//! (`dbnet:commit-lost`: Jepsen's indeterminate operation, the client cannot know).
+//! (`dbnet:commit-lost`: Jepsen's indeterminate operation, the client cannot know). It may let
+//! in only one role to one database ([`PgLink::admit_only`]).
 //!
 //! Each actor has a way in of its own: a Unix socket in a private directory (0700, ours) when
 //! the server listens on one, else a loopback TCP port. Authentication passes through
@@ -20,7 +21,7 @@
 //! Memory per connection, whatever the size of the messages: a 16 KiB buffer each way (the
 //! server's with room for the 75 bytes it may hold back), and a few hundred bytes of state.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -45,6 +46,8 @@ use crate::harness::throwaway::RunDir;
 const SSL_REQUEST: i32 = 80_877_103;
 const GSSENC_REQUEST: i32 = 80_877_104;
 const CANCEL_REQUEST: i32 = 80_877_102;
+/// A startup message's protocol version: the major in the high 16 bits (3.0 and 3.2 are 3).
+const PROTOCOL_MAJOR: i32 = 3;
 /// A startup packet longer than this is not PostgreSQL's (libpq's own limit is 10 000).
 const MAX_STARTUP_LEN: usize = 10_000;
 /// The socket's name carries a port number; the directory being private, any will do.
@@ -87,6 +90,11 @@ const BLOCK_ENDS: [&[u8]; 2] = [b"ROLLBACK", b"PREPARE TRANSACTION"];
 /// (a COPY FROM).
 const WRITING_COMMANDS: [&[u8]; 4] = [b"INSERT", b"UPDATE", b"DELETE", b"MERGE"];
 const COPY: &[u8] = b"COPY";
+
+/// SQLSTATE invalid_authorization_specification: who asked is not admitted.
+const NOT_ADMITTED: &str = "28000";
+/// A link remembers this many of its last refusals.
+const REFUSALS_KEPT: usize = 8;
 
 /// Both ends of a link are a Unix socket or a TCP connection.
 type Wire = Either<UnixStream, TcpStream>;
@@ -152,6 +160,11 @@ pub struct PgLink {
     lost: Mutex<BTreeMap<u32, (Instant, Option<i32>)>>,
     /// A backend was seen on this link (an actor authenticated through it).
     ever_connected: watch::Sender<bool>,
+    /// The only role and database a session may be started for, when set.
+    admitted: Mutex<Option<(String, String)>>,
+    /// Connections refused, and why the last few were.
+    refusals: AtomicU64,
+    refused: Mutex<VecDeque<String>>,
 }
 
 impl PgProxy {
@@ -194,6 +207,9 @@ impl PgProxy {
                 lose: Mutex::new(Vec::new()),
                 lost: Mutex::new(BTreeMap::new()),
                 ever_connected: watch::channel(false).0,
+                admitted: Mutex::new(None),
+                refusals: AtomicU64::new(0),
+                refused: Mutex::new(VecDeque::new()),
             });
             tasks.spawn(accept(listener, link.clone()));
             made.push(link);
@@ -300,6 +316,25 @@ impl PgLink {
         self.committing.load(Ordering::SeqCst)
     }
 
+    /// From now on, only `user` may start a session through this link, and only to `database`
+    /// (by the startup message's `user` and `database`): anyone else is answered with a FATAL
+    /// error and never reaches the server. Anyone may by default.
+    pub fn admit_only(&self, user: &str, database: &str) {
+        let mut admitted = self.admitted.lock().expect("not poisoned");
+        *admitted = Some((user.to_string(), database.to_string()));
+    }
+
+    /// How many connections the link refused ([`PgLink::admit_only`]).
+    pub fn refusals(&self) -> u64 {
+        self.refusals.load(Ordering::SeqCst)
+    }
+
+    /// What the link answered the last few connections it refused, oldest first.
+    pub fn refused(&self) -> Vec<String> {
+        let refused = self.refused.lock().expect("not poisoned");
+        refused.iter().cloned().collect()
+    }
+
     async fn healed(&self) {
         let mut partitioned = self.partitioned.subscribe();
         let _ = partitioned.wait_for(|p| !*p).await;
@@ -323,6 +358,38 @@ impl PgLink {
             lost.insert(n, (Instant::now(), backend));
         }
         lose
+    }
+
+    /// Why the startup `packet` is refused, if it is: it asks for a role or a database other
+    /// than those admitted.
+    fn refusal(&self, packet: &[u8]) -> Option<String> {
+        let admitted = self.admitted.lock().expect("not poisoned");
+        let (user, database) = admitted.as_ref()?;
+        let asked_user = startup_parameter(packet, "user");
+        let asked_database = startup_parameter(packet, "database").or(asked_user);
+        if asked_user == Some(user.as_bytes()) && asked_database == Some(database.as_bytes()) {
+            return None;
+        }
+        let named = |asked: Option<&[u8]>| {
+            asked.map_or("none".into(), |name| {
+                String::from_utf8_lossy(name).into_owned()
+            })
+        };
+        Some(format!(
+            "outbox-lab's link admits only role {user} to database {database} (asked: role {}, \
+             database {})",
+            named(asked_user),
+            named(asked_database)
+        ))
+    }
+
+    fn refuse(&self, why: &str) {
+        self.refusals.fetch_add(1, Ordering::SeqCst);
+        let mut refused = self.refused.lock().expect("not poisoned");
+        if refused.len() == REFUSALS_KEPT {
+            refused.pop_front();
+        }
+        refused.push_back(why.to_string());
     }
 }
 
@@ -358,7 +425,7 @@ async fn serve(client: Wire, link: &PgLink, number: u64) -> Result<()> {
     }
 }
 
-/// The startup phase, then both ways.
+/// The startup phase (the actor admitted, or refused), then both ways.
 async fn session(mut client: Wire, link: &PgLink, number: u64) -> Result<()> {
     // A partitioned link: a new connection hangs until it heals.
     link.healed().await;
@@ -366,6 +433,14 @@ async fn session(mut client: Wire, link: &PgLink, number: u64) -> Result<()> {
         return Ok(());
     };
     let code = i32::from_be_bytes(startup[4..8].try_into()?);
+    if code != CANCEL_REQUEST {
+        if let Some(why) = link.refusal(&startup) {
+            link.refuse(&why);
+            // The actor reads it, then the connection closed; the server never hears of it.
+            client.write_all(&fatal(NOT_ADMITTED, &why)).await?;
+            return Ok(());
+        }
+    }
     let upstream = link.upstream.lock().expect("not poisoned").clone();
     let mut server = upstream.connect().await?;
     server.write_all(&startup).await?;
@@ -523,6 +598,47 @@ async fn startup(client: &mut Wire) -> Result<Option<Vec<u8>>> {
             _ => return Ok(Some(packet)),
         }
     }
+}
+
+/// The value of `key` in a startup message (protocol 3: NUL-terminated names and values, an
+/// empty name last); `None` in any other packet.
+fn startup_parameter<'a>(packet: &'a [u8], key: &str) -> Option<&'a [u8]> {
+    let code = i32::from_be_bytes(packet.get(4..8)?.try_into().ok()?);
+    if code >> 16 != PROTOCOL_MAJOR {
+        return None;
+    }
+    let mut fields = packet[8..].split(|byte| *byte == 0);
+    while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+        if name.is_empty() {
+            break;
+        }
+        if name == key.as_bytes() {
+            return Some(value);
+        }
+    }
+    None
+}
+
+/// A FATAL ErrorResponse: 'E', its length, then its fields (severity, localized and not; the
+/// SQLSTATE `code`; the `message`), each NUL-terminated, and a NUL that ends them.
+fn fatal(code: &str, message: &str) -> Vec<u8> {
+    let mut fields = Vec::new();
+    for (field, value) in [
+        (b'S', "FATAL"),
+        (b'V', "FATAL"),
+        (b'C', code),
+        (b'M', message),
+    ] {
+        fields.push(field);
+        fields.extend_from_slice(value.as_bytes());
+        fields.push(0);
+    }
+    fields.push(0);
+    let len = u32::try_from(fields.len() + 4).expect("a short message");
+    let mut response = vec![ERROR_RESPONSE];
+    response.extend_from_slice(&len.to_be_bytes());
+    response.extend(fields);
+    response
 }
 
 /// The actor's side of a connection, read as it streams by for the messages the server
@@ -997,5 +1113,27 @@ mod tests {
             let asked: u64 = stream.chunks(chunk).map(|piece| side.read(piece)).sum();
             assert_eq!(asked, 3, "{chunk}");
         }
+    }
+
+    /// A startup message's parameters, and the FATAL error a refused one is answered with.
+    #[test]
+    fn startup_parameters_and_the_refusal_are_the_protocols() {
+        let mut packet = vec![0, 0, 0, 0];
+        packet.extend_from_slice(&(PROTOCOL_MAJOR << 16).to_be_bytes());
+        packet.extend_from_slice(b"user\0relay\0replication\0true\0\0");
+        assert_eq!(startup_parameter(&packet, "user"), Some(&b"relay"[..]));
+        assert_eq!(
+            startup_parameter(&packet, "replication"),
+            Some(&b"true"[..])
+        );
+        assert_eq!(startup_parameter(&packet, "database"), None);
+        let mut cancel = vec![0, 0, 0, 16];
+        cancel.extend_from_slice(&CANCEL_REQUEST.to_be_bytes());
+        cancel.extend_from_slice(b"user\0relay\0");
+        assert_eq!(startup_parameter(&cancel, "user"), None);
+
+        let error = fatal(NOT_ADMITTED, "no");
+        let body = b"SFATAL\0VFATAL\0C28000\0Mno\0\0";
+        assert_eq!(error, message(ERROR_RESPONSE, body));
     }
 }
