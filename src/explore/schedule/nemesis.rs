@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{Fault, Role};
 use crate::harness::link::faults::{FaultPlan, NetworkFault};
 use crate::harness::link::watch::DeliveryMoment;
-use crate::harness::nemesis::{format_duration, parse_duration};
+use crate::harness::nemesis::{format_duration, parse_duration, parse_ordinal};
 use crate::outbox::crash::CrashPoint;
 
 /// One nemesis of a schedule.
@@ -344,14 +344,7 @@ fn role_named(name: &str, item: &str) -> Result<Role, String> {
 /// `on-delivery` of another role is an error.
 fn on_delivery(spec: &str, item: &str) -> Result<Option<u32>, String> {
     if let Some(number) = spec.strip_prefix(ON_DELIVERY) {
-        return number
-            .parse()
-            .ok()
-            .filter(|n| *n >= 1)
-            .map(Some)
-            .ok_or_else(|| {
-                format!("'{number}' in '{item}' is not a delivery number of 1 or more")
-            });
+        return parse_ordinal(number, item, "delivery number").map(Some);
     }
     match spec.contains(":on-delivery") {
         true => Err(format!(
@@ -399,9 +392,7 @@ fn db_net(spec: &str, item: &str) -> Result<Nemesis, String> {
             let (role, number) = target.split_once('@').ok_or_else(|| {
                 format!("'{item}' needs a committing answer's number: dbnet:commit-lost:ROLE@N")
             })?;
-            let on_commit = number.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
-                format!("'{number}' in '{item}' is not a committing answer's number of 1 or more")
-            })?;
+            let on_commit = parse_ordinal(number, item, "committing answer's number")?;
             (
                 role_named(role, item)?,
                 DbNetFault::CommitLost { on_commit },
@@ -543,5 +534,52 @@ mod tests {
         assert!(err("dbnet:drop:relay@1s").contains("unknown database link nemesis"));
         assert!(err("net:down@1s").contains("needs how long"));
         assert!(err("net:down@1s+0ms").contains("none"));
+    }
+
+    /// A number past u32's most is said to be too large, not to be no number.
+    #[test]
+    fn too_large_numbers_are_said_to_be() {
+        let err = |s: &str| s.parse::<Nemesis>().unwrap_err();
+        for (item, what) in [
+            (
+                "dbnet:commit-lost:relay@99999999999",
+                "committing answer's number",
+            ),
+            ("kill:relay:on-delivery@99999999999", "delivery number"),
+            ("net:reset@4294967296", "request number"),
+            ("pause:relay:after-fetch@99999999999+1s", "pass count"),
+        ] {
+            let said = err(item);
+            assert!(said.contains("is too large"), "{item}: {said}");
+            assert!(
+                said.contains(&format!("{what} (at most 4294967295)")),
+                "{said}"
+            );
+        }
+        let most = "dbnet:commit-lost:relay@4294967295".parse::<Nemesis>();
+        assert_eq!(
+            most.map(|n| n.to_string()),
+            Ok("dbnet:commit-lost:relay@4294967295".to_string())
+        );
+    }
+
+    /// A partition is held as long as asked: the schedule says so, the link does so.
+    #[test]
+    fn a_long_partition_is_held_as_asked() {
+        let nemesis: Nemesis = "dbnet:partition:relay@1s+90s".parse().unwrap();
+        let hold = Duration::from_secs(90);
+        let fault = DbNetFault::Partition {
+            at: Duration::from_secs(1),
+            hold,
+        };
+        assert_eq!(
+            nemesis,
+            Nemesis::DbNet {
+                role: Role::Relay,
+                fault
+            }
+        );
+        assert_eq!(nemesis.over_at(), Some(Duration::from_secs(91)));
+        assert_eq!(nemesis.to_string(), "dbnet:partition:relay@1s+90s");
     }
 }

@@ -52,8 +52,6 @@ const PROTOCOL_MAJOR: i32 = 3;
 const MAX_STARTUP_LEN: usize = 10_000;
 /// The socket's name carries a port number; the directory being private, any will do.
 const SOCKET_PORT_BASE: u16 = 6000;
-/// A partition is healed after this long at most, whatever was asked.
-const MAX_PARTITION: Duration = Duration::from_secs(60);
 
 /// Each way of a connection reads at most this much at a time.
 const CHUNK: usize = 16 * 1024;
@@ -279,9 +277,10 @@ impl PgLink {
         open
     }
 
-    /// Black-holes the link for `hold`: nothing passes either way on open connections (a write
-    /// pending included), and new ones hang, until it heals (then what was held goes on, as TCP
-    /// retransmits). Healed also when the future is dropped (a run that ends).
+    /// Black-holes the link for `hold`, however long: nothing passes either way on open
+    /// connections (a write pending included), and new ones hang, until it heals (then what was
+    /// held goes on, as TCP retransmits). Healed also when the future is dropped (a run that
+    /// ends).
     pub async fn partition(&self, hold: Duration) {
         struct Heal<'a>(&'a watch::Sender<bool>);
         impl Drop for Heal<'_> {
@@ -291,7 +290,7 @@ impl PgLink {
         }
         self.partitioned.send_replace(true);
         let _heal = Heal(&self.partitioned);
-        tokio::time::sleep(hold.min(MAX_PARTITION)).await;
+        tokio::time::sleep(hold).await;
     }
 
     /// The `n`-th committing answer through this link will be lost: the server commits, the
