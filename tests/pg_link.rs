@@ -1,7 +1,7 @@
 //! The PostgreSQL link (`harness::link::postgres`) under real traffic, in this process, with
 //! real clients (psycopg 3, psql) on the suite's cluster: a pipeline sending while it reads,
-//! large values, a connection stuck mid-write reset, a lost answer in autocommit, and who may
-//! come in.
+//! large values, a connection stuck mid-write reset, a lost answer in autocommit, a backend
+//! that ends before its actor does, and who may come in.
 
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
@@ -56,6 +56,12 @@ const STUCK_READER: &str = r#"
 import sys, time, psycopg
 conn = psycopg.connect(sys.argv[1])
 conn.pgconn.send_query(b"SELECT repeat('x', 1024) FROM generate_series(1, 200 * 1024)")
+time.sleep(300)
+"#;
+/// Connects and stays idle, its connection untouched, until it is killed.
+const IDLE_CLIENT: &str = r#"
+import sys, time, psycopg
+conn = psycopg.connect(sys.argv[1])
 time.sleep(300)
 "#;
 /// Three INSERTs in autocommit, a statement each, until one's answer is lost.
@@ -337,5 +343,43 @@ fn a_link_admits_only_its_role_to_its_database() {
         assert_eq!(succeeded(&output, "the role admitted").trim(), "1");
         assert!(link.ever_connected());
         assert_eq!(link.refusals(), 2);
+    });
+}
+
+/// A backend that ends (pg_terminate_backend) serves its link no more at once, though its
+/// actor, idle, has not yet closed its side: a nemesis looking for the actor's sessions does
+/// not find a pid that is gone.
+#[test]
+fn a_backend_that_ends_is_no_longer_the_links() {
+    let db = create_database("pg_link_ended", "");
+    block_on(async {
+        let proxy = PgProxy::start(&db.config().unwrap(), 1, None)
+            .await
+            .unwrap();
+        let link = proxy.link(0);
+        let _idle = python(IDLE_CLIENT, &[&through(link, &db)]);
+        let started = Instant::now();
+        let pid = loop {
+            if let Some(&pid) = link.backends().first() {
+                break pid;
+            }
+            assert!(started.elapsed() < BACKEND_PATIENCE, "no backend came");
+            tokio::time::sleep(POLL).await;
+        };
+        let client = db.connect().await.unwrap();
+        client
+            .execute("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+            .unwrap();
+        let terminated = Instant::now();
+        while !link.backends().is_empty() {
+            assert!(
+                terminated.elapsed() < BACKEND_PATIENCE,
+                "backend {pid} still the link's {:?} after it ended",
+                terminated.elapsed()
+            );
+            tokio::time::sleep(POLL).await;
+        }
+        assert_eq!(link.reset(), 1, "the idle actor's side is still open");
     });
 }

@@ -348,6 +348,14 @@ impl PgLink {
         self.ever_connected.send_replace(true);
     }
 
+    /// Connection `number`'s backend has closed its side: it serves the connection no more,
+    /// while the actor has yet to close its own.
+    fn unserved(&self, number: u64) {
+        if let Some(backend) = self.open.lock().expect("not poisoned").get_mut(&number) {
+            *backend = None;
+        }
+    }
+
     /// Counts a committing answer from `backend`; whether it is to be lost.
     fn committed(&self, backend: Option<i32>) -> bool {
         let n = self.committing.fetch_add(1, Ordering::SeqCst) + 1;
@@ -476,7 +484,10 @@ async fn both_ways(client: Wire, server: Wire, link: &PgLink, number: u64) -> Re
                 up_done = true;
             }
             ended = &mut down, if !down_done => match ended? {
-                Ending::Closed => down_done = true,
+                Ending::Closed => {
+                    link.unserved(number);
+                    down_done = true;
+                }
                 // The answer and whatever follows are dropped; the actor's connection is cut
                 // (the server, seeing its client gone, ends the backend).
                 Ending::AnswerLost => return Ok(()),
