@@ -17,6 +17,7 @@ mod lifecycle;
 mod masked_urls;
 mod nats;
 mod nemeses;
+mod pg_link;
 mod pipes;
 mod processes;
 mod rabbitmq;

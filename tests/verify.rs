@@ -497,7 +497,10 @@ fn our_relay_rides_out_the_faults_on_its_database_link() {
     assert_eq!(run.metric("verify.faults_fired"), 3);
     assert_eq!(run.metric("verify.delivered_distinct"), 400);
     let lost = fault_row(&run, "dbnet:commit-lost:relay@3");
-    assert!(lost[2].as_str().unwrap().contains("COMMIT 3"), "{lost}");
+    assert!(
+        lost[2].as_str().unwrap().contains("committing answer 3"),
+        "{lost}"
+    );
 }
 
 /// A COMMIT whose answer is lost bites a relay that marks before it sends: the batch is marked
@@ -547,7 +550,10 @@ fn a_nemesis_that_never_comes_is_not_reached_and_fails() {
     assert_eq!(run.metric("verify.lost.violating"), 0);
     for (fault, why) in [
         ("net:reset@500", "requests went through the proxy"),
-        ("dbnet:commit-lost:relay@400", "COMMITs on the relay's link"),
+        (
+            "dbnet:commit-lost:relay@400",
+            "committing answers (COMMIT, or a write in autocommit): try dbnet:commit-lost:relay@",
+        ),
         (
             "kill:relay:on-delivery@100000",
             "no delivery 100000 or later came",

@@ -9,6 +9,7 @@
 //! spawned it, still running, and still our child. Anything else is left alone and the nemesis
 //! counts as not reached.
 
+use std::num::IntErrorKind;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -153,6 +154,21 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         }
         _ => Err(format!(
             "'{text}' is not a duration like 300ms or 1.5s (at most 600s)"
+        )),
+    }
+}
+
+/// `number`, the `what` of `item` (`delivery number` of `kill:relay:on-delivery@3`): from 1 to
+/// u32's most.
+pub fn parse_ordinal(number: &str, item: &str, what: &str) -> Result<u32, String> {
+    match number.parse::<u32>() {
+        Ok(n) if n >= 1 => Ok(n),
+        Err(e) if *e.kind() == IntErrorKind::PosOverflow => Err(format!(
+            "'{number}' in '{item}' is too large for a {what} (at most {})",
+            u32::MAX
+        )),
+        _ => Err(format!(
+            "'{number}' in '{item}' is not a {what} of 1 or more"
         )),
     }
 }

@@ -19,8 +19,8 @@ pub struct DbLinks {
 }
 
 impl DbLinks {
-    /// The links of `relays` relays and the writer to `db`, with the schedule's lost COMMITs
-    /// planned; `relay_user` (strangers' relays run as it) may connect to them.
+    /// The links of `relays` relays and the writer to `db`, with the schedule's lost committing
+    /// answers planned; `relay_user` (strangers' relays run as it) may connect to them.
     pub async fn start(
         db: &Database,
         relays: u32,
@@ -71,7 +71,7 @@ impl DbLinks {
             .sum()
     }
 
-    /// Whether a link has lost a COMMIT's answer yet (a fault the run's log hears of only at
+    /// Whether a link has lost a committing answer yet (a fault the run's log hears of only at
     /// its end).
     pub fn lost_a_commit(&self) -> bool {
         let links = (0..self.relays).map(|i| self.relay(i));

@@ -24,6 +24,7 @@ use super::schedule::{DbNetFault, Nemesis, Role, Schedule, FAILOVER_HOLD};
 use crate::connect;
 use crate::harness::db::{Database, PgServer};
 use crate::harness::link::faults::{FaultPlan, FaultRecord, ProxyFaults};
+use crate::harness::link::postgres::PgLink;
 use crate::harness::link::watch::{DeliveryWatch, WatchedDelivery};
 use crate::harness::nemesis::{format_duration, terminate_backends, OwnChild, Sessions};
 use crate::harness::replicated::VirtualPrimary;
@@ -408,18 +409,32 @@ pub fn settle(
                     Some((at, backend)) => {
                         let backend =
                             backend.map_or(String::new(), |pid| format!(", backend {pid}"));
-                        let process = format!("{}'s COMMIT {on_commit}{backend}", role.name());
+                        let process =
+                            format!("{}'s committing answer {on_commit}{backend}", role.name());
                         faults.struck(i, process, at);
                     }
-                    None => {
-                        let commits = link.commits();
-                        let why = format!("{commits} COMMITs on the {}'s link", role.name());
-                        faults.not_reached(i, why);
-                    }
+                    None => faults.not_reached(i, commit_not_reached(role, link)),
                 }
             }
             _ => {}
         }
+    }
+}
+
+/// Why `dbnet:commit-lost` on `role` was not reached, and what to do.
+fn commit_not_reached(role: Role, link: &PgLink) -> String {
+    let role = role.name();
+    let leave_out = "leave dbnet-commit-lost out";
+    match link.committing_answers() {
+        0 => format!(
+            "{role}'s link made no committing answer (COMMIT, or a write in autocommit): \
+             {leave_out}"
+        ),
+        made => format!(
+            "{role}'s link made {made} committing answer{} (COMMIT, or a write in autocommit): \
+             try dbnet:commit-lost:{role}@{made} or {leave_out}",
+            if made == 1 { "" } else { "s" }
+        ),
     }
 }
 

@@ -33,6 +33,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::harness::nemesis::parse_ordinal;
 use crate::outbox::crash::{CrashPlan, CrashPoint};
 
 /// The actors a fault can hit.
@@ -100,11 +101,7 @@ impl FromStr for Fault {
         };
         let on_pass = match pass {
             None => 1,
-            Some(pass) => pass
-                .parse::<u32>()
-                .ok()
-                .filter(|n| *n >= 1)
-                .ok_or_else(|| format!("'{pass}' in '{s}' is not a pass count of 1 or more"))?,
+            Some(pass) => parse_ordinal(pass, s, "pass count")?,
         };
         let (role, step) = match spec.split_once(':') {
             Some((role, step)) => {

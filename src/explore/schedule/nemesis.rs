@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{Fault, Role};
 use crate::harness::link::faults::{FaultPlan, NetworkFault};
 use crate::harness::link::watch::DeliveryMoment;
-use crate::harness::nemesis::{format_duration, parse_duration};
+use crate::harness::nemesis::{format_duration, parse_duration, parse_ordinal};
 use crate::outbox::crash::CrashPoint;
 
 /// One nemesis of a schedule.
@@ -52,8 +52,9 @@ pub enum DbNetFault {
     Reset { at: Duration },
     /// The link black-holed from `at` for `hold`: open connections stall, new ones hang.
     Partition { at: Duration, hold: Duration },
-    /// The link's N-th COMMIT reaches the server and commits; its answer is dropped and the
-    /// connection cut: the actor cannot know whether it committed.
+    /// The link's N-th committing answer (a COMMIT's, or the end of a write in autocommit): the
+    /// server has committed; the answer is dropped and the connection cut: the actor cannot
+    /// know whether it committed.
     CommitLost { on_commit: u32 },
 }
 
@@ -179,8 +180,9 @@ pub const KINDS: [(&str, &str, &str); 16] = [
     (
         "dbnet-commit-lost",
         "dbnet:commit-lost:ROLE@N",
-        "the N-th COMMIT on the relay's or the writer's database link commits on the server; \
-         its answer is dropped and the connection cut: the client cannot know it committed",
+        "the N-th committing answer (a COMMIT, or the end of a write in autocommit) on the \
+         relay's or the writer's database link: the server has committed; the answer is \
+         dropped and the connection cut: the client cannot know it committed",
     ),
 ];
 
@@ -342,14 +344,7 @@ fn role_named(name: &str, item: &str) -> Result<Role, String> {
 /// `on-delivery` of another role is an error.
 fn on_delivery(spec: &str, item: &str) -> Result<Option<u32>, String> {
     if let Some(number) = spec.strip_prefix(ON_DELIVERY) {
-        return number
-            .parse()
-            .ok()
-            .filter(|n| *n >= 1)
-            .map(Some)
-            .ok_or_else(|| {
-                format!("'{number}' in '{item}' is not a delivery number of 1 or more")
-            });
+        return parse_ordinal(number, item, "delivery number").map(Some);
     }
     match spec.contains(":on-delivery") {
         true => Err(format!(
@@ -395,11 +390,9 @@ fn db_net(spec: &str, item: &str) -> Result<Nemesis, String> {
         }
         "commit-lost" => {
             let (role, number) = target.split_once('@').ok_or_else(|| {
-                format!("'{item}' needs a COMMIT number: dbnet:commit-lost:ROLE@N")
+                format!("'{item}' needs a committing answer's number: dbnet:commit-lost:ROLE@N")
             })?;
-            let on_commit = number.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
-                format!("'{number}' in '{item}' is not a COMMIT number of 1 or more")
-            })?;
+            let on_commit = parse_ordinal(number, item, "committing answer's number")?;
             (
                 role_named(role, item)?,
                 DbNetFault::CommitLost { on_commit },
@@ -536,10 +529,57 @@ mod tests {
         assert!(err("dbnet:reset:consumer@1s").contains("outbox-lab's own"));
         assert!(err("dbnet:partition:relay@1s").contains("needs how long"));
         assert!(err("dbnet:partition:relay@1s+0ms").contains("cuts nothing"));
-        assert!(err("dbnet:commit-lost:writer@0").contains("COMMIT number"));
-        assert!(err("dbnet:commit-lost:writer").contains("needs a COMMIT number"));
+        assert!(err("dbnet:commit-lost:writer@0").contains("committing answer's number of 1"));
+        assert!(err("dbnet:commit-lost:writer").contains("needs a committing answer's number"));
         assert!(err("dbnet:drop:relay@1s").contains("unknown database link nemesis"));
         assert!(err("net:down@1s").contains("needs how long"));
         assert!(err("net:down@1s+0ms").contains("none"));
+    }
+
+    /// A number past u32's most is said to be too large, not to be no number.
+    #[test]
+    fn too_large_numbers_are_said_to_be() {
+        let err = |s: &str| s.parse::<Nemesis>().unwrap_err();
+        for (item, what) in [
+            (
+                "dbnet:commit-lost:relay@99999999999",
+                "committing answer's number",
+            ),
+            ("kill:relay:on-delivery@99999999999", "delivery number"),
+            ("net:reset@4294967296", "request number"),
+            ("pause:relay:after-fetch@99999999999+1s", "pass count"),
+        ] {
+            let said = err(item);
+            assert!(said.contains("is too large"), "{item}: {said}");
+            assert!(
+                said.contains(&format!("{what} (at most 4294967295)")),
+                "{said}"
+            );
+        }
+        let most = "dbnet:commit-lost:relay@4294967295".parse::<Nemesis>();
+        assert_eq!(
+            most.map(|n| n.to_string()),
+            Ok("dbnet:commit-lost:relay@4294967295".to_string())
+        );
+    }
+
+    /// A partition is held as long as asked: the schedule says so, the link does so.
+    #[test]
+    fn a_long_partition_is_held_as_asked() {
+        let nemesis: Nemesis = "dbnet:partition:relay@1s+90s".parse().unwrap();
+        let hold = Duration::from_secs(90);
+        let fault = DbNetFault::Partition {
+            at: Duration::from_secs(1),
+            hold,
+        };
+        assert_eq!(
+            nemesis,
+            Nemesis::DbNet {
+                role: Role::Relay,
+                fault
+            }
+        );
+        assert_eq!(nemesis.over_at(), Some(Duration::from_secs(91)));
+        assert_eq!(nemesis.to_string(), "dbnet:partition:relay@1s+90s");
     }
 }

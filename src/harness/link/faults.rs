@@ -18,7 +18,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 use super::watch::{DeliveryWatch, HOLD_LIMIT};
-use crate::harness::nemesis::{format_duration, parse_duration};
+use crate::harness::nemesis::{format_duration, parse_duration, parse_ordinal};
 
 /// What the proxy does to one request. The names are stable, like crash points'.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,10 +92,7 @@ impl FromStr for FaultPlan {
                 ))
             }
         };
-        let on_request =
-            number.parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
-                format!("'{number}' in '{s}' is not a request number of 1 or more")
-            })?;
+        let on_request = parse_ordinal(number, s, "request number")?;
         Ok(FaultPlan { fault, on_request })
     }
 }
