@@ -94,12 +94,19 @@ fn a_relay_that_delivers_nothing_cannot_forge_the_verdict() {
     assert_eq!(run.metric("verify.delivered_distinct"), 0);
     assert_eq!(run.metric("verify.lost.violating"), 100);
     let lines = evidence(&file);
-    for what in [
-        "write the consumer's shipments",
-        "write the judge's record",
-        "connect to the consumer's database",
-    ] {
+    for what in ["write the consumer's shipments", "write the judge's record"] {
         assert!(about(&lines, what).contains("refused"), "{lines:#?}");
+    }
+    // Its link admits only its role, to its database.
+    for what in [
+        "connect to the consumer's database",
+        "connect as the superuser",
+    ] {
+        let line = about(&lines, what);
+        assert!(
+            line.contains("refused") && line.contains("link admits only"),
+            "{line}"
+        );
     }
 }
 
@@ -248,21 +255,35 @@ fn runs_cannot_read_or_reach_each_other() {
     let (second, second_run) = spy("stranger-spy-b", "2");
     assert_passed(&first_run.join().unwrap());
     assert_passed(&second_run.join().unwrap());
-    let first = evidence(&first);
-    assert!(
-        about(&first, "other relays' environments read").ends_with(": 0"),
-        "{first:#?}"
-    );
-    assert!(about(&first, "other database links reached").ends_with(": 0"));
-    assert!(!about(&first, "its own run's database links reached").ends_with(": 0"));
-    let second = evidence(&second);
-    let read: Vec<&String> = second
-        .iter()
-        .filter(|line| line.contains("other relays' environments read"))
-        .collect();
-    // Each of the second run's two relays reads its sibling's, and nothing of the first run's.
-    assert_eq!(read.len(), 2, "{second:#?}");
-    assert!(read.iter().all(|line| line.ends_with(": 1")), "{second:#?}");
+    // Neither run's relays read another uid's environment or reach another run's link; the
+    // second run's two relays (one uid) read each other's: the probe bites.
+    for (lines, relays) in [(evidence(&first), 1), (evidence(&second), 2)] {
+        let said = |what: &str| -> Vec<&String> {
+            lines.iter().filter(|line| line.contains(what)).collect()
+        };
+        for what in [
+            "other users' relays' environments read",
+            "other database links reached",
+        ] {
+            let found = said(what);
+            assert_eq!(found.len(), relays, "{lines:#?}");
+            assert!(found.iter().all(|line| line.ends_with(": 0")), "{lines:#?}");
+        }
+        assert!(said("its own run's database links reached")
+            .iter()
+            .all(|line| !line.ends_with(": 0")));
+        let siblings = said("its own run's relays' environments read");
+        match relays {
+            1 => assert!(
+                siblings.iter().all(|line| line.ends_with(": 0")),
+                "{lines:#?}"
+            ),
+            _ => assert!(
+                siblings.iter().all(|line| !line.ends_with(": 0")),
+                "{lines:#?}"
+            ),
+        }
+    }
 }
 
 /// The user the servers run as is no user for a stranger's relay, as root is not.
@@ -321,8 +342,10 @@ fn where_no_role_can_be_made_the_judge_keeps_its_records_elsewhere() {
     assert_eq!(forged.code, 1, "{}", forged.stderr);
     assert_eq!(forged.metric("verify.lost.violating"), 100);
     let lines = evidence(&file);
+    // Refused by its link (which admits the URL's role to the run's database alone), and not
+    // on this server at all.
     let reach = about(&lines, "connect to the consumer's database");
-    assert!(reach.contains("does not exist"), "{reach}");
+    assert!(reach.contains("refused"), "{reach}");
     assert_passed(&run_on("honest", &evidence_file("stranger-plain-honest")));
     common::block_on(async {
         let admin = admin().await;

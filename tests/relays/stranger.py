@@ -76,12 +76,14 @@ def forge(conn, args):
             "INSERT INTO consumer.shipments (order_id, event_id) "
             "SELECT aggregate_id, event_id FROM outbox")
     attempt(args, conn, "write the judge's record", "DELETE FROM judge.written")
-    try:
-        psycopg.connect(**sibling_database(conn, "_consumer")).close()
-        evidence(args, "connect to the consumer's database: done")
-    except psycopg.Error as e:
-        first = (str(e).strip().splitlines() or [""])[0]
-        evidence(args, f"connect to the consumer's database: refused ({first})")
+    for what, where in [("connect to the consumer's database", sibling_database(conn, "_consumer")),
+                        ("connect as the superuser", sibling_database(conn, "") | {"user": "postgres"})]:
+        try:
+            psycopg.connect(**where).close()
+            evidence(args, f"{what}: done")
+        except psycopg.Error as e:
+            first = (str(e).strip().splitlines() or [""])[0]
+            evidence(args, f"{what}: refused ({first})")
 
 
 def escalate(conn, args):
@@ -111,10 +113,11 @@ def leave_a_process_behind(args):
 
 def spy(args):
     """For --spy-for-s: every other relay's environment it can read (its database password,
-    its broker's token), and every database link but its own it can connect to."""
+    its broker's token), another uid's or its own run's, and every database link it can
+    connect to, another run's or its own run's."""
     me, mine = os.getpid(), os.environ.get("PGHOST", "")
     deadline = time.monotonic() + args.spy_for_s
-    read, reached, own = set(), set(), set()
+    read, siblings, reached, own = set(), set(), set(), set()
     while time.monotonic() < deadline:
         for pid in filter(str.isdigit, os.listdir("/proc")):
             if int(pid) == me:
@@ -122,7 +125,8 @@ def spy(args):
             try:
                 with open(f"/proc/{pid}/environ", "rb") as f:
                     if b"OUTBOX_LAB_RELAY_NAME" in f.read():
-                        read.add(pid)
+                        same = os.stat(f"/proc/{pid}").st_uid == os.getuid()
+                        (siblings if same else read).add(pid)
             except OSError:
                 continue
         for entry in os.listdir("/tmp"):
@@ -138,7 +142,8 @@ def spy(args):
                     except OSError:
                         pass
         time.sleep(0.05)
-    evidence(args, f"other relays' environments read: {len(read)}")
+    evidence(args, f"other users' relays' environments read: {len(read)}")
+    evidence(args, f"its own run's relays' environments read: {len(siblings)}")
     evidence(args, f"other database links reached: {len(reached)}")
     evidence(args, f"its own run's database links reached: {len(own)}")
 

@@ -195,6 +195,19 @@ impl<'s> Lab<'s> {
         login.database(&self.db)
     }
 
+    /// Who the links admit, for strangers' relays: the relays' role and the writer's (the
+    /// server's own role where no roles could be made); `None` for ours.
+    pub(super) fn admitted(&self) -> Result<Option<(String, String)>> {
+        if let Relays::Ours = self.relays {
+            return Ok(None);
+        }
+        let user = |role: Role| -> Result<String> {
+            let config = self.database_of(role)?.config()?;
+            Ok(config.get_user().unwrap_or("postgres").to_string())
+        };
+        Ok(Some((user(Role::Relay)?, user(Role::Writer)?)))
+    }
+
     /// A session of the lab's as `role` reaches the database (not through its link): for the
     /// user's SQL (`--schema` as the relays, `--pending-sql` as the relays, `--insert-sql` as
     /// the writer), which may call what a relay made, and must do so with its rights alone.

@@ -210,7 +210,16 @@ impl<'s> Lab<'s> {
                     None => self.sink_url(),
                 })
                 .collect(),
-            links: DbLinks::start(&self.db, relays, schedule, self.relay_user()).await?,
+            links: DbLinks::start(
+                &self.db,
+                relays,
+                schedule,
+                self.relay_user(),
+                self.admitted()?
+                    .as_ref()
+                    .map(|(r, w)| (r.as_str(), w.as_str())),
+            )
+            .await?,
             writer_done: watch::channel(false).0,
             drained: watch::channel(false).0,
             relay_tail: Mutex::new(Tail::default()),

@@ -20,15 +20,28 @@ pub struct DbLinks {
 
 impl DbLinks {
     /// The links of `relays` relays and the writer to `db`, with the schedule's lost committing
-    /// answers planned; `relay_user` (strangers' relays run as it) may connect to them.
+    /// answers planned; `relay_user` (strangers' relays run as it) may connect to the relays'
+    /// links, not the writer's. With `admitted` (the relays' role, the writer's), each link
+    /// admits only its actor's role, to `db` alone.
     pub async fn start(
         db: &Database,
         relays: u32,
         schedule: &Schedule,
         relay_user: Option<&User>,
+        admitted: Option<(&str, &str)>,
     ) -> Result<DbLinks> {
         let proxy = PgProxy::start(&db.config()?, relays as usize + 1, relay_user).await?;
         let links = DbLinks { proxy, relays };
+        let writer = relays as usize;
+        if relay_user.is_some() {
+            links.proxy.ours_alone(writer)?;
+        }
+        if let Some((relay_role, writer_role)) = admitted {
+            for i in 0..relays {
+                links.relay(i).admit_only(relay_role, &db.name);
+            }
+            links.proxy.link(writer).admit_only(writer_role, &db.name);
+        }
         for nemesis in &schedule.nemeses {
             if let Nemesis::DbNet {
                 role,

@@ -141,6 +141,8 @@ pub struct PgLink {
     /// The host the actor is given: the private socket directory, or `127.0.0.1`.
     pub host: String,
     pub port: u16,
+    /// Its Unix socket, where it has one.
+    socket: Option<PathBuf>,
     /// Where its new connections go: re-pointed at a failover, as a virtual IP is.
     upstream: Mutex<Upstream>,
     /// The connections open now, by their number: the backend's pid once it is known.
@@ -177,7 +179,7 @@ impl PgProxy {
             Upstream::Tcp(..) => None,
         };
         for i in 0..links {
-            let (host, port, listener) = match &dir {
+            let (host, port, socket, listener) = match &dir {
                 Some(dir) => {
                     let port = SOCKET_PORT_BASE + i as u16;
                     let path = dir.path().join(format!(".s.PGSQL.{port}"));
@@ -185,17 +187,18 @@ impl PgProxy {
                         .with_context(|| format!("cannot listen on {}", path.display()))?;
                     run_as::let_in(&path, client)?;
                     let host = dir.path().to_string_lossy().into_owned();
-                    (host, port, Either::Left(listener))
+                    (host, port, Some(path), Either::Left(listener))
                 }
                 None => {
                     let listener = TcpListener::bind("127.0.0.1:0").await?;
                     let port = listener.local_addr()?.port();
-                    ("127.0.0.1".to_string(), port, Either::Right(listener))
+                    ("127.0.0.1".to_string(), port, None, Either::Right(listener))
                 }
             };
             let link = Arc::new(PgLink {
                 host,
                 port,
+                socket,
                 upstream: Mutex::new(upstream.clone()),
                 open: Mutex::new(BTreeMap::new()),
                 connections: AtomicU64::new(0),
@@ -217,6 +220,16 @@ impl PgProxy {
             tasks,
             dir,
         })
+    }
+
+    /// Keeps link `i` ours alone: the client the proxy let in may not connect to it (the
+    /// writer's link, beside the relays'). A TCP link is open to every local user: what keeps
+    /// it is [`PgLink::admit_only`], and the admitted role's password.
+    pub fn ours_alone(&self, i: usize) -> Result<()> {
+        match &self.links[i].socket {
+            Some(socket) => run_as::let_in(socket, None),
+            None => Ok(()),
+        }
     }
 
     /// Link `i`.
