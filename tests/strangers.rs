@@ -1,7 +1,6 @@
 //! The judged cannot touch the judge: hostile relays of our own (tests/relays/stranger.py) try
 //! what a stranger's relay could, and each test asserts the exact verdict, and what each attempt
-//! came to. As root only: it is root that runs strangers' relays as a uid of their own, with a
-//! role of least privilege.
+//! came to. Most as root only: it is root that runs strangers' relays as a uid of their own.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -360,4 +359,26 @@ fn where_no_role_can_be_made_the_judge_keeps_its_records_elsewhere() {
 async fn admin() -> tokio_postgres::Client {
     let config = outbox_lab::connect::parse_url(common::server_url()).unwrap();
     outbox_lab::connect::postgres(&config).await.unwrap()
+}
+
+/// A relay in autocommit (its fetch, each delivery's mark: every statement its own implicit
+/// transaction, no COMMIT ever sent) under every default nemesis, on a cluster of its own (the
+/// database is restarted): the lost committing answer reaches it (the end of an implicit
+/// transaction that wrote is one), and every fault fires. It needs no root.
+#[test]
+fn a_relay_in_autocommit_meets_every_nemesis() {
+    let results = scratch_dir("stranger-autocommit");
+    let relay = stranger(
+        "autocommit",
+        &evidence_file("stranger-autocommit-evidence"),
+        "",
+    );
+    let output =
+        common::verify::verify_alone(&results, &["--relay-cmd", &relay, "--events", "400"])
+            .output()
+            .unwrap();
+    let run = common::Run::from(output);
+    assert_passed(&run);
+    assert_eq!(run.metric("verify.faults_fired"), 13);
+    assert_eq!(run.metric("verify.delivered_distinct"), 400);
 }
