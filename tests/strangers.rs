@@ -310,20 +310,8 @@ fn where_no_role_can_be_made_the_judge_keeps_its_records_elsewhere() {
     if !root_only("where_no_role_can_be_made_the_judge_keeps_its_records_elsewhere") {
         return;
     }
-    let owner = format!("plain_owner_{}", std::process::id());
-    let cluster = common::server_url();
-    let url = common::block_on(async {
-        let admin = admin().await;
-        admin
-            .batch_execute(&format!("CREATE ROLE {owner} LOGIN CREATEDB"))
-            .await
-            .unwrap();
-        let maintenance = outbox_lab::harness::db::Database {
-            server_url: cluster.to_string(),
-            name: "postgres".into(),
-        };
-        maintenance.as_login(&owner, None).unwrap().server_url
-    });
+    let owner = common::verify::PlainOwner::new("plain_owner");
+    let url = owner.url.clone();
     let run_on = |act: &str, file: &Path| {
         let results = scratch_dir("stranger-plain-results");
         let output = common::outbox_lab()
@@ -346,39 +334,4 @@ fn where_no_role_can_be_made_the_judge_keeps_its_records_elsewhere() {
     let reach = about(&lines, "connect to the consumer's database");
     assert!(reach.contains("refused"), "{reach}");
     assert_passed(&run_on("honest", &evidence_file("stranger-plain-honest")));
-    common::block_on(async {
-        let admin = admin().await;
-        admin
-            .batch_execute(&format!("DROP ROLE {owner}"))
-            .await
-            .unwrap();
-    });
-}
-
-/// A session of the suite's cluster's own role.
-async fn admin() -> tokio_postgres::Client {
-    let config = outbox_lab::connect::parse_url(common::server_url()).unwrap();
-    outbox_lab::connect::postgres(&config).await.unwrap()
-}
-
-/// A relay in autocommit (its fetch, each delivery's mark: every statement its own implicit
-/// transaction, no COMMIT ever sent) under every default nemesis, on a cluster of its own (the
-/// database is restarted): the lost committing answer reaches it (the end of an implicit
-/// transaction that wrote is one), and every fault fires. It needs no root.
-#[test]
-fn a_relay_in_autocommit_meets_every_nemesis() {
-    let results = scratch_dir("stranger-autocommit");
-    let relay = stranger(
-        "autocommit",
-        &evidence_file("stranger-autocommit-evidence"),
-        "",
-    );
-    let output =
-        common::verify::verify_alone(&results, &["--relay-cmd", &relay, "--events", "400"])
-            .output()
-            .unwrap();
-    let run = common::Run::from(output);
-    assert_passed(&run);
-    assert_eq!(run.metric("verify.faults_fired"), 13);
-    assert_eq!(run.metric("verify.delivered_distinct"), 400);
 }

@@ -156,19 +156,48 @@ fn a_relay_that_keeps_ending_unconnected_is_bad_input_whatever_struck_meanwhile(
     assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
 }
 
-/// A schema file that drops or changes outbox-lab's tables is bad input naming --schema.
+/// A schema file that drops or changes outbox-lab's tables is bad input naming --schema: it
+/// runs as the relays' role, which may not (the consumer's tables are not even in its
+/// database); on a server whose role is the relays' too (no roles could be made there), the
+/// check after it finds what it broke.
 #[test]
 fn a_schema_that_breaks_our_tables_is_bad_input() {
     let dir = scratch_dir("verify-schema-breaks");
-    for ddl in [
-        "DROP TABLE consumer.shipments;",
-        "DROP TABLE outbox CASCADE;",
-        "ALTER TABLE outbox DROP COLUMN payload;",
+    let owner = common::verify::PlainOwner::new("schema_breaker");
+    for (ddl, as_relay) in [
+        (
+            "DROP TABLE consumer.shipments;",
+            "schema \"consumer\" does not exist",
+        ),
+        (
+            "DROP TABLE outbox CASCADE;",
+            "must be owner of table outbox",
+        ),
+        (
+            "ALTER TABLE outbox DROP COLUMN payload;",
+            "must be owner of table outbox",
+        ),
     ] {
         let schema = dir.join("schema.sql");
         std::fs::write(&schema, ddl).unwrap();
-        let run = verify(&["--relay-cmd", "sh", "--schema", schema.to_str().unwrap()]);
-        assert_usage_error(&run, "--schema breaks outbox-lab's tables");
+        let schema = schema.to_str().unwrap();
+        let run = verify(&["--relay-cmd", "sh", "--schema", schema]);
+        assert_usage_error(&run, "--schema does not apply");
+        assert!(run.stderr.contains(as_relay), "{}", run.stderr);
+        if ddl.contains("outbox") {
+            let results = scratch_dir("verify-schema-breaks-owner");
+            let output = common::outbox_lab()
+                .args(["verify", "--format", "json", "--database-url", &owner.url])
+                .arg("--results-dir")
+                .arg(&results)
+                .args(["--relay-cmd", "sh", "--schema", schema])
+                .output()
+                .unwrap();
+            assert_usage_error(
+                &common::Run::from(output),
+                "--schema breaks outbox-lab's tables",
+            );
+        }
     }
 }
 

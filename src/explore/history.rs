@@ -168,19 +168,21 @@ impl History {
         });
     }
 
-    /// The orders a writer's log tells of, and the database sessions it lost (`label`: the
-    /// writer's process), each recorded as such: whoever ended it, the history says so.
-    pub fn record_writes(&mut self, label: &str, log: &str) {
-        self.written.extend(writer::written_in(log));
-        for line in log.lines() {
-            let line = line.split_once("] ").map_or(line, |(_, rest)| rest);
-            if let Some(error) = line.strip_prefix(writer::SESSION_LOST) {
-                self.record_process(
-                    &format!("{label} session"),
-                    None,
-                    format!("ended under the writer, which reconnected: {error}"),
-                );
-            }
+    /// A line of a writer's log (`label`: its process), as it comes: an order it wrote or how
+    /// its COMMIT ended, or a database session it lost (recorded as such, whoever ended it).
+    /// Taken line by line, so that what a writer told is kept even when the run is cut short.
+    pub fn record_writer_line(&mut self, label: &str, line: &str) {
+        if let Some(step) = writer::write_step_in(line) {
+            writer::record_step(&mut self.written, step);
+            return;
+        }
+        let line = line.split_once("] ").map_or(line, |(_, rest)| rest);
+        if let Some(error) = line.strip_prefix(writer::SESSION_LOST) {
+            self.record_process(
+                &format!("{label} session"),
+                None,
+                format!("ended under the writer, which reconnected: {error}"),
+            );
         }
     }
 

@@ -194,31 +194,28 @@ pub fn write_step_line(step: &WriteStep) -> String {
     format!("{WRITE_STEP}{json}")
 }
 
-/// The orders a writer's log tells of ([`write_step_line`], among its other lines, each after
-/// a `[role] ` tag), in the order they were inserted, each with how its COMMIT ended.
-pub fn written_in(log: &str) -> Vec<WrittenOrder> {
-    let mut written: Vec<WrittenOrder> = Vec::new();
-    for line in log.lines() {
-        let line = line.split_once("] ").map_or(line, |(_, rest)| rest);
-        let Some(json) = line.strip_prefix(WRITE_STEP) else {
-            continue;
-        };
-        match serde_json::from_str(json) {
-            Ok(WriteStep::Inserted(order)) => written.push(WrittenOrder {
-                order,
-                outcome: CommitOutcome::Unknown,
-            }),
-            Ok(WriteStep::Ended { order_id, outcome }) => {
-                let mut told = written.iter_mut().rev();
-                if let Some(ended) = told.find(|w| w.order.order_id == order_id) {
-                    ended.outcome = outcome;
-                }
+/// The [`WriteStep`] a line of the writer's log tells of ([`write_step_line`], after a
+/// `[role] ` tag), if it tells of one (a line cut short by a kill does not).
+pub fn write_step_in(line: &str) -> Option<WriteStep> {
+    let line = line.split_once("] ").map_or(line, |(_, rest)| rest);
+    serde_json::from_str(line.strip_prefix(WRITE_STEP)?).ok()
+}
+
+/// Adds what `step` tells to `written` (the orders as the writer told them, in the order they
+/// were inserted): a new order, or how an order's COMMIT ended.
+pub fn record_step(written: &mut Vec<WrittenOrder>, step: WriteStep) {
+    match step {
+        WriteStep::Inserted(order) => written.push(WrittenOrder {
+            order,
+            outcome: CommitOutcome::Unknown,
+        }),
+        WriteStep::Ended { order_id, outcome } => {
+            let mut told = written.iter_mut().rev();
+            if let Some(ended) = told.find(|w| w.order.order_id == order_id) {
+                ended.outcome = outcome;
             }
-            // A line cut short by a kill: that order's end was never told.
-            Err(_) => {}
         }
     }
-    written
 }
 
 /// The order and its events, in the caller's transaction, where `to` says.
@@ -409,7 +406,10 @@ mod tests {
         ]
         .map(|line| format!("[app] {line}\n"))
         .concat();
-        let written = written_in(&log);
+        let mut written = Vec::new();
+        for step in log.lines().filter_map(write_step_in) {
+            record_step(&mut written, step);
+        }
         let outcomes: Vec<(i64, CommitOutcome)> = written
             .iter()
             .map(|w| (w.order.order_id, w.outcome))

@@ -42,3 +42,48 @@ pub fn our_relay_from_its_environment() -> String {
         env!("CARGO_BIN_EXE_outbox-lab")
     )
 }
+
+/// A role of the suite's cluster that may log in and create databases, and nothing more (no
+/// CREATEROLE): verify's `--database-url` as a user's plain owner role; dropped with this.
+pub struct PlainOwner {
+    pub url: String,
+    name: String,
+}
+
+impl PlainOwner {
+    pub fn new(name: &str) -> PlainOwner {
+        let name = format!("{name}_{}", std::process::id());
+        let cluster = super::server_url();
+        let url = super::block_on(async {
+            admin()
+                .await
+                .batch_execute(&format!("CREATE ROLE {name} LOGIN CREATEDB"))
+                .await
+                .unwrap();
+            let maintenance = outbox_lab::harness::db::Database {
+                server_url: cluster.to_string(),
+                name: "postgres".into(),
+            };
+            maintenance.as_login(&name, None).unwrap().server_url
+        });
+        PlainOwner { url, name }
+    }
+}
+
+impl Drop for PlainOwner {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        super::block_on(async move {
+            let _ = admin()
+                .await
+                .batch_execute(&format!("DROP ROLE IF EXISTS {name}"))
+                .await;
+        });
+    }
+}
+
+/// A session of the suite's cluster's own role.
+async fn admin() -> tokio_postgres::Client {
+    let config = outbox_lab::connect::parse_url(super::server_url()).unwrap();
+    outbox_lab::connect::postgres(&config).await.unwrap()
+}

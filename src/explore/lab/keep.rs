@@ -105,13 +105,13 @@ impl Lab<'_> {
                 .pause_at(nemeses::pause_point(stage.schedule, Role::Writer).filter(|_| n == 1))
                 .spawn()?;
             stage.live.started(Role::Writer, 0, &label, writer.pid());
-            let run = writer.finish(self.bounds.child).await?;
+            let mut told = |line: &str| {
+                let mut history = history.lock().expect("not poisoned");
+                history.record_writer_line(&label, line);
+            };
+            let run = writer.finish_telling(self.bounds.child, &mut told).await?;
             stage.live.ended(Role::Writer, 0, &label);
             record(history, &label, plan, &run);
-            history
-                .lock()
-                .expect("not poisoned")
-                .record_writes(&label, &run.stdout);
             match run.end {
                 ChildEnd::Ok => {
                     stuck = None;

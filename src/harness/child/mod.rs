@@ -298,6 +298,40 @@ impl RunningChild {
         Ok(ChildRun { end, stdout })
     }
 
+    /// [`RunningChild::finish`], each line of its output told to `line` as it comes: what it
+    /// said before a run that drops this is cut short is not lost with it.
+    pub async fn finish_telling(
+        mut self,
+        timeout: Duration,
+        line: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<ChildRun> {
+        let stderr = tokio::spawn(read_all(self.process.child_mut().stderr.take()));
+        let pipe = self.process.child_mut().stdout.take();
+        let mut stdout = String::new();
+        let read_then_wait = async {
+            if let Some(pipe) = pipe {
+                let mut lines = BufReader::new(pipe).lines();
+                while let Ok(Some(text)) = lines.next_line().await {
+                    line(&text);
+                    stdout.push_str(&text);
+                    stdout.push('\n');
+                }
+            }
+            self.process.wait().await
+        };
+        let status = tokio::time::timeout(timeout, read_then_wait).await;
+        if status.is_err() {
+            self.process.signal_group(nix::sys::signal::Signal::SIGKILL);
+            self.process.wait().await?;
+        }
+        let stderr = stderr.await.unwrap_or_default();
+        let end = match status {
+            Err(_) => ChildEnd::TimedOut,
+            Ok(status) => classify(status?, &String::from_utf8_lossy(&stderr), self.crash_at),
+        };
+        Ok(ChildRun { end, stdout })
+    }
+
     /// SIGTERM to its group, SIGKILL after [`STOP_GRACE`]; waits until it is gone.
     pub async fn stop(mut self) -> Result<()> {
         self.process.stop(STOP_GRACE).await?;
