@@ -29,6 +29,7 @@ mod setup;
 mod standalone;
 mod storage;
 mod strangers;
+mod transactions;
 mod verify;
 mod verify_bad_input;
 mod zoo;

@@ -152,8 +152,11 @@ fn a_verify_run_shows_no_password() {
     let relay_line = relay_lines
         .first()
         .unwrap_or_else(|| panic!("no relay seen: the scan proved nothing\n{stderr}"));
+    // The relays' own role (with a password of its own, in its environment only: none after
+    // the user name), not the server's.
     assert!(
-        relay_line.contains(" relay --database-url postgresql://postgres@"),
+        relay_line.contains(" relay --database-url postgresql://outboxlab_")
+            && relay_line.contains("_relay@"),
         "{relay_line}"
     );
     for (what, text) in [("stdout", &stdout), ("stderr", &stderr)] {

@@ -81,6 +81,14 @@ impl FaultRecord {
     }
 }
 
+/// A database session an actor lost, and went on with another.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionLost {
+    /// Whose (`writer#1`).
+    pub process: String,
+    pub error: String,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Process {
     pub process: String,
@@ -117,6 +125,10 @@ pub struct History {
     /// database.
     #[serde(skip)]
     pub written: Vec<writer::WrittenOrder>,
+    /// The database sessions the writers lost and made again, whoever ended them (a nemesis,
+    /// a restart, someone else): each is recorded.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sessions_lost: Vec<SessionLost>,
     /// Acknowledged orders the database no longer has after the run (`order 12`): a failover
     /// lost them. The database's loss, told apart from a relay's `lost`; a shipment of one is
     /// a ghost "lost in failover".
@@ -178,11 +190,10 @@ impl History {
         }
         let line = line.split_once("] ").map_or(line, |(_, rest)| rest);
         if let Some(error) = line.strip_prefix(writer::SESSION_LOST) {
-            self.record_process(
-                &format!("{label} session"),
-                None,
-                format!("ended under the writer, which reconnected: {error}"),
-            );
+            self.sessions_lost.push(SessionLost {
+                process: label.to_string(),
+                error: error.to_string(),
+            });
         }
     }
 

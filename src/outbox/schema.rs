@@ -115,10 +115,17 @@ pub const ADD_WRITER_XID: &str =
 pub const NOTIFY_CHANNEL: &str = "outbox_new";
 
 /// The article's statement trigger: one notification per inserting statement, delivered at
-/// COMMIT (and only then), so a woken relay never finds an uncommitted row.
+/// COMMIT (and only then), so a woken relay never finds an uncommitted row. A transaction that
+/// will be PREPAREd may not NOTIFY (PostgreSQL refuses to prepare it): it says so with
+/// `outbox_lab.notify = off`, and its rows wake no relay (one that also polls finds them).
 pub const NOTIFY_TRIGGER: &str = "
 CREATE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN PERFORM pg_notify('outbox_new', ''); RETURN NULL; END $$;
+BEGIN
+  IF current_setting('outbox_lab.notify', true) IS DISTINCT FROM 'off' THEN
+    PERFORM pg_notify('outbox_new', '');
+  END IF;
+  RETURN NULL;
+END $$;
 CREATE TRIGGER outbox_notify_trg AFTER INSERT ON outbox
   FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify();";
 

@@ -109,6 +109,7 @@ pub async fn create_order_with_events(
 }
 
 /// Where an order's events are written.
+#[derive(Debug, Clone)]
 pub enum EventsTo {
     /// The article's outbox.
     Outbox,
@@ -170,15 +171,25 @@ pub enum WriteStep {
     Ended {
         order_id: i64,
         outcome: CommitOutcome,
+        /// When the writer knew (its wall clock, ms since the epoch): for a relay that skips
+        /// it, when it committed.
+        at_ms: i64,
     },
 }
 
 /// An order as the writer wrote it, and how its COMMIT ended ([`CommitOutcome::Unknown`] when
-/// the writer never told).
+/// the writer never told), and when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WrittenOrder {
     pub order: InsertedOrder,
     pub outcome: CommitOutcome,
+    /// When its end was known (the wall clock, ms since the epoch), if it was.
+    pub ended_at_ms: Option<i64>,
+}
+
+/// The wall clock now, in ms since the epoch: when a write's end was known.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
 }
 
 /// Starts the writer's log line of a database session it lost (then the error): the lab records
@@ -208,11 +219,17 @@ pub fn record_step(written: &mut Vec<WrittenOrder>, step: WriteStep) {
         WriteStep::Inserted(order) => written.push(WrittenOrder {
             order,
             outcome: CommitOutcome::Unknown,
+            ended_at_ms: None,
         }),
-        WriteStep::Ended { order_id, outcome } => {
+        WriteStep::Ended {
+            order_id,
+            outcome,
+            at_ms,
+        } => {
             let mut told = written.iter_mut().rev();
             if let Some(ended) = told.find(|w| w.order.order_id == order_id) {
                 ended.outcome = outcome;
+                ended.ended_at_ms = Some(at_ms);
             }
         }
     }
@@ -274,7 +291,11 @@ async fn commit_told(
         Err(e) if crate::connect::lost_connection(e) => CommitOutcome::Unknown,
         Err(_) => CommitOutcome::Failed,
     };
-    step(WriteStep::Ended { order_id, outcome });
+    step(WriteStep::Ended {
+        order_id,
+        outcome,
+        at_ms: now_ms(),
+    });
     committed
 }
 
@@ -392,7 +413,11 @@ mod tests {
                 event_type: event_type(1),
             }],
         };
-        let ended = |order_id, outcome| WriteStep::Ended { order_id, outcome };
+        let ended = |order_id, outcome| WriteStep::Ended {
+            order_id,
+            outcome,
+            at_ms: 1_765_000_000_000 + order_id,
+        };
         let first = order(12, 5);
         let cut = write_step_line(&ended(40, CommitOutcome::Ok));
         let log = [
@@ -423,5 +448,7 @@ mod tests {
             ]
         );
         assert_eq!(written[0].order, first);
+        assert_eq!(written[0].ended_at_ms, Some(1_765_000_000_012));
+        assert_eq!(written[1].ended_at_ms, None);
     }
 }

@@ -33,8 +33,13 @@ const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
 
 /// The nemeses `--nemesis` names, and the schedule item each one makes (`{at}`: its moment).
 /// In this order on the clock: relay 0's database link reset, then partitioned for a second,
-/// after its sessions are ended; a database restart last, so that the sessions and links the
-/// nemeses before it strike are there to strike. Relay 0's third COMMIT loses its answer.
+/// after its sessions are ended; a database restart, so that the sessions and links the
+/// nemeses before it strike are there to strike; then the workload's transactions that hold
+/// the horizon, after the restart, which would end them: a slow commit of 2.5 s (past the
+/// safety lags of a few hundred ms that relays reading by id use, and Marten's 3 s stale
+/// sequence threshold less a poll), a session idle in transaction for a second (a relay
+/// waiting for every older transaction waits, and must then catch up), a rollback (ids that
+/// never commit), a prepared transaction for a second (the same, held by two-phase commit). Relay 0's third COMMIT loses its answer.
 /// `net-down`, a sustained outage of the sink, is named only: not in `all` (the search draws
 /// it). Those on a delivery take the first ones, before the
 /// requests the network nemeses take: they come within the run's first moments however few
@@ -44,7 +49,7 @@ const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
 /// ended has none to end until it is answered; the kill last, since a relay that sends a batch
 /// at once (a pipeline of XADDs) may make all three deliveries in one go, and once killed it is
 /// no target for the others (a paused one is).
-const NEMESES: [(&str, &str); 15] = [
+const NEMESES: [(&str, &str); 19] = [
     ("kill", "kill:relay@{at}"),
     ("pause", "pause:relay@{at}+500ms"),
     ("db-kill-backend", "db:kill-backend:relay@{at}"),
@@ -52,6 +57,10 @@ const NEMESES: [(&str, &str); 15] = [
     ("dbnet-partition", "dbnet:partition:relay@{at}+1s"),
     ("db-restart", "db:restart@{at}"),
     ("db-failover", "db:failover@{at}"),
+    ("txn-slow-commit", "txn:slow-commit@{at}+2500ms"),
+    ("txn-idle", "txn:idle@{at}+1s"),
+    ("txn-rollback", "txn:rollback@{at}"),
+    ("txn-prepared", "txn:prepared@{at}+1s"),
     ("dbnet-commit-lost", "dbnet:commit-lost:relay@3"),
     ("net-reset", "net:reset@5"),
     ("net-reply-lost", "net:reply-lost@10"),
@@ -67,8 +76,26 @@ const NEMESES: [(&str, &str); 15] = [
 
 /// The nemeses `all` leaves out: a sustained outage is an experiment of its own (the search
 /// draws it), not one more fault of the default run; a failover moves the database onto a
-/// replicated pair (started for it, renewed after each run), so it is asked for by name.
-const NOT_IN_ALL: [&str; 2] = ["net-down", FAILOVER];
+/// replicated pair (started for it, renewed after each run), so it is asked for by name; a
+/// prepared transaction needs a server that allows them (PostgreSQL's default does not) and a
+/// schema whose triggers do not NOTIFY (PostgreSQL cannot prepare a transaction that did, as
+/// txoutbox's and faststream-outbox's do), and two-phase commit is rare among writers: by name.
+const NOT_IN_ALL: [&str; 3] = ["net-down", FAILOVER, PREPARED];
+
+/// The nemeses a search draws only where `--nemesis` names them: the failover (a pair of its
+/// own), and the workload's transactions (added after the other kinds: drawing them by default
+/// would change every schedule an existing seed draws, and the replays written down with it).
+const DRAWN_WHEN_NAMED: [&str; 5] = [
+    FAILOVER,
+    "txn-slow-commit",
+    "txn-idle",
+    "txn-rollback",
+    "txn-prepared",
+];
+
+/// Needs the server to allow prepared transactions: the throwaway cluster does; a server of
+/// the user's, by PostgreSQL's default, does not (a search leaves it out there).
+const PREPARED: &str = "txn-prepared";
 
 /// The failover's kind: only where it is named is the database on a replicated pair.
 const FAILOVER: &str = "db-failover";
@@ -348,10 +375,10 @@ fn drawn(
         .iter()
         .map(|(kind, _)| *kind)
         .filter(|kind| {
-            !(external_server && *kind == "db-restart"
+            !(external_server && (*kind == "db-restart" || *kind == PREPARED)
                 || !sink.behind_the_proxy() && kind.starts_with("net-")
                 || !sink.sees_deliveries() && kind.ends_with("-on-delivery")
-                || *kind == FAILOVER && only.is_none())
+                || DRAWN_WHEN_NAMED.contains(kind) && only.is_none())
                 && only.is_none_or(|only| only.iter().any(|o| o == kind))
         })
         .collect();
@@ -390,7 +417,7 @@ fn schedule_of(kinds: &[String], external_server: bool, sink: VerifySink) -> Res
     }
     let chosen = NEMESES.iter().filter(|(kind, _)| match everything {
         true => {
-            !(external_server && *kind == "db-restart"
+            !(external_server && (*kind == "db-restart" || *kind == PREPARED)
                 || NOT_IN_ALL.contains(kind)
                 || !sink.behind_the_proxy() && kind.starts_with("net-")
                 || !sink.sees_deliveries() && kind.ends_with("-on-delivery"))
@@ -471,9 +498,12 @@ mod tests {
             );
             check_schedule(schedule, false, VerifySink::Http).unwrap();
         }
-        // Every kind comes up in 200 draws, the sustained outage among them; the failover only
-        // where it is named.
-        for (kind, _) in NEMESES.iter().filter(|(kind, _)| *kind != FAILOVER) {
+        // Every kind comes up in 200 draws, the sustained outage among them; the failover and
+        // the workload's transactions only where they are named.
+        let drawn_kinds = NEMESES
+            .iter()
+            .filter(|(kind, _)| !DRAWN_WHEN_NAMED.contains(kind));
+        for (kind, _) in drawn_kinds {
             assert!(
                 http.iter()
                     .flat_map(|s| &s.nemeses)

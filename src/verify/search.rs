@@ -77,6 +77,10 @@ pub fn draw(seed: u64, k: u32, kinds: &[&str]) -> Schedule {
             "db-kill-backend-on-delivery" => format!("db:kill-backend:relay:on-delivery@{n}"),
             "pause-on-delivery" => format!("pause:relay:on-delivery@{n}+{hold}"),
             "kill-on-delivery" => format!("kill:relay:on-delivery@{n}"),
+            "txn-slow-commit" => format!("txn:slow-commit@{at}+{hold}"),
+            "txn-idle" => format!("txn:idle@{at}+{hold}"),
+            "txn-rollback" => format!("txn:rollback@{at}"),
+            "txn-prepared" => format!("txn:prepared@{at}+{hold}"),
             other => unreachable!("a nemesis kind that is not drawn: {other}"),
         };
         let nemesis: Nemesis = text.parse().expect("drawn nemeses parse");

@@ -14,6 +14,7 @@ use crate::explore::schedule::Nemesis;
 use crate::explore::watchdog::LIVENESS_BOUND;
 use crate::harness::nemesis::format_duration;
 use crate::judge::expectations::CheckResult;
+use crate::judge::record;
 use crate::report::{Environment, Metrics, Report, Table};
 
 /// The verification as a [`Report`] (`scenario: "verify"`).
@@ -31,6 +32,12 @@ pub fn report(plan: &Plan, verification: &Verification, environment: Environment
             ids.map_or(0, Vec::len) as i64,
         );
     }
+    // Of the lost, those the relays skipped (already past them when they committed).
+    let lost = main.history.violations.get(Invariant::Lost.name());
+    let skipped = lost.map_or(0, |ids| {
+        ids.iter().filter(|id| id.contains(record::SKIPPED)).count()
+    });
+    metrics.set("verify.lost.skipped", skipped as i64);
     let not_reached = not_reached(&main.history).len();
     metrics.set(
         "verify.faults_fired",
@@ -414,14 +421,19 @@ fn notes(plan: &Plan, verification: &Verification) -> Vec<String> {
             LIVENESS_BOUND.as_secs()
         ),
     ];
-    // How the relays ended, when not stopped once drained; what they left running; and the
-    // writer's sessions that someone or something ended.
+    // How the relays ended, when not stopped once drained, and what they left running.
     for process in &main.history.processes {
         let relay = process.process.starts_with("relay");
-        let writer_session = process.process.ends_with(" session");
-        if relay && !process.end.starts_with(STOPPED_ONCE_DRAINED) || writer_session {
+        if relay && !process.end.starts_with(STOPPED_ONCE_DRAINED) {
             notes.push(format!("{}: {}", process.process, process.end));
         }
+    }
+    // The writer's sessions that someone or something ended, and it made again.
+    for lost in &main.history.sessions_lost {
+        notes.push(format!(
+            "{} lost its database session ({}) and connected again",
+            lost.process, lost.error
+        ));
     }
     if let Some(replication) = plan.replication {
         notes.push(format!(

@@ -10,6 +10,7 @@ use tokio_postgres::Client;
 use super::{Bounds, ForeignRelays, Lab, Relays, Workload, EXPLORE_BOUNDS};
 use crate::error;
 use crate::explore::designs::Design;
+use crate::explore::nemeses;
 use crate::explore::schedule::Role;
 use crate::harness::db::{Database, PgServer};
 use crate::harness::nemesis::format_duration;
@@ -238,6 +239,8 @@ impl<'s> Lab<'s> {
     /// consumer's and the judge's tables too, in their database apart.
     pub(super) async fn reset(&self) -> Result<()> {
         let client = self.client().await?;
+        // A run cut short while a txn:prepared nemesis held its transaction left it prepared.
+        nemeses::end_prepared(&client).await?;
         match &self.relays {
             Relays::Ours => {
                 if self.pair.is_some() {

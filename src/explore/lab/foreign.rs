@@ -267,13 +267,21 @@ impl Lab<'_> {
         let tampering = record::tampering(&judge).await?;
         for (invariant, found) in [
             (Invariant::Lost, tampering.rewritten),
-            (Invariant::Ghost, tampering.never_written),
+            (Invariant::Ghost, tampering.ghosts),
         ] {
             if !found.is_empty() {
                 let ids = violations.entry(invariant).or_default();
                 ids.extend(found);
                 ids.sort();
                 ids.dedup();
+            }
+        }
+        // A lost event the relays were already past when it committed says so.
+        if let Some(lost) = violations.get_mut(&Invariant::Lost) {
+            for (id, said) in record::skipped(&judge).await? {
+                if let Some(found) = lost.iter_mut().find(|found| **found == id) {
+                    *found = said;
+                }
             }
         }
         let acknowledged_lost = record::acknowledged_lost(&judge).await?;

@@ -30,8 +30,8 @@ use super::checker;
 use super::designs::Design;
 use super::faults::FaultLog;
 use super::history::History;
-use super::nemeses::{self, Arena, DbLinks, LiveProcesses};
-use super::schedule::{Nemesis, Role, Schedule};
+use super::nemeses::{self, Arena, DbLinks, LiveProcesses, TxnWorkload};
+use super::schedule::{Nemesis, Role, Schedule, TxnFault};
 use super::watchdog::LIVENESS_BOUND;
 use crate::harness::db::{Database, PgServer};
 use crate::harness::foreign::Tail;
@@ -41,7 +41,7 @@ use crate::harness::roles::ActorRoles;
 use crate::harness::run_as::RelayIdentity;
 use crate::judge::invariants::Invariant;
 use crate::judge::{record, two_databases};
-use crate::outbox::writer::CommitOutcome;
+use crate::outbox::writer::{CommitOutcome, EventsTo};
 
 pub use delivery::Delivery;
 use delivery::Middle;
@@ -237,6 +237,17 @@ impl<'s> Lab<'s> {
             .live
             .started(Role::Consumer, 0, "consumer#1", first_consumer.pid());
         faults.start();
+        let workload = TxnWorkload {
+            db: self.database_of(Role::Writer)?,
+            events_per_order: self.workload.events_per_order,
+            to: match &self.relays {
+                Relays::Foreign(ForeignRelays {
+                    insert_sql: Some(sql),
+                    ..
+                }) => EventsTo::Statement(sql.clone()),
+                _ => EventsTo::Outbox,
+            },
+        };
         let arena = Arena {
             faults: &faults,
             live: &stage.live,
@@ -245,6 +256,8 @@ impl<'s> Lab<'s> {
             consumer_db: &self.consumer_db,
             pair: self.pair.as_ref(),
             links: &stage.links,
+            workload: &workload,
+            history: &history,
             sink_down,
             over: over_seen,
             done: &stage.nemeses_done,
@@ -313,6 +326,26 @@ impl<'s> Lab<'s> {
                 false => why,
             },
         );
+        // A transaction of the workload's held the horizon (the bound counted from its end), or
+        // left ids that never commit: the relays that did not drain were stalled behind it.
+        let behind: Vec<String> = faults
+            .iter()
+            .filter(|f| f.outcome.is_reached())
+            .filter_map(|f| match f.fault.parse() {
+                Ok(Nemesis::Txn(TxnFault::Rollback { .. })) => {
+                    Some(format!("the gap {} left (ids that never commit)", f.fault))
+                }
+                Ok(Nemesis::Txn(_)) => Some(format!(
+                    "{} (not caught up within the bound after it ended)",
+                    f.fault
+                )),
+                _ => None,
+            })
+            .collect();
+        let stuck = stuck.map(|why| match behind.as_slice() {
+            [] => why,
+            behind => format!("{why}; stalled behind {}", behind.join(", or ")),
+        });
         let mut history = history.into_inner().expect("not poisoned");
         let (violations, acknowledged_lost) = match self.relays {
             Relays::Foreign(_) => {
@@ -346,7 +379,14 @@ impl<'s> Lab<'s> {
         }
         if let Some(ghosts) = history.violations.get_mut(Invariant::Ghost.name()) {
             for ghost in ghosts.iter_mut() {
-                if history.acknowledged_lost.contains(ghost) {
+                // `order 34` of an acknowledged order lost `order 34 (its id given again...)`.
+                let lost = history.acknowledged_lost.iter().any(|lost| {
+                    lost == ghost
+                        || lost
+                            .strip_prefix(ghost.as_str())
+                            .is_some_and(|rest| rest.starts_with(" ("))
+                });
+                if lost {
                     ghost.push_str(record::LOST_IN_FAILOVER);
                 }
             }

@@ -7,6 +7,7 @@
 
 mod db_links;
 mod on_delivery;
+mod transactions;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::designs::Design;
 use super::faults::FaultLog;
+use super::history::History;
 use super::schedule::{DbNetFault, Nemesis, Role, Schedule, FAILOVER_HOLD};
 use crate::connect;
 use crate::harness::db::{Database, PgServer};
@@ -32,6 +34,7 @@ use crate::outbox::consumer::CONSUMER_APPLICATION_NAME;
 use crate::outbox::crash::CrashPlan;
 pub use db_links::DbLinks;
 use on_delivery::{on_delivery, strike_on_delivery, Holding};
+pub use transactions::{end_prepared, TxnWorkload};
 
 /// The nemesis schedules of the default run: all of them for the design that claims everything.
 const DEFAULT_SCHEDULES: [&str; 15] = [
@@ -170,6 +173,10 @@ pub struct Arena<'a> {
     pub pair: Option<&'a VirtualPrimary>,
     /// The relays' and the writer's links to the database: their sessions, their faults.
     pub links: &'a DbLinks,
+    /// Where the workload's transactions of a `txn:*` nemesis are made, and what they write.
+    pub workload: &'a TxnWorkload,
+    /// The run's history: what those transactions wrote goes into its record of writes.
+    pub history: &'a Mutex<History>,
     /// The switch of the sink's outage (`net:down`), where the schedule has one.
     pub sink_down: Option<Arc<AtomicBool>>,
     /// Set when the supervisor is done: a nemesis not yet due is then not reached.
@@ -285,11 +292,24 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                 Nemesis::DbRestart { at } => {
                     if arena.until(at).await {
                         let _doing = arena.faults.harness_doing();
+                        let struck = Instant::now();
                         fire(i, "postgres".into());
+                        let before = outbox_sequence(arena.db).await;
                         match arena.pair {
                             // The application's database is there, not on the run's server.
                             Some(pair) => pair.restart_immediately().await?,
                             None => arena.server.restart_immediately().await?,
+                        }
+                        // A crash loses the values the sequence had logged ahead: ids jump.
+                        let after = outbox_sequence(arena.db).await;
+                        if let (Some(before), Some(after)) = (before, after) {
+                            let jump = format!(
+                                "postgres; outbox_id_seq at {before} before the crash, {after} \
+                                 once it was back (ids logged ahead and lost, and any taken \
+                                 meanwhile: {})",
+                                after - before
+                            );
+                            arena.faults.struck(i, jump, struck);
                         }
                     }
                 }
@@ -367,6 +387,7 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                         }
                     }
                 }
+                Nemesis::Txn(fault) => transactions::strike(i, fault, arena, arena.history).await?,
                 Nemesis::Net(_) | Nemesis::OnDelivery { .. } => {}
             }
             anyhow::Ok(())
@@ -436,6 +457,19 @@ fn commit_not_reached(role: Role, link: &PgLink) -> String {
             if made == 1 { "" } else { "s" }
         ),
     }
+}
+
+/// Where the outbox's id sequence stands (`last_value`), if it can be read (the server up, the
+/// article's outbox there).
+async fn outbox_sequence(db: &Database) -> Option<i64> {
+    let client = connect::patiently(connect::RECONNECT_PATIENCE, async || db.connect().await)
+        .await
+        .ok()?;
+    let row = client
+        .query_one("SELECT last_value FROM public.outbox_id_seq", &[])
+        .await
+        .ok()?;
+    Some(row.get(0))
 }
 
 /// Ends the database sessions of `role` (relay 0, or the consumer) once it has one; what was

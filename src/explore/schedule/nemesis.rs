@@ -43,6 +43,50 @@ pub enum Nemesis {
     },
     /// A fault on the role's link to its database (relay 0's, or the writer's).
     DbNet { role: Role, fault: DbNetFault },
+    /// A transaction of the workload's that the relays must wait for, or must not.
+    Txn(TxnFault),
+}
+
+/// A transaction of the workload's (the writer's role, beside the writer's own sessions) that
+/// holds the horizon: what a relay reading by id must wait for, and a relay waiting for every
+/// older transaction must not wait for forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxnFault {
+    /// Takes its outbox ids (an order and its events) at `at` and commits `hold` later, and not
+    /// before an event of a larger id was delivered, while the writer goes on committing larger
+    /// ids: a relay that reads past the largest id it delivered is past it when it commits.
+    SlowCommit { at: Duration, hold: Duration },
+    /// Opens a transaction at `at`, takes a snapshot and an xid, writes nothing to the outbox,
+    /// and sits idle in it for `hold`.
+    Idle { at: Duration, hold: Duration },
+    /// Inserts an order and its events at `at` and rolls back: ids that never commit, a gap
+    /// that never fills.
+    Rollback { at: Duration },
+    /// Inserts an order and its events at `at`, is PREPAREd (two-phase commit) and committed
+    /// `hold` later; it survives a restart of the server in between.
+    Prepared { at: Duration, hold: Duration },
+}
+
+impl TxnFault {
+    /// When it starts.
+    pub fn at(self) -> Duration {
+        match self {
+            TxnFault::SlowCommit { at, .. }
+            | TxnFault::Idle { at, .. }
+            | TxnFault::Rollback { at }
+            | TxnFault::Prepared { at, .. } => at,
+        }
+    }
+
+    /// How long its transaction stays open.
+    pub fn hold(self) -> Duration {
+        match self {
+            TxnFault::SlowCommit { hold, .. }
+            | TxnFault::Idle { hold, .. }
+            | TxnFault::Prepared { hold, .. } => hold,
+            TxnFault::Rollback { .. } => Duration::ZERO,
+        }
+    }
 }
 
 /// What a nemesis does to an actor's database link.
@@ -88,7 +132,7 @@ impl DeliveryStrike {
 pub const FAILOVER_HOLD: Duration = Duration::from_millis(500);
 
 /// Every kind, as `--list-nemeses` shows it: name, form, what it does.
-pub const KINDS: [(&str, &str, &str); 16] = [
+pub const KINDS: [(&str, &str, &str); 20] = [
     (
         "pause",
         "pause:ROLE@AT+FOR | pause:ROLE:STEP@N+FOR",
@@ -184,6 +228,33 @@ pub const KINDS: [(&str, &str, &str); 16] = [
          relay's or the writer's database link: the server has committed; the answer is \
          dropped and the connection cut: the client cannot know it committed",
     ),
+    (
+        "txn-slow-commit",
+        "txn:slow-commit@AT+FOR",
+        "a transaction of the workload takes its outbox ids (an order and its events) at AT \
+         and commits FOR later (and not before a larger id is delivered, within 15 s), while \
+         the writer goes on committing larger ids: a relay that reads past the largest id it \
+         delivered skips it",
+    ),
+    (
+        "txn-idle",
+        "txn:idle@AT+FOR",
+        "a session opens a transaction at AT, takes a snapshot and an xid, writes nothing, and \
+         sits idle in it for FOR: a relay that waits for every older transaction waits",
+    ),
+    (
+        "txn-rollback",
+        "txn:rollback@AT",
+        "a transaction inserts an order and its events at AT and rolls back: ids that never \
+         commit, a gap that never fills",
+    ),
+    (
+        "txn-prepared",
+        "txn:prepared@AT+FOR",
+        "a transaction inserts an order and its events at AT, is PREPAREd (two-phase commit) \
+         and committed FOR later, surviving a restart of the server in between (needs \
+         max_prepared_transactions: the throwaway cluster has it)",
+    ),
 ];
 
 /// How a nemesis on a delivery is written, after its kind: `relay:on-delivery@N`.
@@ -192,7 +263,7 @@ const ON_DELIVERY: &str = "relay:on-delivery@";
 impl Nemesis {
     /// Whether a schedule's item is a nemesis (else it is a crash fault).
     pub fn written_as(item: &str) -> bool {
-        ["pause:", "kill:", "db:", "net:", "dbnet:"]
+        ["pause:", "kill:", "db:", "net:", "dbnet:", "txn:"]
             .iter()
             .any(|kind| item.starts_with(kind))
     }
@@ -222,6 +293,12 @@ impl Nemesis {
                 DbNetFault::Partition { .. } => "dbnet-partition",
                 DbNetFault::CommitLost { .. } => "dbnet-commit-lost",
             },
+            Nemesis::Txn(fault) => match fault {
+                TxnFault::SlowCommit { .. } => "txn-slow-commit",
+                TxnFault::Idle { .. } => "txn-idle",
+                TxnFault::Rollback { .. } => "txn-rollback",
+                TxnFault::Prepared { .. } => "txn-prepared",
+            },
         }
     }
 
@@ -244,6 +321,7 @@ impl Nemesis {
                 ..
             } => Some(at + hold),
             Nemesis::DbFailover { at } => Some(at + FAILOVER_HOLD),
+            Nemesis::Txn(fault) => Some(fault.at() + fault.hold()),
             Nemesis::Kill { at, .. }
             | Nemesis::DbRestart { at }
             | Nemesis::DbKillBackend { at, .. }
@@ -329,8 +407,58 @@ impl fmt::Display for Nemesis {
                     }
                 }
             }
+            Nemesis::Txn(fault) => {
+                let (at, hold) = (format_duration(fault.at()), format_duration(fault.hold()));
+                match fault {
+                    TxnFault::SlowCommit { .. } => write!(f, "txn:slow-commit@{at}+{hold}"),
+                    TxnFault::Idle { .. } => write!(f, "txn:idle@{at}+{hold}"),
+                    TxnFault::Rollback { .. } => write!(f, "txn:rollback@{at}"),
+                    TxnFault::Prepared { .. } => write!(f, "txn:prepared@{at}+{hold}"),
+                }
+            }
         }
     }
+}
+
+/// `txn:KIND@AT[+FOR]`, what follows `txn:`.
+fn txn(spec: &str, item: &str) -> Result<Nemesis, String> {
+    let (kind, window) = spec.split_once('@').ok_or_else(|| {
+        format!("'{item}' needs a moment: txn:KIND@AT (slow-commit, idle and prepared +FOR)")
+    })?;
+    let held = |window: &str| -> Result<(Duration, Duration), String> {
+        let (at, hold) = window
+            .split_once('+')
+            .ok_or_else(|| format!("'{item}' needs how long: txn:{kind}@AT+FOR"))?;
+        let (at, hold) = (parse_duration(at)?, parse_duration(hold)?);
+        if hold.is_zero() {
+            return Err(format!("'{item}': a transaction held 0 ms holds nothing"));
+        }
+        Ok((at, hold))
+    };
+    let fault = match kind {
+        "slow-commit" => {
+            let (at, hold) = held(window)?;
+            TxnFault::SlowCommit { at, hold }
+        }
+        "idle" => {
+            let (at, hold) = held(window)?;
+            TxnFault::Idle { at, hold }
+        }
+        "prepared" => {
+            let (at, hold) = held(window)?;
+            TxnFault::Prepared { at, hold }
+        }
+        "rollback" => TxnFault::Rollback {
+            at: parse_duration(window)?,
+        },
+        _ => {
+            return Err(format!(
+                "unknown transaction nemesis '{item}' (txn:slow-commit@AT+FOR, txn:idle@AT+FOR, \
+                 txn:rollback@AT, txn:prepared@AT+FOR)"
+            ))
+        }
+    };
+    Ok(Nemesis::Txn(fault))
 }
 
 fn role_named(name: &str, item: &str) -> Result<Role, String> {
@@ -497,6 +625,7 @@ impl FromStr for Nemesis {
                 None => Ok(Nemesis::Net(spec.parse()?)),
             },
             "dbnet" => db_net(spec, item),
+            "txn" => txn(spec, item),
             _ => Err(format!(
                 "unknown nemesis '{item}' (see `outbox-lab explore --list-nemeses`)"
             )),
@@ -534,6 +663,27 @@ mod tests {
         assert!(err("dbnet:drop:relay@1s").contains("unknown database link nemesis"));
         assert!(err("net:down@1s").contains("needs how long"));
         assert!(err("net:down@1s+0ms").contains("none"));
+        assert!(err("txn:slow-commit@1s").contains("needs how long"));
+        assert!(err("txn:idle@1s+0ms").contains("holds nothing"));
+        assert!(err("txn:rollback").contains("needs a moment"));
+        assert!(err("txn:hang@1s").contains("unknown transaction nemesis"));
+    }
+
+    /// The transactions' nemeses print back to themselves, and say when they are over.
+    #[test]
+    fn transactions_round_trip() {
+        for text in [
+            "txn:slow-commit@1s+2500ms",
+            "txn:idle@250ms+1s",
+            "txn:rollback@2s",
+            "txn:prepared@1500ms+1s",
+        ] {
+            let nemesis: Nemesis = text.parse().unwrap();
+            assert_eq!(nemesis.to_string(), text);
+        }
+        let slow: Nemesis = "txn:slow-commit@1s+2500ms".parse().unwrap();
+        assert_eq!(slow.over_at(), Some(Duration::from_millis(3500)));
+        assert_eq!(slow.kind(), "txn-slow-commit");
     }
 
     /// A number past u32's most is said to be too large, not to be no number.
