@@ -81,10 +81,12 @@ pub struct VerifyArgs {
           value_parser = clap::value_parser!(u32).range(1..=8))]
     relays: u32,
     /// The nemeses, comma-separated: kill, pause, db-restart, db-kill-backend, dbnet-reset,
-    /// dbnet-partition, dbnet-commit-lost, net-reset, net-reply-lost, net-delay, and those on a
-    /// delivery (kill-on-delivery, pause-on-delivery, db-kill-backend-on-delivery); or all, or
-    /// none. Named only, not in all: net-down, and db-failover (the database on a primary
-    /// with a streaming standby, promoted under the relays; see --replication).
+    /// dbnet-partition, dbnet-commit-lost, net-reset, net-reply-lost, net-delay, those on a
+    /// delivery (kill-on-delivery, pause-on-delivery, db-kill-backend-on-delivery), and the
+    /// workload's transactions a relay must wait for (txn-slow-commit, txn-idle,
+    /// txn-rollback); or all, or none. Named only, not in all: net-down, db-failover (the
+    /// database on a primary with a streaming standby, promoted under the relays; see
+    /// --replication), and txn-prepared (two-phase commit: the server must allow it).
     #[arg(
         long,
         value_delimiter = ',',
