@@ -304,3 +304,36 @@ fn bad_schedule_is_a_one_line_usage_error() {
         assert!(run.stdout.is_empty());
     }
 }
+
+/// A fault at a crash point of `relay` is reached whichever relay gets there first: every
+/// relay is armed, the first to reach it takes it, and the history says which. Before, only
+/// relay 0 was armed, and the lease design's other relay drained all 8 events before relay 0
+/// fetched in 2 of 15 runs: NOT REACHED (20 of 20 reached now, by hand). Three runs each, a
+/// pause and a crash.
+#[test]
+fn a_relay_fault_is_reached_by_whichever_relay_gets_there_first() {
+    let design = "claim-lease-fenced";
+    for schedule in [
+        "pause:relay:after-fetch-before-send@1+600ms",
+        "relay:after-send@3",
+    ] {
+        for k in 0..3 {
+            let (run, results) = explore(
+                &format!("first-to-reach-{k}"),
+                &["--design", design, "--schedule", schedule],
+            );
+            assert_eq!(
+                run.metric(&format!("{design}.faults_not_reached")),
+                0,
+                "{schedule}, run {k}: {}",
+                run.stdout
+            );
+            let history = common::explore_histories(&results, design).remove(0);
+            let struck = history["faults"][0]["process"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            assert!(struck.starts_with("relay"), "{schedule}: {history}");
+        }
+    }
+}

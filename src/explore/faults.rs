@@ -74,11 +74,17 @@ impl FaultLog {
 
     /// What the next process of `role` is armed with: the role's first crash point not fired.
     pub fn next(&self, role: Role) -> Option<CrashPlan> {
+        self.next_indexed(role).map(|(_, plan)| plan)
+    }
+
+    /// [`FaultLog::next`], with its index among the schedule's crash points.
+    pub fn next_indexed(&self, role: Role) -> Option<(usize, CrashPlan)> {
         let crashes = self.crashes.lock().expect("not poisoned");
         crashes
             .iter()
-            .find(|(fault, outcome)| fault.role == role && !outcome.is_reached())
-            .map(|(fault, _)| fault.plan)
+            .enumerate()
+            .find(|(_, (fault, outcome))| fault.role == role && !outcome.is_reached())
+            .map(|(index, (fault, _))| (index, fault.plan))
     }
 
     /// `process` of `role` died at its crash point now: the next process of the role gets the

@@ -16,7 +16,6 @@ use anyhow::Result;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde::Serialize;
-use tokio::sync::watch;
 use tokio_postgres::Client;
 
 use crate::harness::process::ProcessId;
@@ -37,9 +36,6 @@ SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
  WHERE datname = current_database()
    AND pid = ANY($1)
    AND pid <> pg_backend_pid()";
-
-/// How often a nemesis looks whether a process has stopped itself at its pause point.
-const STOPPED_POLL: Duration = Duration::from_millis(2);
 
 /// Whether a scheduled fault happened — a crash point or a nemesis, in the words the history
 /// keeps for every fault.
@@ -95,18 +91,9 @@ impl OwnChild {
         tokio::time::sleep(hold).await;
     }
 
-    /// Waits until the process has stopped itself (at its pause point, with SIGSTOP); false
-    /// when it ended first, or `over` was set (the run is over).
-    pub async fn stopped_within(self, mut over: watch::Receiver<bool>) -> bool {
-        loop {
-            if !self.0.is_our_child() || *over.borrow_and_update() {
-                return false;
-            }
-            if self.0.is_stopped() {
-                return true;
-            }
-            tokio::time::sleep(STOPPED_POLL).await;
-        }
+    /// Whether it is still that child of ours, stopped (SIGSTOP).
+    pub fn is_stopped(self) -> bool {
+        self.0.is_our_child() && self.0.is_stopped()
     }
 }
 

@@ -8,8 +8,9 @@
 //! probabilities) makes every run reproducible.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 use crate::error::exit::CRASHED;
@@ -194,39 +195,80 @@ impl FromStr for CrashPlan {
     }
 }
 
-static PLAN: OnceLock<CrashPlan> = OnceLock::new();
-static PASSES: AtomicU32 = AtomicU32::new(0);
-static PAUSE: OnceLock<CrashPlan> = OnceLock::new();
-static PAUSE_PASSES: AtomicU32 = AtomicU32::new(0);
+/// An armed crash or pause: where, and the claim it must take first when several processes
+/// are armed with it (only the first to reach it fires).
+struct Armed {
+    plan: CrashPlan,
+    claim: Option<PathBuf>,
+    passes: AtomicU32,
+    /// Another process took its claim first: it fires here no more.
+    lost_the_claim: AtomicBool,
+}
 
-/// Arms the plan for this process; called once by a child at start.
-pub fn arm(plan: CrashPlan) {
-    let _ = PLAN.set(plan);
+impl Armed {
+    /// Whether this pass of `here` fires it: its N-th, and its claim taken here (a new file,
+    /// which only one process can create).
+    fn fires(&self, here: CrashPoint) -> bool {
+        if self.plan.point != here || self.lost_the_claim.load(Ordering::SeqCst) {
+            return false;
+        }
+        if self.passes.fetch_add(1, Ordering::SeqCst) + 1 != self.plan.on_pass {
+            return false;
+        }
+        let Some(claim) = &self.claim else {
+            return true;
+        };
+        let taken = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(claim)
+            .is_ok();
+        if !taken {
+            self.lost_the_claim.store(true, Ordering::SeqCst);
+            crate::errln!("crash point {here} reached, but another process took it first");
+        }
+        taken
+    }
+}
+
+static CRASH: OnceLock<Armed> = OnceLock::new();
+static PAUSE: OnceLock<Armed> = OnceLock::new();
+
+fn armed(plan: CrashPlan, claim: Option<PathBuf>) -> Armed {
+    Armed {
+        plan,
+        claim,
+        passes: AtomicU32::new(0),
+        lost_the_claim: AtomicBool::new(false),
+    }
+}
+
+/// Arms the plan for this process; called once by a child at start. With `claim` (a path no
+/// file is at), several processes are armed with it, and only the first to reach it dies: it
+/// creates the file first.
+pub fn arm(plan: CrashPlan, claim: Option<PathBuf>) {
+    let _ = CRASH.set(armed(plan, claim));
 }
 
 /// Arms a pause (explore's `pause:ROLE:STEP@N+FOR` nemesis): on the N-th pass of the point the
 /// process stops itself with SIGSTOP, and the parent, which sees it stopped, sends SIGCONT when
 /// the pause is over. Stopping at a named point makes a pause reproducible, as a crash is.
-pub fn arm_pause(plan: CrashPlan) {
-    let _ = PAUSE.set(plan);
+/// `claim`: as [`arm`]'s.
+pub fn arm_pause(plan: CrashPlan, claim: Option<PathBuf>) {
+    let _ = PAUSE.set(armed(plan, claim));
 }
 
 /// Passes a crash point: stops here if this is the armed pause's N-th pass, and dies here if
-/// this is the armed crash's N-th pass.
+/// this is the armed crash's N-th pass (each only if its claim, when it has one, is taken here).
 pub fn point(here: CrashPoint) {
-    if let Some(pause) = PAUSE.get().filter(|p| p.point == here) {
-        if PAUSE_PASSES.fetch_add(1, Ordering::SeqCst) + 1 == pause.on_pass {
-            crate::errln!("pause point {here} reached: SIGSTOP");
-            // SAFETY: raise only sends a signal to this process; it has no memory effects.
-            unsafe { libc::raise(libc::SIGSTOP) };
-        }
+    if PAUSE.get().is_some_and(|pause| pause.fires(here)) {
+        crate::errln!("pause point {here} reached: SIGSTOP");
+        // SAFETY: raise only sends a signal to this process; it has no memory effects.
+        unsafe { libc::raise(libc::SIGSTOP) };
     }
-    let Some(plan) = PLAN.get() else { return };
-    if plan.point != here {
-        return;
-    }
-    let pass = PASSES.fetch_add(1, Ordering::SeqCst) + 1;
-    if pass == plan.on_pass {
+    let Some(crash) = CRASH.get() else { return };
+    if crash.fires(here) {
+        let pass = crash.plan.on_pass;
         // For a person reading the child's output; the parent knows by the exit status.
         crate::errln!("crash point {here} reached (pass {pass}): _exit({CRASHED})");
         // SAFETY: _exit ends the process at once; nothing after it runs, which is the point.

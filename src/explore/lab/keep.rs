@@ -142,15 +142,22 @@ impl Lab<'_> {
         }
         let writer_done = &stage.writer_done;
         for n in 1..=MAX_PROCESSES_PER_ROLE {
-            // Faults aimed at "relay" hit relay 0; the others run unarmed.
-            let plan = faults.next(Role::Relay).filter(|_| index == 0);
-            let pause = nemeses::pause_point(stage.schedule, Role::Relay);
+            // A fault aimed at "relay" arms every relay, and the first to reach it takes it
+            // (its claim): however fast another relay drains, the fault is reached.
+            let armed = faults.next_indexed(Role::Relay);
+            let plan = armed.map(|(_, plan)| plan);
+            let pause =
+                nemeses::pause_point_indexed(stage.schedule, Role::Relay).filter(|_| n == 1);
             let label = format!("relay{index}#{n}");
             let database = stage.links.database(&self.db, Role::Relay, index)?;
             let mut relay = self
                 .relay_command(&database, index, &stage.relay_sinks[index as usize])
                 .crash_at(plan)
-                .pause_at(pause.filter(|_| index == 0 && n == 1))
+                .pause_at(pause.map(|(_, plan)| plan))
+                .first_to_reach(
+                    armed.map(|(fault, _)| stage.claims.crash(fault)),
+                    pause.map(|(nemesis, _)| stage.claims.pause(nemesis)),
+                )
                 .spawn()?;
             stage.live.started(Role::Relay, index, &label, relay.pid());
             let mut done = writer_done.subscribe();
@@ -164,7 +171,7 @@ impl Lab<'_> {
             record(history, &label, plan, &run);
             match run.end {
                 ChildEnd::Ok => return Ok(None),
-                ChildEnd::Crashed { .. } if index == 0 => faults.crashed(Role::Relay, &label),
+                ChildEnd::Crashed { .. } => faults.crashed(Role::Relay, &label),
                 _ => {}
             }
         }

@@ -19,6 +19,7 @@ mod delivery;
 mod foreign;
 mod keep;
 
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,7 @@ use crate::harness::link::faults::FaultRecord;
 use crate::harness::replicated::VirtualPrimary;
 use crate::harness::roles::ActorRoles;
 use crate::harness::run_as::RelayIdentity;
+use crate::harness::throwaway::RunDir;
 use crate::judge::invariants::Invariant;
 use crate::judge::{record, two_databases};
 use crate::outbox::writer::{CommitOutcome, EventsTo};
@@ -126,6 +128,33 @@ pub struct Lab<'s> {
     workload: Workload,
 }
 
+/// Where the relays armed with one crash point (or pause) race for it: the first to reach it
+/// creates its claim, a file here, and only it fires (`crash::arm`). A directory of the
+/// run's, removed with it.
+struct Claims(RunDir);
+
+impl Claims {
+    fn new() -> Result<Claims> {
+        Ok(Claims(RunDir::create("claims", None)?))
+    }
+
+    /// The claim of the schedule's crash point `fault`.
+    fn crash(&self, fault: usize) -> PathBuf {
+        self.0.path().join(format!("crash-{fault}"))
+    }
+
+    /// The claim of the schedule's pause at a point, nemesis `nemesis`.
+    fn pause(&self, nemesis: usize) -> PathBuf {
+        self.0.path().join(format!("pause-{nemesis}"))
+    }
+}
+
+impl Drop for Claims {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.0.path());
+    }
+}
+
 /// What the processes of one run share with the nemeses: where relays send, which process of
 /// each role runs now, where the first process of a role stops itself.
 struct Stage<'r> {
@@ -151,6 +180,8 @@ struct Stage<'r> {
     nemeses_done: watch::Sender<bool>,
     /// A session of the user's relays was seen in the database.
     relay_connected: watch::Sender<bool>,
+    /// Where our relays race for a crash point or a pause.
+    claims: Claims,
 }
 
 impl Stage<'_> {
@@ -225,6 +256,7 @@ impl<'s> Lab<'s> {
             relay_tail: Mutex::new(Tail::default()),
             nemeses_done: watch::channel(false).0,
             relay_connected: watch::channel(false).0,
+            claims: Claims::new()?,
         };
         let (over, over_seen) = watch::channel(false);
         // The consumer first: the nemeses' clock starts when the writer and relays do.

@@ -113,8 +113,14 @@ pub fn proxy_faults(
 
 /// Where the role's first process stops itself, for a `pause:ROLE:STEP@N+FOR` nemesis.
 pub fn pause_point(schedule: &Schedule, role: Role) -> Option<CrashPlan> {
-    schedule.nemeses.iter().find_map(|n| match n {
-        Nemesis::PauseAtPoint { fault, .. } if fault.role == role => Some(fault.plan),
+    pause_point_indexed(schedule, role).map(|(_, plan)| plan)
+}
+
+/// [`pause_point`], with its nemesis' index in the schedule.
+pub fn pause_point_indexed(schedule: &Schedule, role: Role) -> Option<(usize, CrashPlan)> {
+    let mut nemeses = schedule.nemeses.iter().enumerate();
+    nemeses.find_map(|(index, n)| match n {
+        Nemesis::PauseAtPoint { fault, .. } if fault.role == role => Some((index, fault.plan)),
         _ => None,
     })
 }
@@ -150,6 +156,31 @@ impl LiveProcesses {
         }
     }
 
+    /// The first process of `role` (any index) seen stopped at its pause point; `None` if the
+    /// run ended first.
+    async fn first_stopped(
+        &self,
+        role: Role,
+        over: &watch::Receiver<bool>,
+    ) -> Option<(String, OwnChild)> {
+        loop {
+            if *over.borrow() {
+                return None;
+            }
+            let stopped = {
+                let running = self.running.lock().expect("not poisoned");
+                let mut of_role = running.iter().filter(|((r, _), _)| *r == role);
+                of_role
+                    .find(|(_, (_, child))| child.is_stopped())
+                    .map(|(_, found)| found.clone())
+            };
+            if stopped.is_some() {
+                return stopped;
+            }
+            tokio::time::sleep(STOPPED_POLL).await;
+        }
+    }
+
     fn now(&self, role: Role, index: u32) -> Option<(String, OwnChild)> {
         let running = self.running.lock().expect("not poisoned");
         running.get(&(role, index)).cloned()
@@ -158,6 +189,8 @@ impl LiveProcesses {
 
 /// How often a db-kill-backend nemesis looks again for a session of its target.
 const SESSION_POLL: Duration = Duration::from_millis(5);
+/// How often a nemesis looks whether a process has stopped itself at its pause point.
+const STOPPED_POLL: Duration = Duration::from_millis(2);
 
 /// What the nemeses of one run work on.
 pub struct Arena<'a> {
@@ -273,11 +306,12 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                     }
                 }
                 Nemesis::PauseAtPoint { fault, hold } => {
-                    if let Some((label, child)) = arena.up(fault.role).await {
-                        if child.stopped_within(arena.over.clone()).await {
-                            fire(i, label);
-                            child.resume_after(hold).await;
-                        }
+                    // Every first process of the role is armed with it; the first to reach
+                    // the point stops (relays race for it: see `crash::arm`).
+                    let stopped = arena.live.first_stopped(fault.role, &arena.over).await;
+                    if let Some((label, child)) = stopped {
+                        fire(i, label);
+                        child.resume_after(hold).await;
                     }
                 }
                 Nemesis::Kill { role, at } => {

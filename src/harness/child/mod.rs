@@ -15,6 +15,7 @@ pub mod role;
 mod run;
 
 use std::fmt;
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -122,6 +123,8 @@ pub struct ChildCommand<R> {
     database: Database,
     crash_at: Option<CrashPlan>,
     pause_at: Option<CrashPlan>,
+    /// The claims of its crash and pause, where other processes are armed with them too.
+    claims: (Option<PathBuf>, Option<PathBuf>),
     pub role: R,
 }
 
@@ -131,6 +134,7 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
             database: database.clone(),
             crash_at: None,
             pause_at: None,
+            claims: (None, None),
             role,
         }
     }
@@ -141,6 +145,7 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
             database: self.database,
             crash_at: self.crash_at,
             pause_at: self.pause_at,
+            claims: self.claims,
             role: self.role.into(),
         }
     }
@@ -162,11 +167,24 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
         self
     }
 
+    /// Its crash and its pause are other processes' too: only the first to reach one, which
+    /// creates its claim (a file at that path), fires it.
+    pub fn first_to_reach(
+        mut self,
+        crash: Option<PathBuf>,
+        pause: Option<PathBuf>,
+    ) -> ChildCommand<R> {
+        self.claims = (crash, pause);
+        self
+    }
+
     fn command(&self, stdin: Stdio) -> Result<Command> {
         let spec = role::ChildSpec {
             database: self.database.clone(),
             crash_at: self.crash_at,
             pause_at: self.pause_at,
+            crash_claim: self.claims.0.clone(),
+            pause_claim: self.claims.1.clone(),
             role: self.role.clone().into(),
         };
         let exe = std::env::current_exe().context("cannot find the outbox-lab binary")?;

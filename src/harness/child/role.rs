@@ -38,6 +38,12 @@ pub struct ChildSpec {
     /// Where it stops itself (SIGSTOP) for a pause nemesis, if anywhere.
     #[serde(default)]
     pub pause_at: Option<CrashPlan>,
+    /// Where several processes are armed with its crash (or its pause), the file the first to
+    /// reach it creates: only that one dies (stops).
+    #[serde(default)]
+    pub crash_claim: Option<std::path::PathBuf>,
+    #[serde(default)]
+    pub pause_claim: Option<std::path::PathBuf>,
     pub role: Role,
 }
 

@@ -44,10 +44,10 @@ pub async fn run_role(args: ChildArgs) -> Result<()> {
     let spec: ChildSpec = serde_json::from_str(&spec)
         .with_context(|| format!("child {}: unreadable {SPEC_ENV}", args.role))?;
     if let Some(plan) = spec.crash_at {
-        crash::arm(plan);
+        crash::arm(plan, spec.crash_claim);
     }
     if let Some(plan) = spec.pause_at {
-        crash::arm_pause(plan);
+        crash::arm_pause(plan, spec.pause_claim);
     }
     let db = spec.database;
     let ended = perform(&db, spec.role).await;
