@@ -63,7 +63,7 @@ fn a_database_restart_of_an_external_server_is_refused() {
             "db:restart@60ms",
         ],
     );
-    assert_usage_error(&run, "db:restart restarts the throwaway cluster only");
+    assert_usage_error(&run, "'db:restart@60ms' strikes the throwaway cluster only");
     assert_eq!(std::fs::read_dir(&results).unwrap().count(), 0);
 }
 

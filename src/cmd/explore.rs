@@ -10,7 +10,7 @@ use clap::Args;
 use super::{outln, Format, RunArgs};
 use crate::error::{self, exit};
 use crate::explore::{self, history, schedule, Options, Plan};
-use crate::harness::db::PgServer;
+use crate::harness::db::{PgServer, ServerChoice};
 use crate::harness::run::{new_run_id, on_server};
 use crate::report::{Environment, Table};
 
@@ -96,10 +96,12 @@ pub async fn run(args: ExploreArgs) -> Result<ExitCode> {
     let results_dir = args.run.results_dir.join(&run_id);
     let started_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let text = args.run.format == Format::Text;
-    let (results, version, kind, elapsed) = on_server(
-        &args.run.server_choice(),
-        &run_id,
-        async |server: &PgServer| {
+    let choice = ServerChoice {
+        fake_clock: plan.steps_the_databases_clock(),
+        ..args.run.server_choice()
+    };
+    let (results, version, kind, elapsed) =
+        on_server(&choice, &run_id, async |server: &PgServer| {
             let clock = Instant::now();
             let mut results = Vec::new();
             for design in &plan.designs {
@@ -115,9 +117,8 @@ pub async fn run(args: ExploreArgs) -> Result<ExitCode> {
                 server.kind(),
                 clock.elapsed(),
             ))
-        },
-    )
-    .await?;
+        })
+        .await?;
     let report = explore::report(
         &plan,
         &results,

@@ -259,6 +259,7 @@ impl RunArgs {
             pg_bin: self.pg_bin.as_deref(),
             keep: self.keep,
             commit_timestamps: false,
+            fake_clock: false,
         }
     }
 }

@@ -210,6 +210,7 @@ pub async fn run(args: VerifyArgs) -> Result<ExitCode> {
     let text = args.run.format == Format::Text;
     let choice = ServerChoice {
         commit_timestamps: true,
+        fake_clock: plan.steps_the_databases_clock(),
         ..args.run.server_choice()
     };
     let (verification, version, kind) = on_server(&choice, &run_id, async |server: &PgServer| {

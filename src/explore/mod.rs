@@ -31,8 +31,8 @@ use crate::harness::db::PgServer;
 use crate::harness::replicated::Replication;
 use designs::{Design, Invariant, DESIGNS};
 use lab::{Lab, Workload};
-use schedule::Nemesis;
 use schedule::Schedule;
+use schedule::{ClockTarget, Nemesis};
 
 use matrix::Reproducer;
 pub use matrix::{render_text, report, DesignResult};
@@ -86,6 +86,23 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Whether its schedule steps the database server's wall clock: the throwaway cluster then
+    /// starts on a clock of the run's.
+    pub fn steps_the_databases_clock(&self) -> bool {
+        let Mode::One(schedule) = &self.mode else {
+            return false;
+        };
+        schedule.nemeses.iter().any(|n| {
+            matches!(
+                n,
+                Nemesis::ClockStep {
+                    target: ClockTarget::Db,
+                    ..
+                }
+            )
+        })
+    }
+
     pub fn new(args: &Options) -> Result<Plan> {
         let explicit = !args.designs.is_empty();
         let mut designs = if explicit {
@@ -115,10 +132,15 @@ impl Plan {
                 let schedule: Schedule = text
                     .parse()
                     .map_err(|e| anyhow!("invalid --schedule: {e}"))?;
-                if args.external_server
-                    && schedule.nemeses.iter().any(|n| n.needs_throwaway_cluster())
-                {
-                    bail!("db:restart restarts the throwaway cluster only: run it without --database-url");
+                let throwaway_only = schedule
+                    .nemeses
+                    .iter()
+                    .find(|n| n.needs_throwaway_cluster());
+                if let (true, Some(nemesis)) = (args.external_server, throwaway_only) {
+                    bail!(
+                        "'{nemesis}' strikes the throwaway cluster only (outbox-lab restarts no \
+                         server of yours, nor sets its clock): run it without --database-url"
+                    );
                 }
                 let fits = |d: &&Design| {
                     let points = d.crash_points();

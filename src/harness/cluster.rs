@@ -121,11 +121,26 @@ pub struct Cluster {
     commit_timestamps: bool,
     /// Server settings beside the throwaway cluster's own (`name=value`, for `-c`).
     settings: Vec<String>,
+    /// What the server runs with for a wall clock of the run's (`clock:step:db`), if any.
+    clock_env: Vec<(String, String)>,
 }
 
 impl Cluster {
     /// initdb + start. Anything half-made is removed again if this fails.
     pub async fn start(bins: &PgBinaries, keep: bool, commit_timestamps: bool) -> Result<Cluster> {
+        Cluster::start_on_clock(bins, keep, commit_timestamps, Vec::new()).await
+    }
+
+    /// [`Cluster::start`], the server run with `clock_env` (a [`FakeClock`]'s, for its wall
+    /// clock to be stepped), and again so after a restart.
+    ///
+    /// [`FakeClock`]: crate::harness::clock::FakeClock
+    pub async fn start_on_clock(
+        bins: &PgBinaries,
+        keep: bool,
+        commit_timestamps: bool,
+        clock_env: Vec<(String, String)>,
+    ) -> Result<Cluster> {
         let run_as = throwaway::server_user()?;
         // From here on, Drop cleans up whatever exists.
         let server = Server::prepare("pg", "postgres", Signal::SIGINT, LOG, run_as.as_ref())?;
@@ -137,6 +152,7 @@ impl Cluster {
             data_dir,
             commit_timestamps,
             settings: Vec::new(),
+            clock_env,
         };
         cluster.initdb().await?;
         cluster.start_postgres(false).await?;
@@ -168,6 +184,7 @@ impl Cluster {
     /// stopped with `-m immediate`).
     async fn start_postgres(&mut self, after_crash: bool) -> Result<()> {
         let mut postgres = Command::new(&self.bins.postgres);
+        postgres.envs(self.clock_env.iter().map(|(k, v)| (k, v)));
         postgres
             .arg("-D")
             .arg(&self.data_dir)
@@ -296,6 +313,7 @@ impl Cluster {
                 ],
                 false => vec!["wal_retrieve_retry_interval=100ms".into()],
             },
+            clock_env: Vec::new(),
         };
         let primary_dir = self.server.run_dir().server_dir();
         let mut basebackup = Command::new(&self.bins.pg_basebackup);

@@ -12,8 +12,10 @@ use tokio_postgres::config::Host;
 use tokio_postgres::{Client, Config};
 
 use crate::connect;
+use crate::harness::clock::FakeClock;
 use crate::harness::cluster::{Cluster, PgBinaries};
 use crate::harness::roles::{self, ActorRoles};
+use crate::harness::throwaway;
 use crate::wait;
 
 /// Every database outbox-lab creates starts with this.
@@ -165,6 +167,8 @@ pub struct PgServer {
     /// The throwaway cluster, when there is one; dropping it stops and removes it. Behind a
     /// lock: the db-restart nemesis restarts it in the middle of a run.
     cluster: Option<tokio::sync::Mutex<Cluster>>,
+    /// The cluster's wall clock, where it runs on one of the run's (`clock:step:db`).
+    db_clock: Option<Result<FakeClock, String>>,
     /// Held open, named after the run, for as long as the run lives.
     _holder: Client,
     /// Names created in this run; dropped at close unless kept.
@@ -189,6 +193,8 @@ pub struct ServerChoice<'a> {
     /// Start the throwaway cluster with `track_commit_timestamp` (verify's latency); only the
     /// command that reads them pays for them.
     pub commit_timestamps: bool,
+    /// Start the throwaway cluster on a wall clock of the run's, which `clock:step:db` steps.
+    pub fake_clock: bool,
 }
 
 impl PgServer {
@@ -200,9 +206,24 @@ impl PgServer {
             }
             None => {
                 let bins = PgBinaries::find(choice.pg_bin)?;
-                let cluster = Cluster::start(&bins, choice.keep, choice.commit_timestamps).await?;
-                (cluster.url(), Some(tokio::sync::Mutex::new(cluster)))
+                let clock = match choice.fake_clock {
+                    true => Some(FakeClock::new(throwaway::server_user()?.as_ref())?),
+                    false => None,
+                };
+                let clock_env = clock.as_ref().map(FakeClock::env).unwrap_or_default();
+                let keep = choice.keep;
+                let cluster =
+                    Cluster::start_on_clock(&bins, keep, choice.commit_timestamps, clock_env)
+                        .await?;
+                (
+                    cluster.url(),
+                    Some((tokio::sync::Mutex::new(cluster), clock)),
+                )
             }
+        };
+        let (cluster, db_clock) = match cluster {
+            Some((cluster, clock)) => (Some(cluster), clock.map(Ok)),
+            None => (None, None),
         };
         let run_id = run_id
             .to_lowercase()
@@ -214,6 +235,7 @@ impl PgServer {
         Ok(PgServer {
             url,
             cluster,
+            db_clock,
             _holder: holder,
             created: Mutex::new(Vec::new()),
             created_roles: Mutex::new(Vec::new()),
@@ -230,6 +252,11 @@ impl PgServer {
         PgBinaries::find(self.pg_bin.as_deref())
     }
 
+    /// The server's wall clock, where it runs on one of the run's (`clock:step:db`).
+    pub fn clock(&self) -> Option<&Result<FakeClock, String>> {
+        self.db_clock.as_ref()
+    }
+
     /// Whether the server is the user's (`--database-url`).
     pub fn is_external(&self) -> bool {
         self.cluster.is_none()
@@ -243,6 +270,7 @@ impl PgServer {
             pg_bin: self.pg_bin.as_deref(),
             keep: false,
             commit_timestamps: false,
+            fake_clock: false,
         };
         PgServer::open(&choice, &self.run_id)
             .await

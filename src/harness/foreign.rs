@@ -219,24 +219,32 @@ impl RelayTemplate {
         cmd
     }
 
-    /// Starts relay `index`, as `identity` (the lab's, when outbox-lab runs as root).
+    /// The program it runs (its first word).
+    pub fn program(&self) -> &str {
+        &self.words[0]
+    }
+
+    /// Starts relay `index`, as `identity` (the lab's, when outbox-lab runs as root), with
+    /// `env` beside what it is told (a wall clock of the run's).
     pub fn spawn(
         &self,
         endpoints: &Endpoints,
         index: u32,
         identity: Option<&RelayIdentity>,
+        env: &[(String, String)],
     ) -> Result<ForeignRelay> {
         let home = identity.map(RelayIdentity::home).transpose()?;
         let confined = identity.zip(home.as_ref());
-        let mut process = GroupLeader::spawn(&mut self.command(endpoints, index, confined))
-            .with_context(|| match &self.run_as {
-                Some(run_as) => format!(
-                    "cannot start --relay-cmd '{}' as {}",
-                    self.text,
-                    run_as.describe()
-                ),
-                None => format!("cannot start --relay-cmd '{}'", self.text),
-            })?;
+        let mut command = self.command(endpoints, index, confined);
+        command.envs(env.iter().map(|(k, v)| (k, v)));
+        let mut process = GroupLeader::spawn(&mut command).with_context(|| match &self.run_as {
+            Some(run_as) => format!(
+                "cannot start --relay-cmd '{}' as {}",
+                self.text,
+                run_as.describe()
+            ),
+            None => format!("cannot start --relay-cmd '{}'", self.text),
+        })?;
         let pid = process.id().context("the relay ended before it was seen")?;
         let tail = Tail::default();
         let child = process.child_mut();

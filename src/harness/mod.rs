@@ -14,6 +14,7 @@
 
 pub mod brokers;
 pub mod child;
+pub mod clock;
 pub mod cluster;
 pub mod db;
 pub mod foreign;

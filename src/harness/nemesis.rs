@@ -132,6 +132,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         (n, 1.0)
     } else if let Some(n) = text.strip_suffix('s') {
         (n, 1000.0)
+    } else if let Some(n) = text.strip_suffix('m') {
+        // Minutes: a clock's step (`clock:step:relay@1s-10m`).
+        (n, 60_000.0)
     } else {
         return Err(format!("'{text}' is not a duration like 300ms or 1.5s"));
     };
@@ -177,12 +180,18 @@ mod tests {
     /// Durations parse in both units and print back to what parses to the same value.
     #[test]
     fn durations_round_trip() {
-        for (text, ms) in [("300ms", 300), ("1.5s", 1500), ("2s", 2000), ("0ms", 0)] {
+        for (text, ms) in [
+            ("300ms", 300),
+            ("1.5s", 1500),
+            ("2s", 2000),
+            ("0ms", 0),
+            ("10m", 600_000),
+        ] {
             let d = parse_duration(text).unwrap();
             assert_eq!(d, Duration::from_millis(ms));
             assert_eq!(parse_duration(&format_duration(d)), Ok(d));
         }
-        for bad in ["3", "1.5m", "-1s", "s", "700s"] {
+        for bad in ["3", "1.5h", "-1s", "s", "700s", "11m"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }

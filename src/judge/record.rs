@@ -80,13 +80,13 @@ SELECT order_id, customer_id, outbox_id, event_id, event_type, outcome,
        AS w(order_id, customer_id, outbox_id, event_id, event_type, outcome, ended_ms)";
 
 /// The committed orders (`$1`: the run failed over, so a COMMIT the writer saw succeed may be
-/// gone), each committed when the server stamped it, or where it did not (no commit
-/// timestamps), when the writer was told. An order id a promoted standby gave again is the
-/// order the database has.
+/// gone), each committed when the writer was told (on the machine's clock: not the server's,
+/// which a clock nemesis may step), or, where it was never told, when the server stamped it.
+/// An order id a promoted standby gave again is the order the database has.
 const JUDGED_ORDERS: &str = "
 INSERT INTO judge.orders
 SELECT DISTINCT ON (w.order_id) w.order_id, w.customer_id,
-       coalesce(a.committed_at, w.ended_at)
+       coalesce(w.ended_at, a.committed_at)
   FROM judge.written w
   LEFT JOIN judge.app_orders a ON a.id = w.order_id AND a.customer_id = w.customer_id
  WHERE a.id IS NOT NULL OR (w.outcome = 'ok' AND NOT $1::bool)

@@ -37,8 +37,9 @@ use crate::outbox::crash::{self, CrashPoint};
 use crate::outbox::event::Event;
 
 pub const RECORD_RECEIPT: &str = "
-INSERT INTO consumer.receipts(event_id, outbox_id, order_id, event_type, injected_fault)
-VALUES ($1, $2, $3, $4, $5)";
+INSERT INTO consumer.receipts(event_id, outbox_id, order_id, event_type, injected_fault,
+                              received_at)
+VALUES ($1, $2, $3, $4, $5, $6)";
 
 /// The naive consumer's side effect: a shipment for every delivery.
 pub const CREATE_SHIPMENT: &str =
@@ -73,8 +74,9 @@ pub const STALE_FENCE: &str = "stale-fence";
 
 /// The receipts of a batch delivered in one request, in batch order.
 pub const RECORD_BATCH_RECEIPTS: &str = "
-INSERT INTO consumer.receipts(event_id, outbox_id, order_id, event_type, injected_fault)
-SELECT event_id, outbox_id, order_id, event_type, false
+INSERT INTO consumer.receipts(event_id, outbox_id, order_id, event_type, injected_fault,
+                              received_at)
+SELECT event_id, outbox_id, order_id, event_type, false, $5
   FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[]) WITH ORDINALITY
        AS delivered(event_id, outbox_id, order_id, event_type, n)
  ORDER BY n";
@@ -287,13 +289,21 @@ async fn handle_delivery(state: &State, delivery: &Delivery) -> Result<Option<&'
     }))
 }
 
+/// When a delivery is received, on the consumer's own clock (the machine's): not the database
+/// server's, which a clock nemesis may step; the judge reads every time from clocks of ours.
+fn received_now() -> chrono::DateTime<chrono::Utc> {
+    chrono::Utc::now()
+}
+
 async fn record_receipt(client: &ClientWrapper, event: &Event, injected_fault: bool) -> Result<()> {
-    let params: [&(dyn ToSql + Sync); 5] = [
+    let received_at = received_now();
+    let params: [&(dyn ToSql + Sync); 6] = [
         &event.event_id,
         &event.outbox_id,
         &event.aggregate_id,
         &event.event_type,
         &injected_fault,
+        &received_at,
     ];
     // Prepared once per pooled connection: a fresh prepare would cost a round trip per event.
     let statement = client.prepare_cached(RECORD_RECEIPT).await?;
@@ -383,8 +393,14 @@ pub async fn apply_batch(
     let outbox_ids: Vec<Option<i64>> = events.iter().map(|e| e.outbox_id).collect();
     let order_ids: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
     let event_types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
-    let receipt_params: [&(dyn ToSql + Sync); 4] =
-        [&event_ids, &outbox_ids, &order_ids, &event_types];
+    let received_at = received_now();
+    let receipt_params: [&(dyn ToSql + Sync); 5] = [
+        &event_ids,
+        &outbox_ids,
+        &order_ids,
+        &event_types,
+        &received_at,
+    ];
     let effect_params: [&(dyn ToSql + Sync); 2] = [&order_ids, &event_ids];
     let written = tokio::try_join!(
         client.batch_execute("BEGIN"),

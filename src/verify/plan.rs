@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Result};
 use super::search::{draw, drawn_only, Search};
 use crate::explore::designs::{Design, Invariant, Writer};
 use crate::explore::lab::{Bounds, Delivery, ForeignRelays, Workload, COUNT_PENDING};
-use crate::explore::schedule::{Nemesis, Schedule};
+use crate::explore::schedule::{ClockTarget, Nemesis, Schedule};
 use crate::harness::foreign::RelayTemplate;
 use crate::harness::nemesis::format_duration;
 use crate::harness::replicated::Replication;
@@ -49,7 +49,7 @@ const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
 /// ended has none to end until it is answered; the kill last, since a relay that sends a batch
 /// at once (a pipeline of XADDs) may make all three deliveries in one go, and once killed it is
 /// no target for the others (a paused one is).
-const NEMESES: [(&str, &str); 19] = [
+const NEMESES: [(&str, &str); 22] = [
     ("kill", "kill:relay@{at}"),
     ("pause", "pause:relay@{at}+500ms"),
     ("db-kill-backend", "db:kill-backend:relay@{at}"),
@@ -61,6 +61,9 @@ const NEMESES: [(&str, &str); 19] = [
     ("txn-idle", "txn:idle@{at}+1s"),
     ("txn-rollback", "txn:rollback@{at}"),
     ("txn-prepared", "txn:prepared@{at}+1s"),
+    ("clock-step-relay", "clock:step:relay@{at}+60s"),
+    ("clock-step-relay-back", "clock:step:relay@{at}-60s"),
+    ("clock-step-db", "clock:step:db@{at}+60s"),
     ("dbnet-commit-lost", "dbnet:commit-lost:relay@3"),
     ("net-reset", "net:reset@5"),
     ("net-reply-lost", "net:reply-lost@10"),
@@ -79,23 +82,39 @@ const NEMESES: [(&str, &str); 19] = [
 /// replicated pair (started for it, renewed after each run), so it is asked for by name; a
 /// prepared transaction needs a server that allows them (PostgreSQL's default does not) and a
 /// schema whose triggers do not NOTIFY (PostgreSQL cannot prepare a transaction that did, as
-/// txoutbox's and faststream-outbox's do), and two-phase commit is rare among writers: by name.
-const NOT_IN_ALL: [&str; 3] = ["net-down", FAILOVER, PREPARED];
+/// txoutbox's and faststream-outbox's do), and two-phase commit is rare among writers: by name;
+/// the clocks' steps, a minute each way, are experiments of their own (their effects last the
+/// rest of the run, and two of them would cancel out): by name.
+const NOT_IN_ALL: [&str; 6] = [
+    "net-down",
+    FAILOVER,
+    PREPARED,
+    "clock-step-relay",
+    "clock-step-relay-back",
+    "clock-step-db",
+];
 
 /// The nemeses a search draws only where `--nemesis` names them: the failover (a pair of its
 /// own), and the workload's transactions (added after the other kinds: drawing them by default
 /// would change every schedule an existing seed draws, and the replays written down with it).
-const DRAWN_WHEN_NAMED: [&str; 5] = [
+const DRAWN_WHEN_NAMED: [&str; 8] = [
     FAILOVER,
     "txn-slow-commit",
     "txn-idle",
     "txn-rollback",
     "txn-prepared",
+    "clock-step-relay",
+    "clock-step-relay-back",
+    "clock-step-db",
 ];
 
 /// Needs the server to allow prepared transactions: the throwaway cluster does; a server of
 /// the user's, by PostgreSQL's default, does not (a search leaves it out there).
 const PREPARED: &str = "txn-prepared";
+
+/// What only the throwaway cluster takes: a restart, its clock stepped; and prepared
+/// transactions, which a server of the user's allows none of by default.
+const THROWAWAY_ONLY: [&str; 3] = ["db-restart", "clock-step-db", PREPARED];
 
 /// The failover's kind: only where it is named is the database on a replicated pair.
 const FAILOVER: &str = "db-failover";
@@ -211,6 +230,25 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Whether a schedule it may run steps the database server's wall clock: the throwaway
+    /// cluster then starts on a clock of the run's.
+    pub fn steps_the_databases_clock(&self) -> bool {
+        let drawn = self.search.iter().flat_map(|search| &search.schedules);
+        std::iter::once(&self.schedule)
+            .chain(drawn)
+            .any(|schedule| {
+                schedule.nemeses.iter().any(|n| {
+                    matches!(
+                        n,
+                        Nemesis::ClockStep {
+                            target: ClockTarget::Db,
+                            ..
+                        }
+                    )
+                })
+            })
+    }
+
     /// `--search`'s seed and how many schedules it draws.
     pub fn search_budget(&self) -> Option<(u64, usize)> {
         self.search
@@ -375,7 +413,7 @@ fn drawn(
         .iter()
         .map(|(kind, _)| *kind)
         .filter(|kind| {
-            !(external_server && (*kind == "db-restart" || *kind == PREPARED)
+            !(external_server && THROWAWAY_ONLY.contains(kind)
                 || !sink.behind_the_proxy() && kind.starts_with("net-")
                 || !sink.sees_deliveries() && kind.ends_with("-on-delivery")
                 || DRAWN_WHEN_NAMED.contains(kind) && only.is_none())
@@ -417,7 +455,7 @@ fn schedule_of(kinds: &[String], external_server: bool, sink: VerifySink) -> Res
     }
     let chosen = NEMESES.iter().filter(|(kind, _)| match everything {
         true => {
-            !(external_server && (*kind == "db-restart" || *kind == PREPARED)
+            !(external_server && THROWAWAY_ONLY.contains(kind)
                 || NOT_IN_ALL.contains(kind)
                 || !sink.behind_the_proxy() && kind.starts_with("net-")
                 || !sink.sees_deliveries() && kind.ends_with("-on-delivery"))
@@ -467,7 +505,10 @@ fn check_schedule(schedule: &Schedule, external_server: bool, sink: VerifySink) 
             );
         }
         if external_server && nemesis.needs_throwaway_cluster() {
-            bail!("db:restart restarts the throwaway cluster only: run it without --database-url");
+            bail!(
+                "'{nemesis}' strikes the throwaway cluster only (outbox-lab restarts no server \
+                 of yours, nor sets its clock): run it without --database-url"
+            );
         }
     }
     Ok(())

@@ -146,12 +146,13 @@ SELECT (SELECT count(*) FROM outbox) AS written,
          AS delivered_distinct,
        (SELECT count(*) FROM consumer.receipts WHERE NOT injected_fault) AS deliveries";
 
-/// First receipts per bucket of `$1` ms from the first insert.
+/// First receipts per bucket of `$1` ms from the first commit (the machine's clock, as the
+/// receipts').
 const TIMELINE: &str = "
 WITH first_receipt AS (
   SELECT event_id, min(received_at) AS received_at
     FROM consumer.receipts WHERE NOT injected_fault GROUP BY event_id),
-origin AS (SELECT min(created_at) AS t0 FROM outbox)
+origin AS (SELECT min(committed_at) AS t0 FROM orders)
 SELECT (extract(epoch FROM f.received_at - origin.t0) * 1000)::bigint / $1 * $1 AS bucket_ms,
        count(*) AS deliveries
   FROM first_receipt f, origin

@@ -81,6 +81,9 @@ pub fn draw(seed: u64, k: u32, kinds: &[&str]) -> Schedule {
             "txn-idle" => format!("txn:idle@{at}+{hold}"),
             "txn-rollback" => format!("txn:rollback@{at}"),
             "txn-prepared" => format!("txn:prepared@{at}+{hold}"),
+            "clock-step-relay" => format!("clock:step:relay@{at}+{}s", n * 5),
+            "clock-step-relay-back" => format!("clock:step:relay@{at}-{}s", n * 5),
+            "clock-step-db" => format!("clock:step:db@{at}+{}s", n * 5),
             other => unreachable!("a nemesis kind that is not drawn: {other}"),
         };
         let nemesis: Nemesis = text.parse().expect("drawn nemeses parse");

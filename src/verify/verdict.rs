@@ -407,8 +407,10 @@ fn notes(plan: &Plan, verification: &Verification) -> Vec<String> {
             plan.design.consumer.name()
         ),
         format!(
-            "latency: {from} -> the consumer's first receipt of the event, on PostgreSQL's clock, \
-             under every nemesis of the run (a pause or restart shows in p99 and max), less the \
+            "latency: {from} -> the consumer's first receipt of the event, on the machine's \
+             clock (the writer's and the consumer's: never the database server's, which a clock \
+             nemesis may step), under every nemesis of the run (a pause or restart shows in p99 \
+             and max), less the \
              time a proxy held a delivery on its way while a nemesis struck ({} ms in all: \
              harness time, not the relay's); events/s: distinct events delivered over the span \
              from the first {from} to the last first receipt, so bounded by the writer's pace",

@@ -158,6 +158,10 @@ impl Lab<'_> {
                     armed.map(|(fault, _)| stage.claims.crash(fault)),
                     pause.map(|(nemesis, _)| stage.claims.pause(nemesis)),
                 )
+                .env(match (&stage.relay_clock, index) {
+                    (Some(Ok(clock)), 0) => clock.env(),
+                    _ => Vec::new(),
+                })
                 .spawn()?;
             stage.live.started(Role::Relay, index, &label, relay.pid());
             let mut done = writer_done.subscribe();
@@ -196,9 +200,14 @@ impl Lab<'_> {
         let endpoints = self.endpoints(&database, &stage.relay_sinks[index as usize], index)?;
         let name = relay_name(index);
         let mut quick_exits = 0;
+        // Relay 0, every process of it, on the run's clock where the schedule steps it.
+        let clock = match (&stage.relay_clock, index) {
+            (Some(Ok(clock)), 0) => clock.env(),
+            _ => Vec::new(),
+        };
         for n in 1..=MAX_PROCESSES_PER_ROLE {
             let label = format!("{name}#{n}");
-            let mut relay = template.spawn(&endpoints, index, self.identity.as_ref())?;
+            let mut relay = template.spawn(&endpoints, index, self.identity.as_ref(), &clock)?;
             stage
                 .live
                 .started_own(Role::Relay, index, &label, relay.own());

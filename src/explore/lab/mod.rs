@@ -32,8 +32,9 @@ use super::designs::Design;
 use super::faults::FaultLog;
 use super::history::History;
 use super::nemeses::{self, Arena, DbLinks, LiveProcesses, TxnWorkload};
-use super::schedule::{Nemesis, Role, Schedule, TxnFault};
+use super::schedule::{ClockTarget, Nemesis, Role, Schedule, TxnFault};
 use super::watchdog::LIVENESS_BOUND;
+use crate::harness::clock::{self, FakeClock};
 use crate::harness::db::{Database, PgServer};
 use crate::harness::foreign::Tail;
 use crate::harness::link::faults::FaultRecord;
@@ -182,6 +183,8 @@ struct Stage<'r> {
     relay_connected: watch::Sender<bool>,
     /// Where our relays race for a crash point or a pause.
     claims: Claims,
+    /// Relay 0's wall clock, where the schedule steps it (or why it cannot reach the relay).
+    relay_clock: Option<Result<FakeClock, String>>,
 }
 
 impl Stage<'_> {
@@ -192,7 +195,35 @@ impl Stage<'_> {
     }
 }
 
+/// Whether `schedule` steps relay 0's wall clock.
+fn steps_the_relays_clock(schedule: &Schedule) -> bool {
+    schedule.nemeses.iter().any(|n| {
+        matches!(
+            n,
+            Nemesis::ClockStep {
+                target: ClockTarget::Relay,
+                ..
+            }
+        )
+    })
+}
+
 impl<'s> Lab<'s> {
+    /// A wall clock for relay 0, or why none reaches it: a program of the user's linked
+    /// statically reads the clock past libfaketime.
+    fn relay_clock(&self) -> Result<Result<FakeClock, String>> {
+        if let Relays::Foreign(foreign) = &self.relays {
+            let program = foreign.template.program();
+            if clock::statically_linked(program) {
+                return Ok(Err(format!(
+                    "{program} is statically linked: libfaketime, which steps a clock, cannot \
+                     reach it"
+                )));
+            }
+        }
+        Ok(Ok(FakeClock::new(self.relay_user())?))
+    }
+
     /// Where the relays deliver.
     fn delivery(&self) -> Delivery {
         match &self.relays {
@@ -257,6 +288,10 @@ impl<'s> Lab<'s> {
             nemeses_done: watch::channel(false).0,
             relay_connected: watch::channel(false).0,
             claims: Claims::new()?,
+            relay_clock: match steps_the_relays_clock(schedule) {
+                true => Some(self.relay_clock()?),
+                false => None,
+            },
         };
         let (over, over_seen) = watch::channel(false);
         // The consumer first: the nemeses' clock starts when the writer and relays do.
@@ -290,6 +325,7 @@ impl<'s> Lab<'s> {
             links: &stage.links,
             workload: &workload,
             history: &history,
+            relay_clock: stage.relay_clock.as_ref(),
             sink_down,
             over: over_seen,
             done: &stage.nemeses_done,

@@ -22,8 +22,9 @@ use tokio::sync::{mpsc, watch};
 use super::designs::Design;
 use super::faults::FaultLog;
 use super::history::History;
-use super::schedule::{DbNetFault, Nemesis, Role, Schedule, FAILOVER_HOLD};
+use super::schedule::{ClockTarget, DbNetFault, Nemesis, Role, Schedule, FAILOVER_HOLD};
 use crate::connect;
+use crate::harness::clock::FakeClock;
 use crate::harness::db::{Database, PgServer};
 use crate::harness::link::faults::{FaultPlan, FaultRecord, ProxyFaults};
 use crate::harness::link::postgres::PgLink;
@@ -210,6 +211,9 @@ pub struct Arena<'a> {
     pub workload: &'a TxnWorkload,
     /// The run's history: what those transactions wrote goes into its record of writes.
     pub history: &'a Mutex<History>,
+    /// Relay 0's wall clock, where the schedule steps it: the clock, or why it cannot reach
+    /// the relay (a statically linked program).
+    pub relay_clock: Option<&'a Result<FakeClock, String>>,
     /// The switch of the sink's outage (`net:down`), where the schedule has one.
     pub sink_down: Option<Arc<AtomicBool>>,
     /// Set when the supervisor is done: a nemesis not yet due is then not reached.
@@ -422,6 +426,35 @@ async fn strike_timed(schedule: &Schedule, arena: &Arena<'_>) -> Result<()> {
                     }
                 }
                 Nemesis::Txn(fault) => transactions::strike(i, fault, arena, arena.history).await?,
+                Nemesis::ClockStep { target, at, by_ms } => {
+                    if arena.until(at).await {
+                        let clock = match target {
+                            ClockTarget::Relay => arena.relay_clock,
+                            ClockTarget::Db => arena.server.clock(),
+                        };
+                        match (clock, target) {
+                            (Some(Ok(clock)), _) => {
+                                let off_ms = clock.step(by_ms)?;
+                                let whose = match target {
+                                    ClockTarget::Relay => format!("{}'s", arena.label(Role::Relay)),
+                                    ClockTarget::Db => "the database server's".into(),
+                                };
+                                fire(i, format!("{whose} wall clock, now {off_ms:+} ms off"));
+                            }
+                            (Some(Err(why)), _) => arena.faults.not_reached(i, why.clone()),
+                            (None, ClockTarget::Db) => arena.faults.not_reached(
+                                i,
+                                "the database server is not one of outbox-lab's (its clock is \
+                                 yours)"
+                                    .into(),
+                            ),
+                            (None, ClockTarget::Relay) => arena.faults.not_reached(
+                                i,
+                                "relay 0 was not started on a clock of the run's".into(),
+                            ),
+                        }
+                    }
+                }
                 Nemesis::Net(_) | Nemesis::OnDelivery { .. } => {}
             }
             anyhow::Ok(())

@@ -24,7 +24,9 @@
 
 mod nemesis;
 
-pub use nemesis::{DbNetFault, DeliveryStrike, Nemesis, TxnFault, FAILOVER_HOLD, KINDS};
+pub use nemesis::{
+    ClockTarget, DbNetFault, DeliveryStrike, Nemesis, TxnFault, FAILOVER_HOLD, KINDS,
+};
 
 use std::fmt;
 use std::str::FromStr;

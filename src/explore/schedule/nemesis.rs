@@ -45,6 +45,31 @@ pub enum Nemesis {
     DbNet { role: Role, fault: DbNetFault },
     /// A transaction of the workload's that the relays must wait for, or must not.
     Txn(TxnFault),
+    /// A wall clock stepped by `by_ms` (signed) at `at`, until the run ends (relay 0's, every
+    /// process of it; or the throwaway cluster's server's); monotonic clocks stay true.
+    ClockStep {
+        target: ClockTarget,
+        at: Duration,
+        by_ms: i64,
+    },
+}
+
+/// Whose wall clock a clock nemesis steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockTarget {
+    /// Relay 0's (every process of it, started again or not).
+    Relay,
+    /// The database server's (the throwaway cluster's).
+    Db,
+}
+
+impl ClockTarget {
+    pub fn name(self) -> &'static str {
+        match self {
+            ClockTarget::Relay => "relay",
+            ClockTarget::Db => "db",
+        }
+    }
 }
 
 /// A transaction of the workload's (the writer's role, beside the writer's own sessions) that
@@ -132,7 +157,7 @@ impl DeliveryStrike {
 pub const FAILOVER_HOLD: Duration = Duration::from_millis(500);
 
 /// Every kind, as `--list-nemeses` shows it: name, form, what it does.
-pub const KINDS: [(&str, &str, &str); 20] = [
+pub const KINDS: [(&str, &str, &str); 22] = [
     (
         "pause",
         "pause:ROLE@AT+FOR | pause:ROLE:STEP@N+FOR",
@@ -255,6 +280,19 @@ pub const KINDS: [(&str, &str, &str); 20] = [
          and committed FOR later, surviving a restart of the server in between (needs \
          max_prepared_transactions: the throwaway cluster has it)",
     ),
+    (
+        "clock-step-relay",
+        "clock:step:relay@AT+OFFSET | clock:step:relay@AT-OFFSET",
+        "relay 0's wall clock steps by OFFSET (whole seconds) at AT, every process of it, until \
+         the run ends (libfaketime; its monotonic clock stays true): a lease or a retry time \
+         taken from one clock and compared with another",
+    ),
+    (
+        "clock-step-db",
+        "clock:step:db@AT+OFFSET | clock:step:db@AT-OFFSET",
+        "the database server's wall clock (now(), clock_timestamp()) steps by OFFSET at AT: \
+         leases and due times kept with the server's clock; the throwaway cluster only",
+    ),
 ];
 
 /// How a nemesis on a delivery is written, after its kind: `relay:on-delivery@N`.
@@ -263,7 +301,7 @@ const ON_DELIVERY: &str = "relay:on-delivery@";
 impl Nemesis {
     /// Whether a schedule's item is a nemesis (else it is a crash fault).
     pub fn written_as(item: &str) -> bool {
-        ["pause:", "kill:", "db:", "net:", "dbnet:", "txn:"]
+        ["pause:", "kill:", "db:", "net:", "dbnet:", "txn:", "clock:"]
             .iter()
             .any(|kind| item.starts_with(kind))
     }
@@ -299,6 +337,10 @@ impl Nemesis {
                 TxnFault::Rollback { .. } => "txn-rollback",
                 TxnFault::Prepared { .. } => "txn-prepared",
             },
+            Nemesis::ClockStep { target, .. } => match target {
+                ClockTarget::Relay => "clock-step-relay",
+                ClockTarget::Db => "clock-step-db",
+            },
         }
     }
 
@@ -322,6 +364,7 @@ impl Nemesis {
             } => Some(at + hold),
             Nemesis::DbFailover { at } => Some(at + FAILOVER_HOLD),
             Nemesis::Txn(fault) => Some(fault.at() + fault.hold()),
+            Nemesis::ClockStep { at, .. } => Some(at),
             Nemesis::Kill { at, .. }
             | Nemesis::DbRestart { at }
             | Nemesis::DbKillBackend { at, .. }
@@ -339,9 +382,16 @@ impl Nemesis {
         }
     }
 
-    /// Only the throwaway cluster can be restarted.
+    /// Only the throwaway cluster can be restarted, or have its clock stepped.
     pub fn needs_throwaway_cluster(&self) -> bool {
-        matches!(self, Nemesis::DbRestart { .. })
+        matches!(
+            self,
+            Nemesis::DbRestart { .. }
+                | Nemesis::ClockStep {
+                    target: ClockTarget::Db,
+                    ..
+                }
+        )
     }
 }
 
@@ -416,8 +466,58 @@ impl fmt::Display for Nemesis {
                     TxnFault::Prepared { .. } => write!(f, "txn:prepared@{at}+{hold}"),
                 }
             }
+            Nemesis::ClockStep { target, at, by_ms } => {
+                let sign = if *by_ms < 0 { '-' } else { '+' };
+                let by = Duration::from_millis(by_ms.unsigned_abs());
+                write!(
+                    f,
+                    "clock:step:{}@{}{sign}{}",
+                    target.name(),
+                    format_duration(*at),
+                    format_duration(by)
+                )
+            }
         }
     }
+}
+
+/// `clock:step:TARGET@AT(+|-)OFFSET`, what follows `clock:`.
+fn clock(spec: &str, item: &str) -> Result<Nemesis, String> {
+    let form = "clock:step:relay@AT+OFFSET or clock:step:db@AT-OFFSET (whole seconds)";
+    let target = spec
+        .strip_prefix("step:")
+        .ok_or_else(|| format!("unknown clock nemesis '{item}' ({form})"))?;
+    let (target, window) = target
+        .split_once('@')
+        .ok_or_else(|| format!("'{item}' needs a moment and an offset: {form}"))?;
+    let target = match target {
+        "relay" => ClockTarget::Relay,
+        "db" => ClockTarget::Db,
+        other => {
+            return Err(format!(
+                "'{item}': a clock of '{other}'? the relay's (relay) or the database's (db)"
+            ))
+        }
+    };
+    let split = window
+        .find(['+', '-'])
+        .ok_or_else(|| format!("'{item}' needs an offset: {form}"))?;
+    let (at, offset) = window.split_at(split);
+    let at = parse_duration(at)?;
+    let magnitude = parse_duration(&offset[1..])?;
+    if magnitude.is_zero() || magnitude.subsec_millis() != 0 {
+        return Err(format!(
+            "'{item}': a clock steps by whole seconds, and by more than none ({form})"
+        ));
+    }
+    let magnitude =
+        i64::try_from(magnitude.as_millis()).map_err(|_| format!("'{item}': too far"))?;
+    let by_ms = if offset.starts_with('-') {
+        -magnitude
+    } else {
+        magnitude
+    };
+    Ok(Nemesis::ClockStep { target, at, by_ms })
 }
 
 /// `txn:KIND@AT[+FOR]`, what follows `txn:`.
@@ -626,6 +726,7 @@ impl FromStr for Nemesis {
             },
             "dbnet" => db_net(spec, item),
             "txn" => txn(spec, item),
+            "clock" => clock(spec, item),
             _ => Err(format!(
                 "unknown nemesis '{item}' (see `outbox-lab explore --list-nemeses`)"
             )),
@@ -667,6 +768,31 @@ mod tests {
         assert!(err("txn:idle@1s+0ms").contains("holds nothing"));
         assert!(err("txn:rollback").contains("needs a moment"));
         assert!(err("txn:hang@1s").contains("unknown transaction nemesis"));
+        assert!(err("clock:step:relay@1s").contains("needs an offset"));
+        assert!(err("clock:step:relay@1s+1500ms").contains("whole seconds"));
+        assert!(err("clock:step:writer@1s+60s").contains("the relay's (relay) or"));
+        assert!(err("clock:drift:relay@1s+60s").contains("unknown clock nemesis"));
+    }
+
+    /// A clock's step prints back to itself, forward and back.
+    #[test]
+    fn clock_steps_round_trip() {
+        for text in ["clock:step:relay@250ms+60s", "clock:step:db@1s-10s"] {
+            let nemesis: Nemesis = text.parse().unwrap();
+            assert_eq!(nemesis.to_string(), text);
+        }
+        let minutes: Nemesis = "clock:step:relay@1s-10m".parse().unwrap();
+        assert_eq!(minutes.to_string(), "clock:step:relay@1s-600s");
+        let back: Nemesis = "clock:step:relay@1s-60s".parse().unwrap();
+        assert_eq!(
+            back,
+            Nemesis::ClockStep {
+                target: ClockTarget::Relay,
+                at: Duration::from_secs(1),
+                by_ms: -60_000
+            }
+        );
+        assert!(back.to_string().parse::<Nemesis>().is_ok());
     }
 
     /// The transactions' nemeses print back to themselves, and say when they are over.

@@ -125,6 +125,8 @@ pub struct ChildCommand<R> {
     pause_at: Option<CrashPlan>,
     /// The claims of its crash and pause, where other processes are armed with them too.
     claims: (Option<PathBuf>, Option<PathBuf>),
+    /// What it runs with beside its spec (a wall clock of the run's).
+    env: Vec<(String, String)>,
     pub role: R,
 }
 
@@ -135,6 +137,7 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
             crash_at: None,
             pause_at: None,
             claims: (None, None),
+            env: Vec::new(),
             role,
         }
     }
@@ -146,6 +149,7 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
             crash_at: self.crash_at,
             pause_at: self.pause_at,
             claims: self.claims,
+            env: self.env,
             role: self.role.into(),
         }
     }
@@ -164,6 +168,14 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
     /// Where it stops itself for a pause nemesis (the parent sends SIGCONT).
     pub fn pause_at(mut self, plan: Option<CrashPlan>) -> ChildCommand<R> {
         self.pause_at = plan;
+        self
+    }
+
+    /// Runs it with `env` beside its spec (a wall clock of the run's: [`FakeClock::env`]).
+    ///
+    /// [`FakeClock::env`]: crate::harness::clock::FakeClock::env
+    pub fn env(mut self, env: Vec<(String, String)>) -> ChildCommand<R> {
+        self.env = env;
         self
     }
 
@@ -191,6 +203,7 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
         let mut cmd = Command::new(exe);
         cmd.args(["child", spec.role.name()])
             .env(role::SPEC_ENV, serde_json::to_string(&spec)?)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
