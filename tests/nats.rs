@@ -13,12 +13,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::host::{as_nobody, tcp_listen_addresses};
+use common::host::{as_nobody, runs_as_root, tcp_listen_addresses};
 use common::{
     assert_ended, assert_passed, block_on, one_at_a_time, outbox_lab, run_tracked,
     run_with_servers_up, scratch_dir, sigkill, throwaway_dirs_of,
 };
-use nix::unistd::geteuid;
 use outbox_lab::harness::nats_server::Nats;
 use outbox_lab::harness::process::ProcessId;
 use outbox_lab::harness::throwaway::Marker;
@@ -85,7 +84,7 @@ fn assert_nobody_gets_in(dir: &Path, server: ProcessId, port: u16) {
     let (info, reply) = connect_without_token(port);
     assert!(info.contains("\"auth_required\":true"), "{info}");
     assert!(reply.contains("Authorization Violation"), "got in: {reply}");
-    if geteuid().is_root() {
+    if runs_as_root("user nobody kept out of nats-server") {
         let (read, said) = as_nobody("cat", &[config.to_str().unwrap()]);
         assert!(!read, "nobody read the token: {said}");
         let script = format!(
