@@ -217,6 +217,7 @@ fn relay_crash_other_parameters_counted_in_the_kept_database() {
 /// retry-backoff: 3 and 2 attempts, ~200/400 ms gaps, one dead letter that requeue delivers.
 #[test]
 fn retry_backoff_retries_then_dead_letters() {
+    let _timed = common::timed();
     let run = scenario("retry-backoff", &[]);
     assert_eq!(
         run.code,
@@ -407,6 +408,7 @@ fn repeat_reports_the_spread_and_the_passes_per_check() {
 /// order they were named, each passed.
 #[test]
 fn scenarios_that_time_nothing_run_side_by_side() {
+    let _timed = common::timed(); // retry-backoff judges its gaps
     let run = scenario("dual-write,retry-backoff,outbox-atomicity", &["--quick"]);
     assert_eq!(run.code, 0, "{}{}", run.stderr, run.stdout);
     let json = run.json();

@@ -62,6 +62,8 @@ fn secret_the_scan_finds() -> String {
 #[test]
 fn children_never_show_a_password() {
     let _turn = one_at_a_time();
+    // Its run (retry-backoff, whose checks judge the retries' gaps) must pass.
+    let _timed = common::timed();
     let secret = secret_the_scan_finds();
     let secret = secret.as_str();
     let url = server_url().replacen("postgres@", &format!("postgres:{secret}@"), 1);

@@ -65,6 +65,7 @@ fn partial_index_reads_a_few_buffers_until_churn() {
 #[test]
 fn cleanup_delete_keeps_the_file_and_drop_is_guarded() {
     let _alone = TIMED.lock().unwrap_or_else(|e| e.into_inner());
+    let _timed = common::timed();
     let run = scenario("cleanup", &["--keep"]);
     assert_passed(&run);
     let before = run.metric("size_before_bytes");
@@ -101,6 +102,7 @@ fn cleanup_delete_keeps_the_file_and_drop_is_guarded() {
 #[test]
 fn claim_waits_for_its_lease_lock_holds_a_transaction() {
     let _alone = TIMED.lock().unwrap_or_else(|e| e.into_inner());
+    let _timed = common::timed();
     let dir = common::scratch_dir("claim-vs-lock-faster");
     let text = include_str!("../scenarios/claim-vs-lock.toml")
         .replace("sink_delay_ms = 200", "sink_delay_ms = 100");
