@@ -10,6 +10,7 @@ use common::{assert_passed, scenario, scenario_alone};
 /// On a cluster of its own: its WAL figures are the whole cluster's.
 #[test]
 fn cdc_relay_crash_after_send_before_confirm_loses_nothing() {
+    let _timed = common::timed(); // its latencies are judged against each other
     let run = scenario_alone("cdc", &["--quick"]);
     assert_passed(&run);
     assert_eq!(run.metric("cdc.lost"), 0);

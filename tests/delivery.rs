@@ -218,19 +218,29 @@ fn redis_sink_marks_each_acknowledged_xadd() {
 }
 
 /// batch-throughput (quick): every cell delivers every event (the scenario counts them from
-/// Redis and the database, and stops otherwise), and the article's checks pass: batching pays,
-/// compared at one concurrency. In-flight is its own axis (HTTP one request at a time at every
-/// size, 16 at a time where a batch holds 16), the relay timed every event it delivered, and a
-/// batch per request beats one event per request by far (the check of HTTP's batching). Redis,
-/// NATS and RabbitMQ cells also run with 2 workers. Beside them the ceiling (db_only, the same
-/// relay delivering nowhere) at every batch size and worker count, and each sink's fraction of
-/// it. Speed targets are judged apart (they may miss on a busy machine) and do not decide the
-/// exit status.
+/// Redis and the database, and stops otherwise), and batching pays, compared at one
+/// concurrency: the article's two checks of it pass, by name (Redis at batch 100 at least 3
+/// times batch 1; HTTP, one request at a time, a batch per request at least 3 times one event
+/// per request). In-flight is its own axis (HTTP one request at a time at every size, 16 at a
+/// time where a batch holds 16), the relay timed every event it delivered, and a batch per
+/// request beats 16 events in flight too. Redis, NATS and RabbitMQ cells also run with 2
+/// workers. Beside them the ceiling (db_only, the same relay delivering nowhere) at every
+/// batch size and worker count, and each sink's fraction of it. The plateau's two checks
+/// (batch 1000 at most 3 times batch 100 to Redis, at most twice to HTTP) are judged and not
+/// held here: on --quick cells on a busy machine they fail (below); they are the only checks
+/// allowed to fail. Speed targets are judged apart and do not decide the exit status.
 #[test]
 fn batch_throughput_batching_pays_at_one_concurrency() {
+    // It keeps the cores busy: no test that judges a time runs beside it.
+    let _benchmark = common::benchmark();
     // Three interleaved rounds, each cell's median: a --quick cell lasts tens of milliseconds,
     // and one stall of the machine (the suite runs 4 tests at once) took a single round's array
-    // cell to 874 events/s against 633 one event per request (it makes 10,000 alone).
+    // cell to 874 events/s against 633 one event per request (it makes 10,000 alone). The cells
+    // of a batch per request get 5,000 events instead of --quick's 1,000 (half a second or so
+    // each; every other sink's stay at 1,000): with 1,000, 20 runs on a busy machine read a
+    // batch per request 3.8 times one event per request at worst, against the check's 3. (With
+    // 5,000 to Redis too, a run beside a build and other runs delivered a batch of its twice,
+    // which the scenario stops on.)
     let run = scenario(
         "batch-throughput",
         &[
@@ -239,16 +249,41 @@ fn batch_throughput_batching_pays_at_one_concurrency() {
             "batch_sizes=[1, 100, 1000]",
             "--set",
             "runs=3",
+            "--set",
+            "max_events=5000",
+            "--set",
+            "max_events_by_sink={ db_only = 1000, redis = 1000, http = 1000, http_array = 5000, \
+             nats = 1000, amqp = 1000, kafka = 1000 }",
         ],
     );
-    // The mechanics, not the rates: a --quick cell is a few batches long, and its rate checks
-    // (ratios of such cells) are judged, not asserted here (one failed beside builds, load 5.5).
-    // They hold on full cells: the scenario's own runs in `scenario all`.
+    // Batching pays by far more than the checks ask: 20 runs of these cells (the test's
+    // parameters, sinks db_only, Redis and HTTP) beside `yes`, other runs and builds (load ~6):
+    // Redis batch 100 18 to 76 times batch 1, a batch per request 9.5 to 39 times one event
+    // per request (the checks ask 3). The plateau's ratios, on cells this short, follow the
+    // machine's stalls: Redis batch 1000 0.7 to 2.9 times batch 100 (3 allowed), HTTP 0.6 to
+    // 2.3 (2 allowed: 2 of 20 failed); with 1,000 events to the array cells too, Redis 1.3 to
+    // 4.0 (5 of 20 failed). They are held where batch-throughput runs alone (`scenario all`),
+    // on longer cells.
+    const PLATEAU: [&str; 2] = [
+        "redis: batch 1000 adds little over batch 100 (the plateau: far less than 10x)",
+        "http: batch 1000 adds little over batch 100 (the plateau)",
+    ];
     assert!(
         run.code == 0 || run.code == 1,
         "batch-throughput did not judge its figures (exit {}): {}",
         run.code,
         run.stderr
+    );
+    for check in [
+        "redis: batch 100 is several times faster than batch 1",
+        "http: batching pays when the batch travels in one request (array body, batch 100)",
+    ] {
+        run.assert_check_passed(check);
+    }
+    let failed = run.failed_check_names();
+    assert!(
+        failed.iter().all(|name| PLATEAU.contains(&name.as_str())),
+        "failed: {failed:?}"
     );
     let json = run.json();
     let cells = &json["tables"][0];
@@ -278,31 +313,38 @@ fn batch_throughput_batching_pays_at_one_concurrency() {
         ("1000", "16"),
     ];
     assert_eq!(http_cells, expected, "HTTP cells (batch, in flight)");
-    // The workers axis: every Redis size also with 2 workers (partitioned), each cell checked
-    // by the scenario to have delivered and timed every event with that many workers.
+    // The ceiling at every batch size and worker count, and each sink's cell a fraction of the
+    // ceiling of its batch size and workers: every cell measured (above 0), none implausible.
+    // The relay delivering nowhere stays under a million events a second (PostgreSQL alone,
+    // pgbench, did 90,000-128,000 here); a sink's cell does the ceiling's work and delivers,
+    // so only the noise between two cells puts it above 1 of it: those 20 runs read at most
+    // 2.1 (Redis at batch 1, 200 events), and 10 times the ceiling is a broken figure. The
+    // ceiling read 187 to 73,560 events/s.
+    let of_ceiling = |metric: &str| {
+        let fraction = run.metric_f64(metric);
+        assert!(fraction > 0.0 && fraction <= 10.0, "{metric}: {fraction}");
+    };
     for size in [1, 100, 1000] {
-        assert!(run.metric_f64(&format!("redis.batch{size}.workers2.events_per_s")) > 0.0);
+        for workers in ["", ".workers2"] {
+            let ceiling = format!("db_only.batch{size}{workers}.events_per_s");
+            let rate = run.metric_f64(&ceiling);
+            assert!(rate > 0.0 && rate < 1_000_000.0, "{ceiling}: {rate}");
+            // The workers axis: every Redis size also with 2 workers (partitioned), each cell
+            // checked by the scenario to have delivered and timed every event with that many.
+            of_ceiling(&format!("redis.batch{size}{workers}.of_ceiling"));
+        }
     }
     // The brokers too, with publish acks and publisher confirms, one and two workers.
     for sink in ["nats", "amqp"] {
         for workers in ["", ".workers2"] {
-            let metric = format!("{sink}.batch100{workers}.events_per_s");
-            assert!(run.metric_f64(&metric) > 0.0, "{metric}");
+            of_ceiling(&format!("{sink}.batch100{workers}.of_ceiling"));
         }
     }
-    // The ceiling at every batch size and worker count, and each sink's cell a fraction of it.
-    for size in [1, 100, 1000] {
-        for workers in ["", ".workers2"] {
-            let ceiling = format!("db_only.batch{size}{workers}.events_per_s");
-            assert!(run.metric_f64(&ceiling) > 0.0, "{ceiling}");
-            let fraction = format!("redis.batch{size}{workers}.of_ceiling");
-            assert!(run.metric_f64(&fraction) > 0.0, "{fraction}");
-        }
-    }
-    assert!(run.metric_f64("http.batch100.in_flight16.of_ceiling") > 0.0);
+    of_ceiling("http.batch100.in_flight16.of_ceiling");
     // One commit of the consumer per batch instead of per event: medians of 3 rounds, measured
     // in 6 runs beside two CPU hogs and another scenario at 5.6 to 9.1 times one event per
-    // request 16 at a time (6.0 on a quiet machine): twice is a margin beyond that noise.
+    // request 16 at a time (6.0 on a quiet machine); those 20 runs 3.5 to 10.1 (2.6 at worst
+    // with 1,000 events to the array cells): twice is a margin beyond that noise.
     let array = run.metric_f64("http_array.batch100.events_per_s");
     let per_event = run.metric_f64("http.batch100.in_flight16.events_per_s");
     assert!(
@@ -317,21 +359,60 @@ fn batch_throughput_batching_pays_at_one_concurrency() {
     );
 }
 
-/// notify-latency (shortened): NOTIFY answers in milliseconds where 1 s polling takes hundreds,
-/// to HTTP and to Redis, every timed event with its commit -> receipt; it idles with far fewer
-/// transactions than 100 ms polling; and its trigger makes writers' commits queue up, which
-/// they never do without it. Asserted as the mechanism (a queued commit seen at all), not as
-/// how often: that share follows the machine's disk against its CPU (0.4 to 0.8 beside one
-/// CPU-bound job, under 0.1 at times in a full test run).
+/// notify-latency (shortened): NOTIFY answers far sooner than 1 s polling, to HTTP and to
+/// Redis, every timed event with its commit -> receipt; it idles with far fewer transactions
+/// than 100 ms polling; and its trigger makes writers' commits queue up, which they never do
+/// without it. Asserted as the mechanism (a queued commit seen at all), not as how often: that
+/// share follows the machine's disk against its CPU (0.4 to 0.8 beside one CPU-bound job,
+/// under 0.1 at times in a full test run). The scenario's checks pass, by name, but two of the
+/// article's figures that a busy machine does not hold (below), which this test holds relative
+/// to polling in the same run instead: they are the only checks allowed to fail.
 #[test]
 fn notify_beats_polling_on_latency_and_idle_cost() {
+    let _timed = common::timed();
     let run = scenario("notify-latency", &["--quick"]);
+    // 20 --quick runs beside `yes` and builds (load ~7; no batch-throughput: see common::timed)
+    // and, for the last few, beside other tests' runs. NOTIFY's median is the scheduler's when
+    // both cores are taken (each hop, the trigger, the relay, the consumer, waits for one): it
+    // read 2-158 ms (median 16), over 20 ms in 7 of 20. Its idle transactions read 10 but once,
+    // 23, beside a cargo build. 1 s polling's median is its timer's: 508-600 ms.
+    const ONLY_ON_A_QUIET_MACHINE: [&str; 2] = [
+        "NOTIFY: median a few ms (under 20), where polling's is tens or hundreds",
+        "NOTIFY (1 s fallback) costs ~10 transactions per idle 10 s",
+    ];
     assert!(run.code == 0 || run.code == 1, "{}", run.stderr);
+    let failed = run.failed_check_names();
+    assert!(
+        failed
+            .iter()
+            .all(|name| ONLY_ON_A_QUIET_MACHINE.contains(&name.as_str())),
+        "failed: {failed:?}"
+    );
+    for check in [
+        "1 s polling: median latency ~ interval/2 (between 1/4 and 4/5 of it)",
+        "1 s polling: worst latency ~ the interval (p95 at most the interval + 10%; median of 5 windows)",
+        "100 ms polling: median latency ~ interval/2 (between 1/4 and 4/5 of it)",
+        "100 ms polling costs ~100 transactions per idle 10 s (70 to 150)",
+        "the NOTIFY trigger makes commits queue up (writers seen waiting for its lock)",
+        "without the trigger no commit waits for that lock",
+    ] {
+        run.assert_check_passed(check);
+    }
     let param = |name: &str| run.json()["params"][name].as_i64().unwrap();
     for mode in ["poll1000", "poll100"] {
         assert_eq!(run.metric(&format!("{mode}.samples")), param("orders"));
     }
+    // NOTIFY far sooner than 1 s polling: its median (INSERT -> receipt) and each sink's commit
+    // -> receipt under half 1 s polling's median in the same run. A relay NOTIFY does not wake
+    // polls on its 1 s fallback and reads about all of it; those 20 runs read at most 0.28 of
+    // it (the one beside another notify-latency run), 0.12 but for it; the commit -> receipt
+    // under the former tenth failed 3 of them. 8 runs beside batch-throughput read up to 0.25.
     let poll_p50 = run.metric_f64("poll1000.p50_ms");
+    let notify_p50 = run.metric_f64("notify.p50_ms");
+    assert!(
+        notify_p50 < poll_p50 / 2.0,
+        "NOTIFY {notify_p50} ms, 1 s polling {poll_p50} ms"
+    );
     for mode in ["notify", "notify_redis"] {
         assert_eq!(
             run.metric(&format!("{mode}.samples")),
@@ -339,10 +420,12 @@ fn notify_beats_polling_on_latency_and_idle_cost() {
         );
         let commit_to_receipt = run.metric_f64(&format!("{mode}.commit_to_receipt_p50_ms"));
         assert!(
-            commit_to_receipt < poll_p50 / 10.0,
-            "{mode}: {commit_to_receipt} ms"
+            commit_to_receipt < poll_p50 / 2.0,
+            "{mode}: {commit_to_receipt} ms, 1 s polling {poll_p50} ms"
         );
     }
+    // Idle, NOTIFY's 1 s fallback against 100 ms polling (those runs: 10, once 23, against
+    // 70-110).
     assert!(run.metric("notify.idle_xacts_10s") < run.metric("poll100.idle_xacts_10s") / 2);
     assert!(run.metric("queued_looks.with_trigger") >= 1);
     assert_eq!(run.metric("queued_looks.without_trigger"), 0);

@@ -13,12 +13,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::host::{as_nobody, tcp_listen_addresses};
+use common::host::{as_nobody, runs_as_root, tcp_listen_addresses};
 use common::{
     assert_ended, assert_passed, block_on, one_at_a_time, outbox_lab, run_tracked,
     run_with_servers_up, scratch_dir, sigkill, throwaway_dirs_of,
 };
-use nix::unistd::geteuid;
 use outbox_lab::harness::nats_server::Nats;
 use outbox_lab::harness::process::ProcessId;
 use outbox_lab::harness::throwaway::Marker;
@@ -85,7 +84,7 @@ fn assert_nobody_gets_in(dir: &Path, server: ProcessId, port: u16) {
     let (info, reply) = connect_without_token(port);
     assert!(info.contains("\"auth_required\":true"), "{info}");
     assert!(reply.contains("Authorization Violation"), "got in: {reply}");
-    if geteuid().is_root() {
+    if runs_as_root("user nobody kept out of nats-server") {
         let (read, said) = as_nobody("cat", &[config.to_str().unwrap()]);
         assert!(!read, "nobody read the token: {said}");
         let script = format!(
@@ -242,7 +241,18 @@ fn broker_cluster_loses_nothing_with_acks_and_no_node_left_behind() {
     assert_passed(&run);
     assert_eq!(run.metric("acked.lost"), 0, "{}", run.stdout);
     assert!(run.metric("fire_and_forget.lost") > 0, "{}", run.stdout);
-    assert!(run.metric_f64("failover_ms") > 0.0, "{}", run.stdout);
+    // The failover, a Raft election: nats-server 2.9's followers wait 4 to 9 s without a
+    // leader's heartbeat before one campaigns (0.1 to 0.8 s). 19 --quick runs beside `yes`,
+    // other scenarios, verify runs and builds (load 7-9): 4,081-8,195 ms (median 5,621). Under
+    // 15 s holds a whole election timeout, a second campaign and a loaded machine's seconds,
+    // nearly twice the slowest seen (the scenario's own check, run side by side in `scenario
+    // all`, judges no duration by an upper bound; its run gives up at 60 s).
+    let failover_ms = run.metric_f64("failover_ms");
+    assert!(
+        (1.0..15_000.0).contains(&failover_ms),
+        "failover {failover_ms} ms: {}",
+        run.stdout
+    );
     // The page shows each relay's failover as a timeline.
     let page = std::fs::read_dir(&results)
         .unwrap()

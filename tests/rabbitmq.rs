@@ -10,12 +10,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::host::{as_nobody, processes_in, tcp_listen_addresses};
+use common::host::{as_nobody, processes_in, runs_as_root, tcp_listen_addresses};
 use common::{
     assert_ended, assert_passed, block_on, one_at_a_time, outbox_lab, run_tracked,
     run_with_servers_up, scratch_dir, sigkill, throwaway_dirs_of,
 };
-use nix::unistd::geteuid;
 use outbox_lab::harness::process::ProcessId;
 use outbox_lab::harness::rabbitmq_server::Amqp;
 use outbox_lab::outbox::event::Event;
@@ -71,7 +70,7 @@ fn assert_nobody_gets_into_rabbitmq(dir: &Path, epmd_dir: &Path, url: &str) {
             "{intruder} got in"
         );
     }
-    if geteuid().is_root() {
+    if runs_as_root("user nobody kept out of RabbitMQ's files") {
         for file in ["rabbitmq.conf", ".erlang.cookie"] {
             let path = dir.join(file);
             let (read, said) = as_nobody("cat", &[path.to_str().unwrap()]);

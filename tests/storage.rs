@@ -65,6 +65,7 @@ fn partial_index_reads_a_few_buffers_until_churn() {
 #[test]
 fn cleanup_delete_keeps_the_file_and_drop_is_guarded() {
     let _alone = TIMED.lock().unwrap_or_else(|e| e.into_inner());
+    let _timed = common::timed();
     let run = scenario("cleanup", &["--keep"]);
     assert_passed(&run);
     let before = run.metric("size_before_bytes");
@@ -101,6 +102,7 @@ fn cleanup_delete_keeps_the_file_and_drop_is_guarded() {
 #[test]
 fn claim_waits_for_its_lease_lock_holds_a_transaction() {
     let _alone = TIMED.lock().unwrap_or_else(|e| e.into_inner());
+    let _timed = common::timed();
     let dir = common::scratch_dir("claim-vs-lock-faster");
     let text = include_str!("../scenarios/claim-vs-lock.toml")
         .replace("sink_delay_ms = 200", "sink_delay_ms = 100");
@@ -109,10 +111,23 @@ fn claim_waits_for_its_lease_lock_holds_a_transaction() {
     assert_passed(&run);
     assert_eq!(run.metric("lock.redelivered"), 10);
     assert_eq!(run.metric("claim.redelivered"), 10);
-    assert!(run.metric_f64("lock.recovery_ms") < 500.0);
-    assert!(run.metric_f64("claim.recovery_ms") >= 1_600.0);
-    assert!(run.metric_f64("lock.max_xact_ms") >= 900.0);
-    assert!(run.metric_f64("claim.max_xact_ms") < 50.0);
+    // The timing bounds are the scenario's checks', relative to its parameters (lease_ms 2000,
+    // sink_delay_ms 100 here, batch 10); their margins, from 20 runs of this very file beside
+    // `yes`, retry-backoff's runs and a cargo build, are in scenarios/claim-vs-lock.toml:
+    // lock.recovery_ms 54-208 ms, claim.recovery_ms 1,357-1,928, claim.max_xact_ms 0-18.4,
+    // lock.max_xact_ms 1,059-1,464.
+    let (lease_ms, sink_delay_ms) = (2_000.0, 100.0);
+    let lock_recovery = run.metric_f64("lock.recovery_ms");
+    assert!(lock_recovery <= lease_ms / 4.0, "{lock_recovery} ms");
+    let claim_recovery = run.metric_f64("claim.recovery_ms");
+    assert!(
+        (lease_ms / 2.0..=2.0 * lease_ms).contains(&claim_recovery),
+        "{claim_recovery} ms"
+    );
+    // The lock design's transaction stays open through every delivery but the first's wait.
+    assert!(run.metric_f64("lock.max_xact_ms") >= 9.0 * sink_delay_ms);
+    let claim_xact = run.metric_f64("claim.max_xact_ms");
+    assert!(claim_xact <= sink_delay_ms / 2.0, "{claim_xact} ms");
     assert_eq!(run.metric_f64("lock.updates_per_event"), 1.0);
     assert_eq!(run.metric_f64("claim.updates_per_event"), 2.0);
     assert_eq!(run.metric("lock.overtaken"), 5);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::common;
 
-use common::host::{command_lines_with, is_root};
+use common::host::{command_lines_with, runs_as_root};
 use common::verify::verify;
 use common::{assert_passed, assert_usage_error, run_json, scratch_dir};
 
@@ -59,24 +59,12 @@ fn offending(results: &Path, invariant: &str) -> Vec<String> {
         .collect()
 }
 
-fn root_only(test: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("OUTBOX_LAB_SKIP_ROOT_TESTS").is_some(),
-        "{test} needs root (strangers' relays get a uid of their own only when outbox-lab \
-         runs as root): run the suite as root, or set OUTBOX_LAB_SKIP_ROOT_TESTS=1 to skip it"
-    );
-    false
-}
-
 /// A relay that delivers nothing and marks every row published, after trying to write the
 /// consumer's shipments and the judge's record and to reach the consumer's database: every
 /// attempt refused, every event judged lost.
 #[test]
 fn a_relay_that_delivers_nothing_cannot_forge_the_verdict() {
-    if !root_only("a_relay_that_delivers_nothing_cannot_forge_the_verdict") {
+    if !runs_as_root("a_relay_that_delivers_nothing_cannot_forge_the_verdict") {
         return;
     }
     let file = evidence_file("stranger-forge");
@@ -113,7 +101,7 @@ fn a_relay_that_delivers_nothing_cannot_forge_the_verdict() {
 /// written is what the writer committed, and every erased id is lost.
 #[test]
 fn a_relay_that_erases_what_it_did_not_send_is_caught() {
-    if !root_only("a_relay_that_erases_what_it_did_not_send_is_caught") {
+    if !runs_as_root("a_relay_that_erases_what_it_did_not_send_is_caught") {
         return;
     }
     let file = evidence_file("stranger-erase");
@@ -152,7 +140,7 @@ fn a_relay_that_erases_what_it_did_not_send_is_caught() {
 /// trigger disabled, no server file read. It then relays honestly, and passes.
 #[test]
 fn a_relay_has_no_privilege_beyond_its_outbox() {
-    if !root_only("a_relay_has_no_privilege_beyond_its_outbox") {
+    if !runs_as_root("a_relay_has_no_privilege_beyond_its_outbox") {
         return;
     }
     let file = evidence_file("stranger-escalate");
@@ -191,7 +179,7 @@ fn a_relay_has_no_privilege_beyond_its_outbox() {
 /// in the history; the next, honest run is unaffected.
 #[test]
 fn nothing_a_relay_started_outlives_its_run() {
-    if !root_only("nothing_a_relay_started_outlives_its_run") {
+    if !runs_as_root("nothing_a_relay_started_outlives_its_run") {
         return;
     }
     let file = evidence_file("stranger-leftover");
@@ -232,7 +220,7 @@ fn nothing_a_relay_started_outlives_its_run() {
 /// (one uid) do read each other's: the probe bites.
 #[test]
 fn runs_cannot_read_or_reach_each_other() {
-    if !root_only("runs_cannot_read_or_reach_each_other") {
+    if !runs_as_root("runs_cannot_read_or_reach_each_other") {
         return;
     }
     let spy = |name: &str, relays: &'static str| {
@@ -291,7 +279,7 @@ fn runs_cannot_read_or_reach_each_other() {
 /// The user the servers run as is no user for a stranger's relay, as root is not.
 #[test]
 fn run_as_refuses_the_servers_user() {
-    if !root_only("run_as_refuses_the_servers_user") {
+    if !runs_as_root("run_as_refuses_the_servers_user") {
         return;
     }
     let run = verify(&["--relay-cmd", "true", "--run-as", "postgres"]);
@@ -310,7 +298,7 @@ fn history_of(results: &Path) -> String {
 /// own, out of its reach: a forging relay is judged lost all the same, an honest one passes.
 #[test]
 fn where_no_role_can_be_made_the_judge_keeps_its_records_elsewhere() {
-    if !root_only("where_no_role_can_be_made_the_judge_keeps_its_records_elsewhere") {
+    if !runs_as_root("where_no_role_can_be_made_the_judge_keeps_its_records_elsewhere") {
         return;
     }
     let owner = common::verify::PlainOwner::new("plain_owner");

@@ -60,9 +60,26 @@ pub fn as_nobody(program: &str, args: &[&str]) -> (bool, String) {
     )
 }
 
-/// The tests run as root (as CI does): another user's view can be tried.
-pub fn is_root() -> bool {
-    geteuid().is_root()
+/// The variable that lets a run that is not root skip what needs root, knowingly: set to 1,
+/// each such test (or part of one) says on stderr that it was skipped; unset, it fails.
+pub const SKIP_ROOT_TESTS: &str = "OUTBOX_LAB_SKIP_ROOT_TESTS";
+
+/// Whether `what` (a check that needs root: another user's view, a relay run as another user,
+/// the servers' environment) runs: as root (as .ci/run runs the tests), yes. As another user
+/// the test fails, as a security check must not pass by not running, unless
+/// `OUTBOX_LAB_SKIP_ROOT_TESTS=1` opts out: then no, said on stderr.
+pub fn runs_as_root(what: &str) -> bool {
+    if geteuid().is_root() {
+        return true;
+    }
+    if std::env::var(SKIP_ROOT_TESTS).as_deref() == Ok("1") {
+        eprintln!("SKIPPED ({SKIP_ROOT_TESTS}=1, not root): {what}");
+        return false;
+    }
+    panic!(
+        "{what} needs root and the tests do not run as root: run them as root (as .ci/run \
+         does), or set {SKIP_ROOT_TESTS}=1 to skip it knowingly"
+    );
 }
 
 /// Every file and directory below `dir`, depth first.
