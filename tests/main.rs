@@ -7,6 +7,7 @@ mod common;
 mod bad_input;
 mod cdc;
 mod clean;
+mod clocks;
 mod delivery;
 mod docs;
 mod explore;

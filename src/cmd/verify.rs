@@ -86,7 +86,9 @@ pub struct VerifyArgs {
     /// workload's transactions a relay must wait for (txn-slow-commit, txn-idle,
     /// txn-rollback); or all, or none. Named only, not in all: net-down, db-failover (the
     /// database on a primary with a streaming standby, promoted under the relays; see
-    /// --replication), and txn-prepared (two-phase commit: the server must allow it).
+    /// --replication), txn-prepared (two-phase commit: the server must allow it), and the
+    /// clocks' steps (clock-step-relay, a minute ahead, clock-step-relay-back, a minute behind,
+    /// clock-step-db, the throwaway cluster's, a minute ahead).
     #[arg(
         long,
         value_delimiter = ',',

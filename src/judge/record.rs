@@ -93,14 +93,18 @@ SELECT DISTINCT ON (w.order_id) w.order_id, w.customer_id,
  ORDER BY w.order_id, a.id IS NULL";
 
 /// The committed orders' events as written, each marked as the relays left its row (one they
-/// deleted: done with).
+/// deleted: done with). Where the writer wrote two events under one outbox id (a promoted
+/// standby gave the id again, to the same customer's order written again), the one whose row
+/// the database has is the committed one.
 const JUDGED_OUTBOX: &str = "
 INSERT INTO judge.outbox
-SELECT w.outbox_id, w.event_id, w.order_id::text, w.event_type, a.created_at,
+SELECT DISTINCT ON (w.outbox_id)
+       w.outbox_id, w.event_id, w.order_id::text, w.event_type, a.created_at,
        CASE WHEN a.id IS NULL THEN clock_timestamp() ELSE a.published_at END
   FROM judge.written w
   JOIN judge.orders o ON o.id = w.order_id AND o.customer_id = w.customer_id
-  LEFT JOIN judge.app_outbox a ON a.id = w.outbox_id";
+  LEFT JOIN judge.app_outbox a ON a.id = w.outbox_id
+ ORDER BY w.outbox_id, a.event_id IS NOT DISTINCT FROM w.event_id DESC, w.ended_at DESC";
 
 /// Rows a relay rewrote: what the event is (its id, aggregate, type) differs from what the
 /// writer wrote. Lost: the event as written was not what was delivered.
