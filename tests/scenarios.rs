@@ -289,6 +289,84 @@ fn watermark_gap_loses_exactly_the_late_commit() {
     assert_eq!(run.metric("xid8.lost"), 0);
 }
 
+/// horizon, on a cluster of its own (the xid8 relay waits for every transaction of the server,
+/// and the crash restarts it): what each design does under each fault, cell by cell. Exact where
+/// the mechanism decides: what is skipped (the 3 events of the slow commit and of the prepared
+/// transaction, by the three designs built on ids that move past a gap), what never recovers
+/// (gap_wait behind ids that never commit), and the sequence's jump after the crash (3 ids taken
+/// since a checkpoint, 32 logged ahead of the first: resumes at 34). Whether a wait is called a
+/// stall depends on the machine for the designs that do not wait: those cells are only held to
+/// "neither skipped nor stalled for good".
+#[test]
+fn horizon_names_what_each_design_skips_and_where_it_waits() {
+    let run = common::scenario_alone("horizon", &[]);
+    assert_passed(&run);
+    let faults = [
+        "slow_commit",
+        "idle",
+        "rollback",
+        "prepared",
+        "crash_seq_jump",
+    ];
+    // Per design, per fault: "skipped 3", "stalled for good", "stalled" (a wait, recovered) or
+    // "-" (neither skipped nor stalled for good).
+    let expected = [
+        ("watermark", ["skipped 3", "-", "-", "skipped 3", "-"]),
+        ("lag_watermark", ["skipped 3", "-", "-", "skipped 3", "-"]),
+        (
+            "gap_wait",
+            [
+                "stalled",
+                "-",
+                "stalled for good",
+                "stalled",
+                "stalled for good",
+            ],
+        ),
+        (
+            "gap_skip",
+            ["skipped 3", "-", "stalled", "skipped 3", "stalled"],
+        ),
+        ("xid8", ["stalled", "stalled", "-", "stalled", "-"]),
+        ("locking", ["-", "-", "-", "-", "-"]),
+        ("cdc", ["-", "-", "-", "-", "-"]),
+    ];
+    let outcomes = run.table("what each design does under each fault");
+    let rows = outcomes["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), expected.len(), "{outcomes}");
+    for (row, (design, cells)) in rows.iter().zip(expected) {
+        assert_eq!(row[0], design, "{outcomes}");
+        for ((fault, cell), want) in faults.iter().zip(&row.as_array().unwrap()[1..]).zip(cells) {
+            let cell = cell.as_str().unwrap();
+            let what = format!("{design} under {fault}: {cell}");
+            match want {
+                "-" => assert!(
+                    !cell.starts_with("skipped") && cell != "stalled for good",
+                    "{what}"
+                ),
+                "stalled" => assert!(
+                    cell.starts_with("stalled ") && cell.ends_with(" ms"),
+                    "{what}"
+                ),
+                exact => assert_eq!(cell, exact, "{what}"),
+            }
+            let skipped = if want.starts_with("skipped") { 3 } else { 0 };
+            assert_eq!(
+                run.metric(&format!("{design}.{fault}.skipped")),
+                skipped,
+                "{what}"
+            );
+            let recovered = i64::from(want != "stalled for good");
+            assert_eq!(
+                run.metric(&format!("{design}.{fault}.recovered")),
+                recovered,
+                "{what}"
+            );
+        }
+    }
+    assert_eq!(run.metric("sequence_jump"), 30);
+}
+
 /// `requeue` as a user runs it: dead letters get their attempts back.
 #[test]
 fn requeue_command_resets_attempts() {

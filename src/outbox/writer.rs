@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 use serde_json::json;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Transaction};
+use tokio_postgres::{Client, GenericClient, Transaction};
 use uuid::Uuid;
 
 use crate::outbox::crash::{self, CrashPoint};
@@ -235,9 +235,10 @@ pub fn record_step(written: &mut Vec<WrittenOrder>, step: WriteStep) {
     }
 }
 
-/// The order and its events, in the caller's transaction, where `to` says.
+/// The order and its events, in the caller's transaction (a `Transaction`, or a session after
+/// its own `BEGIN`: one that will end in `PREPARE TRANSACTION`), where `to` says.
 pub async fn insert_order_with_events(
-    tx: &Transaction<'_>,
+    tx: &impl GenericClient,
     customer_id: i64,
     events_per_order: u32,
     to: &EventsTo,

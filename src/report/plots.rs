@@ -1,5 +1,5 @@
 //! How the report page draws, with plotters' SVG backend: cumulative distributions, lines on a
-//! log axis, horizontal bars and a coloured grid for any matrix of counts, from a result's
+//! log axis, horizontal bars and coloured grids (of counts, or of outcomes in words), from a result's
 //! tables and metrics (never from the expectations). Which table becomes which plot is the
 //! business of what made the result (a scenario's `plots`, explore's, verify's); nothing here
 //! knows a scenario.
@@ -14,7 +14,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use crate::report::{decimals, Report, Table};
 
 mod grid;
-pub use grid::matrix_grid;
+pub use grid::{category_grid, matrix_grid, Category};
 
 /// Size of a plot in SVG pixels; the page scales it to its column.
 const WIDTH: u32 = 760;

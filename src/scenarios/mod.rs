@@ -19,6 +19,7 @@ pub mod commit_unknown;
 mod ctx;
 pub mod dual_write;
 pub mod failover;
+pub mod horizon;
 pub mod kafka_retries;
 pub mod multi_relay_ordering;
 pub mod notify_latency;
@@ -77,6 +78,7 @@ registry! {
     broker_confirms => "broker-confirms",
     broker_cluster => "broker-cluster",
     kafka_retries => "kafka-retries",
+    horizon => "horizon",
 }
 
 /// No child of these scenarios needs more than a few seconds; this bounds a hang.

@@ -69,7 +69,7 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
         let sink = HttpSink::new(&consumer.url)?;
         let (delivered, lost) = match design {
             "watermark" => {
-                let relay = WatermarkRelay::new(db.connect().await?, sink);
+                let relay = WatermarkRelay::connect(&db.config()?, sink).await?;
                 interleave(&db, &client, relay, &mut outcome, &mut table).await?
             }
             "published_at" => {
@@ -84,7 +84,7 @@ pub async fn run(ctx: &Ctx<'_>, _params: &Params) -> Result<Outcome> {
                 interleave(&db, &client, relay, &mut outcome, &mut table).await?
             }
             _ => {
-                let relay = XidWatermarkRelay::new(db.connect().await?, sink);
+                let relay = XidWatermarkRelay::connect(&db.config()?, sink).await?;
                 interleave(&db, &client, relay, &mut outcome, &mut table).await?
             }
         };
@@ -110,7 +110,8 @@ async fn stall_behind_idle_transaction(ctx: &Ctx<'_>, outcome: &mut Outcome) -> 
     let consumer = ctx
         .start_consumer(&db, ConsumerKind::Naive, &Faults::default())
         .await?;
-    let mut relay = XidWatermarkRelay::new(db.connect().await?, HttpSink::new(&consumer.url)?);
+    let mut relay =
+        XidWatermarkRelay::connect(&db.config()?, HttpSink::new(&consumer.url)?).await?;
     // An idle transaction with a transaction id of its own, as an application might leave one.
     elsewhere
         .batch_execute("BEGIN; SELECT pg_current_xact_id();")

@@ -10,7 +10,10 @@
 //!   [`claim`]) and [`RelayDesign::MarkBeforeSend`] (broken on purpose, for explore); it wakes
 //!   up by polling or LISTEN/NOTIFY ([`Wakeup`]).
 //! - The [`watermark`] relays, which mark nothing: the plain one loses events (watermark-gap),
-//!   the xid8 one is gap-safe, the stored one is the plain one as production builds it.
+//!   with a safety lag too; the gap-waiting one stalls on a gap that never fills, the
+//!   gap-skipping one loses a commit slower than its threshold; the xid8 one is gap-safe and
+//!   waits for every older transaction (horizon); the stored one is the plain one as production
+//!   builds it.
 //! - The log-tailing [`cdc`] relay (a logical replication slot, [`pgoutput`] decoded): a stream,
 //!   not passes, so it follows the slot on its own until stopped.
 //!

@@ -192,6 +192,26 @@ SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload
  WHERE id > $1
  ORDER BY id";
 
+/// The same with a safety lag: only rows older than $2 ms, in the hope that every transaction
+/// that took a smaller id has committed by then. A transaction slower than the lag is skipped
+/// all the same.
+pub const FETCH_AFTER_LAGGED_WATERMARK: &str = "
+SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload
+  FROM outbox
+ WHERE id > $1
+   AND created_at < clock_timestamp() - $2::float8 * interval '1 millisecond'
+ ORDER BY id";
+
+/// The gap-skipping watermark's fetch: the rows after the last id it got past, each saying
+/// whether it is older than $2 ms. A gap before such a row is older still: its missing ids were
+/// taken before the row's.
+pub const FETCH_AFTER_WATERMARK_AGED: &str = "
+SELECT id, event_id, aggregate_type, aggregate_id, event_type, payload,
+       created_at < clock_timestamp() - $2::float8 * interval '1 millisecond' AS stale
+  FROM outbox
+ WHERE id > $1
+ ORDER BY id";
+
 /// A gap-safe watermark: only rows whose writing transaction is older than every transaction
 /// still running, in (transaction, id) order, after the last (transaction, id) delivered.
 pub const FETCH_AFTER_XID_WATERMARK: &str = "
@@ -215,7 +235,7 @@ pub const WATERMARK_PENDING: &str = "
 SELECT count(*) FROM outbox
  WHERE id > COALESCE((SELECT max(last_seen) FROM relay_watermark WHERE relay = $1), 0)";
 
-/// What the plain watermark relay has still to deliver: rows above its watermark (a row that
+/// What a watermark relay over ids has still to deliver: rows above its watermark (a row that
 /// committed below it is never counted again: nothing will deliver it).
 pub const AFTER_WATERMARK: &str = "SELECT count(*) FROM outbox WHERE id > $1";
 
