@@ -6,6 +6,7 @@
 //! how its COMMIT ended and when. While its transaction is open the harness holds the run (a
 //! guard on the fault log): the relays' liveness bound starts when it ends.
 
+use std::cell::Cell;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -48,10 +49,34 @@ pub(super) async fn strike(
         return Ok(());
     }
     let _doing = arena.faults.harness_doing();
+    // A session lost before the fault struck (the server restarting under another nemesis, a
+    // crash that lands just after it connected) took nothing with it: the fault begins again.
+    let patience = Instant::now() + connect::RECONNECT_PATIENCE;
+    loop {
+        let struck = Cell::new(false);
+        match strike_once(index, fault, arena, history, &struck).await {
+            Err(e)
+                if !struck.get() && connect::lost_connection(&e) && Instant::now() < patience => {}
+            result => return result,
+        }
+    }
+}
+
+/// One try at `fault`, in a session of its own; `has_struck` is set once it has.
+async fn strike_once(
+    index: usize,
+    fault: TxnFault,
+    arena: &Arena<'_>,
+    history: &Mutex<History>,
+    has_struck: &Cell<bool>,
+) -> Result<()> {
     let work = arena.workload;
     let mut client = session(&work.db).await?;
     let customer = NEMESIS_CUSTOMERS + index as i64;
-    let struck = |what: String| arena.faults.struck(index, what, Instant::now());
+    let struck = |what: String| {
+        has_struck.set(true);
+        arena.faults.struck(index, what, Instant::now())
+    };
     let record = |order: InsertedOrder, outcome: CommitOutcome| {
         let mut history = history.lock().expect("not poisoned");
         history.written.push(WrittenOrder {
@@ -79,7 +104,8 @@ pub(super) async fn strike(
             let tx = client.transaction().await?;
             let order = insert(&tx, customer, work).await?;
             struck(format!("{}, rolled back", order_words(&order)));
-            tx.rollback().await?;
+            // A session lost now ends the transaction the same way.
+            let _ = tx.rollback().await;
             record(order, CommitOutcome::Failed);
         }
         TxnFault::SlowCommit { .. } => {
