@@ -8,6 +8,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
 use serde::Deserialize;
 
+use super::cite::{self, Citation, CiteFile};
 use super::Settings;
 use crate::harness::replicated::Replication;
 use crate::harness::run_as::RunAs;
@@ -56,6 +57,9 @@ struct EntryFile {
     /// finding needs.
     #[serde(default)]
     outside: Option<OutsideFile>,
+    /// Every citation of the library's source that its prose makes, with a quote.
+    #[serde(default)]
+    cite: Vec<CiteFile>,
 }
 
 /// `[outside]`: the entry run outside its library's documented constraints.
@@ -116,6 +120,8 @@ pub struct Entry {
     /// once), and order where it says so. Duplicates are the consumer's to absorb.
     pub promises: Vec<Invariant>,
     pub documented: DocumentedRun,
+    /// Its `[[cite]]`s: where its prose's claims about the library's source rest.
+    pub citations: Vec<Citation>,
 }
 
 /// The short run an entry documents, and the verdict it found.
@@ -255,6 +261,11 @@ impl Entry {
             pending_sql: file.pending_sql,
             promises,
             documented: DocumentedRun::from_file(file.test).context("[test]")?,
+            citations: file
+                .cite
+                .into_iter()
+                .map(Citation::from_file)
+                .collect::<Result<_>>()?,
         };
         let mut rows = vec![inside.clone()];
         if let Some(outside) = file.outside {
@@ -277,6 +288,72 @@ impl Entry {
     /// Whether `scripts/setup --zoo` installed its library.
     pub fn is_installed(&self) -> bool {
         self.installed.as_ref().is_none_or(|path| path.exists())
+    }
+
+    /// What is wrong with its citations: a quote not on its lines in the installed package, a
+    /// line past its file's end, a citation of its prose (README, FINDING, zoo.toml, adapter)
+    /// that no `[[cite]]` declares, or the package not installed.
+    pub fn citation_problems(&self) -> Result<Vec<String>> {
+        let mut problems = Vec::new();
+        let root = cite::installed_root(&self.registry, &self.dir)?;
+        for citation in self.citations.iter().filter(|c| c.upstream.is_none()) {
+            let problem = match &root {
+                Some(root) if self.is_installed() => citation.check(root),
+                Some(_) => Some("not installed here: scripts/setup --zoo".into()),
+                None => Some(format!("a {} entry has no package to cite", self.registry)),
+            };
+            problems.extend(problem.map(|p| format!("{}: {p}", citation.at())));
+        }
+        let project = self.dir.join("../../..");
+        let own = |path: &str| self.dir.join(path).exists() || project.join(path).exists();
+        let mut prose = Vec::new();
+        for file in self.prose_files()? {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            prose.extend(cite::in_prose(&file, &text, own));
+        }
+        for cited in cite::undeclared(prose, &self.citations) {
+            problems.push(format!(
+                "{}:{} in {}: no [[cite]] declares it",
+                cited.path,
+                cited.lines,
+                cited
+                    .file
+                    .strip_prefix(&self.dir)
+                    .unwrap_or(&cited.file)
+                    .display()
+            ));
+        }
+        Ok(problems)
+    }
+
+    /// The entry's own files that may cite its library: its docs, zoo.toml, and its adapter's
+    /// source (not what the setup installed beside it).
+    fn prose_files(&self) -> Result<Vec<PathBuf>> {
+        const INSTALLED: [&str; 3] = [".venv", "node_modules", "target"];
+        const PROSE: [&str; 8] = ["md", "toml", "py", "js", "rs", "sh", "sql", "in"];
+        let mut files = Vec::new();
+        let mut dirs = vec![self.dir.clone()];
+        while let Some(dir) = dirs.pop() {
+            let listing = std::fs::read_dir(&dir)
+                .with_context(|| format!("cannot read {}", dir.display()))?;
+            for path in listing.filter_map(|e| e.ok().map(|e| e.path())) {
+                let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+                if path.is_dir() {
+                    if !name.is_some_and(|n| INSTALLED.contains(&n.as_str())) {
+                        dirs.push(path);
+                    }
+                } else if path
+                    .extension()
+                    .is_some_and(|e| PROSE.contains(&e.to_string_lossy().as_ref()))
+                    && !path.ends_with("schema.sql")
+                {
+                    files.push(path);
+                }
+            }
+        }
+        files.sort();
+        Ok(files)
     }
 
     /// What `verify` is told for one of its runs: every invariant judged (its promises are
