@@ -3,6 +3,7 @@
 //! insert, pending count), with the short run whose verdict the entry documents.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
@@ -30,6 +31,10 @@ struct EntryFile {
     home: String,
     /// What the library's documentation promises, in its words.
     promise: String,
+    /// Where its documentation promises nothing in words, what the zoo infers its promise from
+    /// (`x-idempotent-key`: at-least-once); the verdict says so.
+    #[serde(default)]
+    promise_inferred: Option<String>,
     /// How its loop claims, sends and marks, from its source.
     design: String,
     /// Whether it promises per-aggregate order.
@@ -39,10 +44,9 @@ struct EntryFile {
     relays: u32,
     /// The library inside its own documented constraints.
     relay_cmd: String,
-    /// What a reader of its verdict must know that verify cannot show (a recovery its library
-    /// documents that outlasts verify's bounds): carried with the verdict.
+    /// What its documentation says a crash costs and what it advises doing about it.
     #[serde(default)]
-    verdict_note: Option<String>,
+    recovery: Option<RecoveryFile>,
     /// A file of the entry's folder that exists once `scripts/setup --zoo` installed it.
     #[serde(default)]
     installed: Option<String>,
@@ -60,6 +64,20 @@ struct EntryFile {
     /// Every citation of the library's source that its prose makes, with a quote.
     #[serde(default)]
     cite: Vec<CiteFile>,
+}
+
+/// `[recovery]`: a crashed relay's events, as its documentation says they come back.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecoveryFile {
+    /// How long they wait without the action: `4h`, `10m`, `90s`.
+    after: String,
+    /// What the supervisor does when it restarts the relay, as the documentation advises (the
+    /// entry's relay command does it).
+    action: String,
+    /// Why nothing undelivered is gone meanwhile: an event not delivered within verify's bound
+    /// is late, not lost, only where the library keeps every undelivered row.
+    kept: String,
 }
 
 /// `[outside]`: the entry run outside its library's documented constraints.
@@ -102,6 +120,8 @@ pub struct Entry {
     pub registry: String,
     pub home: String,
     pub promise: String,
+    /// `None`: the promise is quoted; else what the zoo infers it from.
+    pub promise_inferred: Option<String>,
     pub design: String,
     pub sink: VerifySink,
     pub relays: u32,
@@ -110,8 +130,7 @@ pub struct Entry {
     /// For the `_outside` row: its settings outside the library's documented constraints, and
     /// the rule they break.
     pub outside_rules: Option<String>,
-    /// Carried with its verdict: what verify cannot show of it.
-    pub verdict_note: Option<String>,
+    pub recovery: Option<Recovery>,
     pub installed: Option<PathBuf>,
     pub schema: Option<(String, String)>,
     pub insert_sql: Option<String>,
@@ -122,6 +141,40 @@ pub struct Entry {
     pub documented: DocumentedRun,
     /// Its `[[cite]]`s: where its prose's claims about the library's source rest.
     pub citations: Vec<Citation>,
+}
+
+/// A documented recovery: a crashed relay's events come back `after` (the documentation's
+/// words in `label`), sooner by `action`.
+#[derive(Debug, Clone)]
+pub struct Recovery {
+    pub after: Duration,
+    pub label: String,
+    pub action: String,
+    pub kept: String,
+}
+
+impl Recovery {
+    fn from_file(file: RecoveryFile) -> Result<Recovery> {
+        let bad = || {
+            anyhow!(
+                "[recovery] after = '{}': a duration like 4h, 10m or 90s",
+                file.after
+            )
+        };
+        let (number, unit_s) = match file.after.split_at(file.after.len().saturating_sub(1)) {
+            (n, "h") => (n, 3600),
+            (n, "m") => (n, 60),
+            (n, "s") => (n, 1),
+            _ => return Err(bad()),
+        };
+        let number: u64 = number.parse().map_err(|_| bad())?;
+        Ok(Recovery {
+            after: Duration::from_secs(number * unit_s),
+            label: file.after,
+            action: file.action,
+            kept: file.kept,
+        })
+    }
 }
 
 /// The short run an entry documents, and the verdict it found.
@@ -249,12 +302,17 @@ impl Entry {
             registry: file.registry,
             home: file.home,
             promise: file.promise,
+            promise_inferred: file.promise_inferred,
             design: file.design,
             sink,
             relays: file.relays,
             relay_cmd: fill(&file.relay_cmd),
             outside_rules: None,
-            verdict_note: file.verdict_note,
+            recovery: file
+                .recovery
+                .map(Recovery::from_file)
+                .transpose()
+                .context("[recovery]")?,
             installed: file.installed.map(|path| dir.join(path)),
             schema: read_schema(&file.schema)?,
             insert_sql: file.insert_sql,
