@@ -188,10 +188,11 @@ pub struct ProseCitation {
 const CITED_KINDS: [&str; 9] = ["js", "ts", "mjs", "py", "rs", "md", "toml", "sql", "sh"];
 
 /// Every `path:lines` citation in `text` (of `file`) whose path is not the entry's own file
-/// nor the project's (`own`).
+/// nor the project's (`own`). A bare `:lines` (`` `:80-91` ``) cites the path cited last.
 pub fn in_prose(file: &Path, text: &str, own: impl Fn(&str) -> bool) -> Vec<ProseCitation> {
     let is_path_char = |c: char| c.is_ascii_alphanumeric() || "_./-".contains(c);
     let mut found = Vec::new();
+    let mut last_path: Option<&str> = None;
     for (colon, _) in text.match_indices(':') {
         let start = text[..colon]
             .char_indices()
@@ -199,17 +200,26 @@ pub fn in_prose(file: &Path, text: &str, own: impl Fn(&str) -> bool) -> Vec<Pros
             .take_while(|&(_, c)| is_path_char(c))
             .last()
             .map_or(colon, |(i, _)| i);
-        let path = text[start..colon].trim_start_matches(['.', '/']);
         let end = text[colon + 1..]
             .char_indices()
             .find(|&(_, c)| !(c.is_ascii_digit() || c == '-'))
             .map_or(text.len(), |(i, _)| colon + 1 + i);
-        let lines = text[colon + 1..end].trim_end_matches('-');
-        let kind = path.rsplit_once('.').map(|(_, kind)| kind);
-        let (Some(kind), Some(lines)) = (kind, Lines::parse(lines)) else {
+        let Some(lines) = Lines::parse(text[colon + 1..end].trim_end_matches('-')) else {
             continue;
         };
-        if CITED_KINDS.contains(&kind) && !own(path) {
+        let path = match text[start..colon].trim_start_matches(['.', '/']) {
+            "" if start == colon => match last_path {
+                Some(path) => path,
+                None => continue,
+            },
+            path => path,
+        };
+        let kind = path.rsplit_once('.').map(|(_, kind)| kind);
+        if !kind.is_some_and(|kind| CITED_KINDS.contains(&kind)) {
+            continue;
+        }
+        last_path = Some(path);
+        if !own(path) {
             found.push(ProseCitation {
                 file: file.to_path_buf(),
                 path: path.to_string(),
@@ -279,7 +289,7 @@ mod tests {
             "completeJob(job);",
         )];
         let left = undeclared(prose, &citations);
-        assert_eq!(left.len(), 1);
+        assert_eq!(left.len(), 2);
         assert_eq!(left[0].path, "lib.js");
     }
 
