@@ -1,7 +1,7 @@
 //! `outbox-lab zoo`: every entry of examples/zoo reproduces the verdict its zoo.toml documents
 //! (its library's own loop, installed by `scripts/setup --test`, under its documented
-//! schedule), a wrong documented verdict fails, the full run makes the table, and bad input is
-//! one line and exit 2.
+//! schedule), a wrong documented verdict fails, the full run makes the table, every citation of
+//! an entry's prose holds in its installed package, and bad input is one line and exit 2.
 
 use crate::common;
 
@@ -273,4 +273,78 @@ fn the_failover_table_judges_each_entry_after_a_promotion() {
         assert_eq!(run.metric(&format!("zoo.article.failover.{invariant}")), 0);
     }
     assert_eq!(run.metric("zoo.article.failover.acknowledged_lost"), 0);
+}
+
+/// The entries whose prose's citations are not all `[[cite]]`s yet (issue 45): each still fails
+/// `zoo --citations`, so that it leaves this list when it is done.
+const CITATIONS_NOT_YET_DECLARED: &[&str] = &[
+    "backbone_outbox",
+    "distributed_outbox",
+    "django_outbox_pattern",
+    "faststream_outbox",
+    "nats_outbox",
+    "nodii",
+    "outbox_pattern_processor",
+    "pg_boss",
+    "pg_transactional_outbox",
+    "sqlxmq",
+    "txoutbox",
+];
+
+/// `outbox-lab zoo --citations NAMES` against the zoo at `dir`: its exit code and output.
+fn citations(dir: &Path, names: &[&str]) -> (i32, String) {
+    let out = outbox_lab()
+        .args(["zoo", "--citations", "--zoo-dir"])
+        .arg(dir)
+        .args(names)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// Every citation of every entry's prose is a `[[cite]]` whose quote is on its lines in the
+/// package `scripts/setup --test` installed (a package not installed fails it too).
+#[test]
+fn every_citation_holds_in_the_installed_package() {
+    let declared: Vec<&str> = ENTRIES
+        .iter()
+        .copied()
+        .filter(|e| !e.ends_with("_outside") && !CITATIONS_NOT_YET_DECLARED.contains(e))
+        .collect();
+    let (code, out) = citations(&zoo_dir(), &declared);
+    assert_eq!(code, 0, "{out}");
+    for name in CITATIONS_NOT_YET_DECLARED {
+        let (code, out) = citations(&zoo_dir(), &[name]);
+        assert_eq!(
+            code, 1,
+            "{name}'s citations hold now: take it off the list\n{out}"
+        );
+    }
+}
+
+/// The check bites: a citation moved a line, one past its file's end, and a citation of the
+/// prose that no `[[cite]]` declares each fail it, one line each.
+#[test]
+fn a_wrong_citation_fails() {
+    let dir = zoo_copy("zoo-cite", &["graphile_worker"], |toml| {
+        toml.replace("worker.js:288\"", "worker.js:287\"")
+            .replace("lib.js:363-371\"", "lib.js:363-471\"")
+            + "\n# see graphile-worker/dist/main.js:12\n"
+    });
+    // What the copy reads besides its zoo.toml: its DDL, and the installed package.
+    for file in ["schema.sql", "node_modules"] {
+        let entry = zoo_dir().join("graphile_worker").join(file);
+        std::os::unix::fs::symlink(entry, dir.join("graphile_worker").join(file)).unwrap();
+    }
+    let (code, out) = citations(&dir, &["graphile_worker"]);
+    assert_eq!(code, 1, "{out}");
+    for wrong in [
+        "'completeJob(job);' is not on graphile-worker/dist/worker.js:287",
+        "graphile-worker/dist/lib.js has 448 lines, not 471",
+        "main.js:12 in zoo.toml: no [[cite]] declares it",
+    ] {
+        assert!(out.contains(wrong), "{wrong}\n{out}");
+    }
 }

@@ -24,6 +24,7 @@ Examples:
   outbox-lab zoo txoutbox pg_boss                # two of them
   outbox-lab zoo --documented                    # each entry's documented run only (short)
   outbox-lab zoo --list
+  outbox-lab zoo --citations                     # each entry's citations, in its installed package
   outbox-lab zoo --format json > zoo.json
 
 Each entry (examples/zoo/<name>/zoo.toml) runs its library's own relay loop, unmodified, through
