@@ -103,7 +103,12 @@ impl Citation {
         let file = root.join(&self.path);
         let text = match std::fs::read_to_string(&file) {
             Ok(text) => text,
-            Err(e) => return Some(format!("cannot read {}: {e}", file.display())),
+            Err(e) => {
+                return Some(format!(
+                    "cannot read {}: {e} (scripts/setup --zoo installs the package)",
+                    file.display()
+                ))
+            }
         };
         let lines: Vec<&str> = text.lines().collect();
         if lines.len() < self.lines.last {
@@ -276,14 +281,14 @@ mod tests {
 
     #[test]
     fn prose_citations_are_found_and_matched_by_their_tail() {
-        let text =
-            "(`worker.js:288`), lib.js:363-371; see zoo.toml:21, https://x.org:80 and 12:30.";
+        let text = "(`worker.js:288`), lib.js:363-371, `:12`; see zoo.toml:21, https://x.org:80, \
+                    12:30 and a: 3.";
         let prose = in_prose(Path::new("README.md"), text, |path| path == "zoo.toml");
         let cited: Vec<String> = prose
             .iter()
             .map(|c| format!("{}:{}", c.path, c.lines))
             .collect();
-        assert_eq!(cited, ["worker.js:288", "lib.js:363-371"]);
+        assert_eq!(cited, ["worker.js:288", "lib.js:363-371", "lib.js:12"]);
         let citations = [cite(
             "graphile-worker/dist/worker.js:288",
             "completeJob(job);",

@@ -350,14 +350,13 @@ impl Entry {
 
     /// What is wrong with its citations: a quote not on its lines in the installed package, a
     /// line past its file's end, a citation of its prose (README, FINDING, zoo.toml, adapter)
-    /// that no `[[cite]]` declares, or the package not installed.
+    /// that no `[[cite]]` declares, or a file not there (the package not installed).
     pub fn citation_problems(&self) -> Result<Vec<String>> {
         let mut problems = Vec::new();
         let root = cite::installed_root(&self.registry, &self.dir)?;
         for citation in self.citations.iter().filter(|c| c.upstream.is_none()) {
             let problem = match &root {
-                Some(root) if self.is_installed() => citation.check(root),
-                Some(_) => Some("not installed here: scripts/setup --zoo".into()),
+                Some(root) => citation.check(root),
                 None => Some(format!("a {} entry has no package to cite", self.registry)),
             };
             problems.extend(problem.map(|p| format!("{}: {p}", citation.at())));
