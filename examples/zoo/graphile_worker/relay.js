@@ -26,6 +26,8 @@
 //   --concurrency N   jobs run at once per process (graphile-worker's concurrentJobs, default 1)
 //   --poll-ms N       pollInterval (graphile-worker's default 2000)
 //   --timeout-ms N    one POST's time limit (default 5000)
+//   --no-force-unlock a deployment without the supervisor's documented recovery: a crashed
+//                     worker's jobs wait for the 4-hour sweep
 const { EventEmitter } = require('node:events');
 const { run, makeWorkerUtils } = require('graphile-worker');
 
@@ -39,6 +41,7 @@ const opt = (name, dflt) => {
 const concurrency = opt('--concurrency', 1);
 const pollInterval = opt('--poll-ms', 2000);
 const timeoutMs = opt('--timeout-ms', 5000);
+const forceUnlock = !args.includes('--no-force-unlock');
 
 const url = process.env.OUTBOX_LAB_SINK_URL || process.env.OUTBOX_LAB_HTTP_URL;
 if (!url) throw new Error('OUTBOX_LAB_SINK_URL is not set');
@@ -82,9 +85,10 @@ async function recoverPreviousIncarnations(connectionString) {
 
 (async () => {
   const connectionString = process.env.OUTBOX_LAB_DATABASE_URL;
-  const record = await recoverPreviousIncarnations(connectionString);
   const events = new EventEmitter();
+  const record = forceUnlock ? await recoverPreviousIncarnations(connectionString) : null;
   events.on('pool:create', ({ workerPool }) => {
+    if (!record) return;
     record(workerPool.id).catch((e) => {
       console.error('[zoo-graphile-worker] recording the pool:', e.message);
       process.exit(1);
