@@ -166,7 +166,7 @@ fn the_zoo_table_judges_each_entry_and_says_what_is_not_installed() {
     assert_eq!(ours[6], "2/4", "{ours}");
     assert!(ours[5].as_str().unwrap().ends_with("/4*"), "{ours}");
     let verdict = ours[9].as_str().unwrap();
-    assert!(verdict == "keeps its promises", "{ours}");
+    assert!(verdict == "keeps its promises (promise quoted)", "{ours}");
     let findings = run.table("findings")["rows"].clone();
     let duplicate = findings
         .as_array()
@@ -226,6 +226,13 @@ fn the_search_finds_a_broken_promise_and_says_how_to_replay_it() {
     assert_eq!(row[1], "1", "{row}");
     assert!(row[3].as_str().unwrap().contains("lost"), "{row}");
     assert!(row[5].as_str().unwrap().contains("--schedule"), "{row}");
+    // The verdict column carries what the search found, with its schedule.
+    let verdict = run.table("the zoo")["rows"][0][9].clone();
+    let verdict = verdict.as_str().unwrap();
+    assert!(
+        verdict.starts_with("BREAKS ITS PROMISE") && verdict.contains("(search: "),
+        "{verdict}"
+    );
 }
 
 #[test]
