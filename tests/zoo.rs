@@ -342,7 +342,6 @@ const CITATIONS_NOT_YET_DECLARED: &[&str] = &[
     "nats_outbox",
     "pg_boss",
     "pg_transactional_outbox",
-    "sqlxmq",
 ];
 
 /// `outbox-lab zoo --citations NAMES` against the zoo at `dir`: its exit code and output.
