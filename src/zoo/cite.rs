@@ -193,7 +193,7 @@ pub struct ProseCitation {
 const CITED_KINDS: [&str; 9] = ["js", "ts", "mjs", "py", "rs", "md", "toml", "sql", "sh"];
 
 /// Every `path:lines` citation in `text` (of `file`) whose path is not the entry's own file
-/// nor the project's (`own`). A bare `:lines` (`` `:80-91` ``) cites the path cited last.
+/// (`own`). A bare `:lines` (`` `:80-91` ``) cites the path cited last.
 pub fn in_prose(file: &Path, text: &str, own: impl Fn(&str) -> bool) -> Vec<ProseCitation> {
     let is_path_char = |c: char| c.is_ascii_alphanumeric() || "_./-".contains(c);
     let mut found = Vec::new();

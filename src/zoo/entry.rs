@@ -361,8 +361,14 @@ impl Entry {
             };
             problems.extend(problem.map(|p| format!("{}: {p}", citation.at())));
         }
-        let project = self.dir.join("../../..");
-        let own = |path: &str| self.dir.join(path).exists() || project.join(path).exists();
+        // A path of the entry's own folder (its README.md, its relay) or of the zoo's
+        // (`examples/zoo/zoo_sink.py`) is the zoo's own file, not the library's: a library's
+        // file of the same name as one of the entry's is not told apart.
+        let own = |path: &str| {
+            let zoo_file = path.strip_prefix(&format!("{ZOO_DIR}/"));
+            self.dir.join(path).exists()
+                || zoo_file.is_some_and(|f| self.dir.join("..").join(f).exists())
+        };
         let mut prose = Vec::new();
         for file in self.prose_files()? {
             let text = std::fs::read_to_string(&file)
