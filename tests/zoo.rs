@@ -338,7 +338,6 @@ fn a_recovery_longer_than_the_run_is_late_not_lost() {
 /// The entries whose prose's citations are not all `[[cite]]`s yet (issue 45): each still fails
 /// `zoo --citations`, so that it leaves this list when it is done.
 const CITATIONS_NOT_YET_DECLARED: &[&str] = &[
-    "backbone_outbox",
     "pg_boss",
     "pg_transactional_outbox",
 ];
