@@ -339,7 +339,6 @@ fn a_recovery_longer_than_the_run_is_late_not_lost() {
 /// `zoo --citations`, so that it leaves this list when it is done.
 const CITATIONS_NOT_YET_DECLARED: &[&str] = &[
     "pg_boss",
-    "pg_transactional_outbox",
 ];
 
 /// `outbox-lab zoo --citations NAMES` against the zoo at `dir`: its exit code and output.
