@@ -337,9 +337,7 @@ fn a_recovery_longer_than_the_run_is_late_not_lost() {
 
 /// The entries whose prose's citations are not all `[[cite]]`s yet (issue 45): each still fails
 /// `zoo --citations`, so that it leaves this list when it is done.
-const CITATIONS_NOT_YET_DECLARED: &[&str] = &[
-    "pg_boss",
-];
+const CITATIONS_NOT_YET_DECLARED: &[&str] = &["pg_boss"];
 
 /// `outbox-lab zoo --citations NAMES` against the zoo at `dir`: its exit code and output.
 fn citations(dir: &Path, names: &[&str]) -> (i32, String) {
