@@ -24,6 +24,7 @@ Examples:
   outbox-lab zoo txoutbox pg_boss                # two of them
   outbox-lab zoo --documented                    # each entry's documented run only (short)
   outbox-lab zoo --list
+  outbox-lab zoo --citations                     # each entry's citations, in its installed package
   outbox-lab zoo --format json > zoo.json
 
 Each entry (examples/zoo/<name>/zoo.toml) runs its library's own relay loop, unmodified, through
@@ -51,6 +52,11 @@ pub struct ZooArgs {
     /// List the entries (library, version, registry, installed or not) and exit.
     #[arg(long)]
     list: bool,
+    /// Check each entry's citations of its library's source against the installed package
+    /// (each `[[cite]]`'s quote on its lines, every citation of its prose declared) and exit:
+    /// 1 when one does not hold.
+    #[arg(long, conflicts_with = "list")]
+    citations: bool,
     /// Events of each faulted and fault-free run (two per order).
     #[arg(long, default_value_t = 400, value_name = "N",
           value_parser = clap::value_parser!(u32).range(10..=100_000))]
@@ -92,6 +98,34 @@ pub struct ZooArgs {
     run: RunArgs,
 }
 
+/// `zoo --citations`: each entry's citations that do not hold, one a line, and how many do.
+fn check_citations(entries: &[Entry]) -> Result<ExitCode> {
+    let mut wrong = 0;
+    // An `_outside` row shares its entry's folder and citations.
+    for entry in entries.iter().filter(|e| e.outside_rules.is_none()) {
+        let problems = entry.citation_problems()?;
+        for problem in &problems {
+            outln!("{}: {problem}", entry.name)?;
+        }
+        let upstream = entry
+            .citations
+            .iter()
+            .filter(|c| c.upstream.is_some())
+            .count();
+        outln!(
+            "{}: {} citations ({upstream} upstream, read by hand), {} problems",
+            entry.name,
+            entry.citations.len(),
+            problems.len()
+        )?;
+        wrong += problems.len();
+    }
+    Ok(match wrong {
+        0 => ExitCode::SUCCESS,
+        _ => ExitCode::from(1),
+    })
+}
+
 /// `outbox-lab zoo`.
 pub async fn run(args: ZooArgs) -> Result<ExitCode> {
     let entries = Entry::find(&args.zoo_dir, &args.names)?;
@@ -115,6 +149,9 @@ pub async fn run(args: ZooArgs) -> Result<ExitCode> {
             )?;
         }
         return Ok(ExitCode::SUCCESS);
+    }
+    if args.citations {
+        return check_citations(&entries);
     }
     if entries.is_empty() {
         bail!("no zoo entry in {}", args.zoo_dir.display());

@@ -29,7 +29,7 @@ const WRITER_OVERLAP: Duration = Duration::from_millis(1);
 const NEMESIS_SPACING: Duration = Duration::from_millis(250);
 /// A relay of the user's may poll slowly and back off after a database restart: it has this
 /// long to drain after the last fault.
-const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
+pub const FOREIGN_LIVENESS: Duration = Duration::from_secs(10);
 
 /// The nemeses `--nemesis` names, and the schedule item each one makes (`{at}`: its moment).
 /// In this order on the clock: relay 0's database link reset, then partitioned for a second,

@@ -3,11 +3,13 @@
 //! insert, pending count), with the short run whose verdict the entry documents.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
 use serde::Deserialize;
 
+use super::cite::{self, Citation, CiteFile};
 use super::Settings;
 use crate::harness::replicated::Replication;
 use crate::harness::run_as::RunAs;
@@ -29,6 +31,10 @@ struct EntryFile {
     home: String,
     /// What the library's documentation promises, in its words.
     promise: String,
+    /// Where its documentation promises nothing in words, what the zoo infers its promise from
+    /// (`x-idempotent-key`: at-least-once); the verdict says so.
+    #[serde(default)]
+    promise_inferred: Option<String>,
     /// How its loop claims, sends and marks, from its source.
     design: String,
     /// Whether it promises per-aggregate order.
@@ -38,10 +44,9 @@ struct EntryFile {
     relays: u32,
     /// The library inside its own documented constraints.
     relay_cmd: String,
-    /// What a reader of its verdict must know that verify cannot show (a recovery its library
-    /// documents that outlasts verify's bounds): carried with the verdict.
+    /// What its documentation says a crash costs and what it advises doing about it.
     #[serde(default)]
-    verdict_note: Option<String>,
+    recovery: Option<RecoveryFile>,
     /// A file of the entry's folder that exists once `scripts/setup --zoo` installed it.
     #[serde(default)]
     installed: Option<String>,
@@ -56,6 +61,23 @@ struct EntryFile {
     /// finding needs.
     #[serde(default)]
     outside: Option<OutsideFile>,
+    /// Every citation of the library's source that its prose makes, with a quote.
+    #[serde(default)]
+    cite: Vec<CiteFile>,
+}
+
+/// `[recovery]`: a crashed relay's events, as its documentation says they come back.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecoveryFile {
+    /// How long they wait without the action: `4h`, `10m`, `90s`.
+    after: String,
+    /// What the supervisor does when it restarts the relay, as the documentation advises (the
+    /// entry's relay command does it).
+    action: String,
+    /// Why nothing undelivered is gone meanwhile: an event not delivered within verify's bound
+    /// is late, not lost, only where the library keeps every undelivered row.
+    kept: String,
 }
 
 /// `[outside]`: the entry run outside its library's documented constraints.
@@ -98,6 +120,8 @@ pub struct Entry {
     pub registry: String,
     pub home: String,
     pub promise: String,
+    /// `None`: the promise is quoted; else what the zoo infers it from.
+    pub promise_inferred: Option<String>,
     pub design: String,
     pub sink: VerifySink,
     pub relays: u32,
@@ -106,8 +130,7 @@ pub struct Entry {
     /// For the `_outside` row: its settings outside the library's documented constraints, and
     /// the rule they break.
     pub outside_rules: Option<String>,
-    /// Carried with its verdict: what verify cannot show of it.
-    pub verdict_note: Option<String>,
+    pub recovery: Option<Recovery>,
     pub installed: Option<PathBuf>,
     pub schema: Option<(String, String)>,
     pub insert_sql: Option<String>,
@@ -116,6 +139,42 @@ pub struct Entry {
     /// once), and order where it says so. Duplicates are the consumer's to absorb.
     pub promises: Vec<Invariant>,
     pub documented: DocumentedRun,
+    /// Its `[[cite]]`s: where its prose's claims about the library's source rest.
+    pub citations: Vec<Citation>,
+}
+
+/// A documented recovery: a crashed relay's events come back `after` (the documentation's
+/// words in `label`), sooner by `action`.
+#[derive(Debug, Clone)]
+pub struct Recovery {
+    pub after: Duration,
+    pub label: String,
+    pub action: String,
+    pub kept: String,
+}
+
+impl Recovery {
+    fn from_file(file: RecoveryFile) -> Result<Recovery> {
+        let bad = || {
+            anyhow!(
+                "[recovery] after = '{}': a duration like 4h, 10m or 90s",
+                file.after
+            )
+        };
+        let (number, unit_s) = match file.after.split_at(file.after.len().saturating_sub(1)) {
+            (n, "h") => (n, 3600),
+            (n, "m") => (n, 60),
+            (n, "s") => (n, 1),
+            _ => return Err(bad()),
+        };
+        let number: u64 = number.parse().map_err(|_| bad())?;
+        Ok(Recovery {
+            after: Duration::from_secs(number * unit_s),
+            label: file.after,
+            action: file.action,
+            kept: file.kept,
+        })
+    }
 }
 
 /// The short run an entry documents, and the verdict it found.
@@ -243,18 +302,28 @@ impl Entry {
             registry: file.registry,
             home: file.home,
             promise: file.promise,
+            promise_inferred: file.promise_inferred,
             design: file.design,
             sink,
             relays: file.relays,
             relay_cmd: fill(&file.relay_cmd),
             outside_rules: None,
-            verdict_note: file.verdict_note,
+            recovery: file
+                .recovery
+                .map(Recovery::from_file)
+                .transpose()
+                .context("[recovery]")?,
             installed: file.installed.map(|path| dir.join(path)),
             schema: read_schema(&file.schema)?,
             insert_sql: file.insert_sql,
             pending_sql: file.pending_sql,
             promises,
             documented: DocumentedRun::from_file(file.test).context("[test]")?,
+            citations: file
+                .cite
+                .into_iter()
+                .map(Citation::from_file)
+                .collect::<Result<_>>()?,
         };
         let mut rows = vec![inside.clone()];
         if let Some(outside) = file.outside {
@@ -277,6 +346,77 @@ impl Entry {
     /// Whether `scripts/setup --zoo` installed its library.
     pub fn is_installed(&self) -> bool {
         self.installed.as_ref().is_none_or(|path| path.exists())
+    }
+
+    /// What is wrong with its citations: a quote not on its lines in the installed package, a
+    /// line past its file's end, a citation of its prose (README, FINDING, zoo.toml, adapter)
+    /// that no `[[cite]]` declares, or a file not there (the package not installed).
+    pub fn citation_problems(&self) -> Result<Vec<String>> {
+        let mut problems = Vec::new();
+        let root = cite::installed_root(&self.registry, &self.dir)?;
+        for citation in self.citations.iter().filter(|c| c.upstream.is_none()) {
+            let problem = match &root {
+                Some(root) => citation.check(root),
+                None => Some(format!("a {} entry has no package to cite", self.registry)),
+            };
+            problems.extend(problem.map(|p| format!("{}: {p}", citation.at())));
+        }
+        // A path of the entry's own folder (its README.md, its relay) or of the zoo's
+        // (`examples/zoo/zoo_sink.py`) is the zoo's own file, not the library's: a library's
+        // file of the same name as one of the entry's is not told apart.
+        let own = |path: &str| {
+            let zoo_file = path.strip_prefix(&format!("{ZOO_DIR}/"));
+            self.dir.join(path).exists()
+                || zoo_file.is_some_and(|f| self.dir.join("..").join(f).exists())
+        };
+        let mut prose = Vec::new();
+        for file in self.prose_files()? {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            prose.extend(cite::in_prose(&file, &text, own));
+        }
+        for cited in cite::undeclared(prose, &self.citations) {
+            problems.push(format!(
+                "{}:{} in {}: no [[cite]] declares it",
+                cited.path,
+                cited.lines,
+                cited
+                    .file
+                    .strip_prefix(&self.dir)
+                    .unwrap_or(&cited.file)
+                    .display()
+            ));
+        }
+        Ok(problems)
+    }
+
+    /// The entry's own files that may cite its library: its docs, zoo.toml, and its adapter's
+    /// source (not what the setup installed beside it).
+    fn prose_files(&self) -> Result<Vec<PathBuf>> {
+        const INSTALLED: [&str; 3] = [".venv", "node_modules", "target"];
+        const PROSE: [&str; 8] = ["md", "toml", "py", "js", "rs", "sh", "sql", "in"];
+        let mut files = Vec::new();
+        let mut dirs = vec![self.dir.clone()];
+        while let Some(dir) = dirs.pop() {
+            let listing = std::fs::read_dir(&dir)
+                .with_context(|| format!("cannot read {}", dir.display()))?;
+            for path in listing.filter_map(|e| e.ok().map(|e| e.path())) {
+                let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+                if path.is_dir() {
+                    if !name.is_some_and(|n| INSTALLED.contains(&n.as_str())) {
+                        dirs.push(path);
+                    }
+                } else if path
+                    .extension()
+                    .is_some_and(|e| PROSE.contains(&e.to_string_lossy().as_ref()))
+                    && !path.ends_with("schema.sql")
+                {
+                    files.push(path);
+                }
+            }
+        }
+        files.sort();
+        Ok(files)
     }
 
     /// What `verify` is told for one of its runs: every invariant judged (its promises are

@@ -6,11 +6,14 @@
 //!   the short run whose verdict it documents) and the runs the zoo makes of it;
 //! - [`table`]: the runs as one [`Report`](crate::report::Report): library × invariant, the
 //!   findings with their replay lines, the figures without faults, and a check per documented
-//!   verdict.
+//!   verdict;
+//! - [`cite`]: an entry's citations of its library's source, checked against the installed
+//!   package.
 //!
 //! Here: each entry's runs, one after another on the run's server, each with its own database
 //! and private broker. The command (arguments, output) is cmd/zoo.rs.
 
+pub mod cite;
 pub mod entry;
 pub mod table;
 

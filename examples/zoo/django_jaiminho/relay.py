@@ -7,7 +7,7 @@ names. Arguments go to the command: the zoo runs `relay.py --run-in-loop --loop-
 as its README advises for keep-order (`call_command(events_relay.Command(), run_in_loop=True,
 loop_interval=0.1)`).
 
-SIGTERM: jaiminho's relayer catches BaseException around each event's send (relayer.py:116),
+SIGTERM: jaiminho's relayer catches BaseException around each event's send (relayer.py:122),
 so an exception raised by a signal handler while an event is in flight is taken for a failed
 send and swallowed (keep-order: the pass ends, and the loop goes on). The handler therefore
 raises SystemExit(0) only outside an event's transaction (Django's in_atomic_block), and

@@ -9,7 +9,10 @@ acquired_token = :token) on the table outbox_fs, queue "orders". Ours: the wirin
 credentials, from OUTBOX_LAB_KAFKA_URL.
 
 The main subscriber knobs are flags, as in ../faststream_outbox/relay.py; a flag left out keeps
-faststream-outbox's own default. SIGTERM: FastStream's app stops, and the process exits 0."""
+faststream-outbox's own default. --request-timeout-ms is the Kafka broker's (FastStream's
+default 40000, faststream/kafka/broker/broker.py:206): a produce may wait up to twice it
+(aiokafka/producer/producer.py:138-143), and that wait is the handler's, which the lease must
+outlast. SIGTERM: FastStream's app stops, and the process exits 0."""
 import argparse, inspect, os, sys
 from urllib.parse import unquote, urlsplit
 
@@ -30,6 +33,8 @@ p.add_argument("--workers", type=int, default=defaults["max_workers"])
 p.add_argument("--fetch-batch-size", type=int, default=defaults["fetch_batch_size"])
 p.add_argument("--min-fetch-interval", type=float, default=defaults["min_fetch_interval"])
 p.add_argument("--max-fetch-interval", type=float, default=defaults["max_fetch_interval"])
+kafka_defaults = inspect.signature(KafkaBroker.__init__).parameters
+p.add_argument("--request-timeout-ms", type=int, default=kafka_defaults["request_timeout_ms"].default)
 args = p.parse_args()
 
 # kafka://USER:PASSWORD@HOST:PORT: the private broker's link admits SASL PLAIN alone.
@@ -41,7 +46,8 @@ if kafka.username:
 engine = create_async_engine(sqlalchemy_asyncpg_dsn(os.environ["OUTBOX_LAB_DATABASE_URL"]))
 table = make_outbox_table(MetaData(), table_name="outbox_fs")
 broker_outbox = OutboxBroker(engine, outbox_table=table)
-broker_kafka = KafkaBroker(f"{kafka.hostname}:{kafka.port}", security=security)
+broker_kafka = KafkaBroker(f"{kafka.hostname}:{kafka.port}", security=security,
+                           request_timeout_ms=args.request_timeout_ms)
 publisher_kafka = broker_kafka.publisher("outbox.event.orders")
 
 

@@ -5,7 +5,7 @@
 //! of each locked partition (:24-50), send each with the library's own HTTP gateway
 //! (src/http_notification_service.rs:15-81 over src/http_gateway.rs:13-23, reqwest), then in one
 //! transaction mark the sent rows processed, count an attempt on the failed ones, and delete the
-//! partitions' locks (:85-104, :129-158, :161-216).
+//! partitions' locks (src/outbox_private_repository.rs:85-104, :129-158, :161-216).
 //!
 //! Ours: the pool, the settings below, the library's own `Shutdown::signal` (SIGTERM/SIGINT) as
 //! its graceful-shutdown future, and one line of wiring for the destination. The library sends
