@@ -335,10 +335,6 @@ fn a_recovery_longer_than_the_run_is_late_not_lost() {
     );
 }
 
-/// The entries whose prose's citations are not all `[[cite]]`s yet (issue 45): each still fails
-/// `zoo --citations`, so that it leaves this list when it is done.
-const CITATIONS_NOT_YET_DECLARED: &[&str] = &["pg_boss"];
-
 /// `outbox-lab zoo --citations NAMES` against the zoo at `dir`: its exit code and output.
 fn citations(dir: &Path, names: &[&str]) -> (i32, String) {
     let out = outbox_lab()
@@ -356,20 +352,13 @@ fn citations(dir: &Path, names: &[&str]) -> (i32, String) {
 /// package `scripts/setup --test` installed (a package not installed fails it too).
 #[test]
 fn every_citation_holds_in_the_installed_package() {
-    let declared: Vec<&str> = ENTRIES
+    let entries: Vec<&str> = ENTRIES
         .iter()
         .copied()
-        .filter(|e| !e.ends_with("_outside") && !CITATIONS_NOT_YET_DECLARED.contains(e))
+        .filter(|e| !e.ends_with("_outside"))
         .collect();
-    let (code, out) = citations(&zoo_dir(), &declared);
+    let (code, out) = citations(&zoo_dir(), &entries);
     assert_eq!(code, 0, "{out}");
-    for name in CITATIONS_NOT_YET_DECLARED {
-        let (code, out) = citations(&zoo_dir(), &[name]);
-        assert_eq!(
-            code, 1,
-            "{name}'s citations hold now: take it off the list\n{out}"
-        );
-    }
 }
 
 /// The check bites: a citation moved a line, one past its file's end, and a citation of the
