@@ -14,7 +14,7 @@ use crate::harness::db::{PgServer, ServerChoice};
 use crate::harness::nemesis::parse_duration;
 use crate::harness::run::{new_run_id, on_server};
 use crate::harness::run_as::RunAs;
-use crate::report::{Environment, Report};
+use crate::report::Environment;
 use crate::zoo::entry::{Entry, ZooRun, ZOO_DIR};
 use crate::zoo::{self, table, Outcome, Settings};
 
@@ -26,6 +26,7 @@ Examples:
   outbox-lab zoo --list
   outbox-lab zoo --citations                     # each entry's citations, in its installed package
   outbox-lab zoo --format json > zoo.json
+  outbox-lab zoo --markdown > table.md           # the README's table
 
 Each entry (examples/zoo/<name>/zoo.toml) runs its library's own relay loop, unmodified, through
 `outbox-lab verify`: its documented run (one schedule, the verdict its entry wrote down), every
@@ -57,6 +58,10 @@ pub struct ZooArgs {
     /// 1 when one does not hold.
     #[arg(long, conflicts_with = "list")]
     citations: bool,
+    /// Print the zoo table as the README shows it (markdown: an entry a row, its counts, its
+    /// verdict, its latency without faults) instead of the text tables.
+    #[arg(long, conflicts_with_all = ["list", "citations"])]
+    markdown: bool,
     /// Events of each faulted and fault-free run (two per order).
     #[arg(long, default_value_t = 400, value_name = "N",
           value_parser = clap::value_parser!(u32).range(10..=100_000))]
@@ -240,5 +245,12 @@ pub async fn run(args: ZooArgs) -> Result<ExitCode> {
             server: kind.to_string(),
         },
     );
-    super::finish_run(&report, &results_dir, args.run.format, Report::render_text)
+    // The README's table is pasted from this.
+    let markdown = match args.markdown {
+        true => Some(table::markdown(&report)?),
+        false => None,
+    };
+    super::finish_run(&report, &results_dir, args.run.format, |report| {
+        markdown.unwrap_or_else(|| report.render_text())
+    })
 }

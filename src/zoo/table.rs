@@ -2,6 +2,7 @@
 //! nemesis, the findings with the smallest schedule and its replay line, latency and
 //! throughput without faults, and a check per entry that its documented verdict was reproduced.
 
+use anyhow::{Context, Result};
 use serde_json::json;
 
 use super::entry::{Entry, ZooRun};
@@ -19,11 +20,17 @@ const WHY_IN_TABLE: usize = 80;
 /// The runs under faults that the zoo table counts.
 const FAULTED: [ZooRun; 2] = [ZooRun::Naive, ZooRun::Idempotent];
 
+/// The zoo table's title: how [`markdown`] finds it in a report.
+const ZOO_TITLE: &str =
+    "the zoo: runs under every nemesis that broke each invariant (*: the library promises it)";
+
+/// The table of the runs without faults' title: how [`markdown`] finds it in a report.
+const QUIET_TITLE: &str = "without faults: latency from commit to delivery, and throughput";
+
 pub fn report(results: &[EntryResult], settings: Settings, environment: Environment) -> Report {
     let mut metrics = Metrics::default();
     let mut zoo = Table::new(
-        "the zoo: runs under every nemesis that broke each invariant (*: the library promises \
-         it)",
+        ZOO_TITLE,
         &[
             "entry",
             "library",
@@ -38,7 +45,7 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
         ],
     );
     let mut quiet = Table::new(
-        "without faults: latency from commit to delivery, and throughput",
+        QUIET_TITLE,
         &["entry", "p50 ms", "p99 ms", "events/s", "delivered", "s"],
     );
     let mut findings = Table::new(
@@ -229,6 +236,56 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
         notes,
         environment,
     }
+}
+
+/// The zoo report's table as the README shows it (`zoo --markdown`): one row per entry, its
+/// counts and verdict as the zoo table has them, its latency from the run without faults.
+pub fn markdown(report: &Report) -> Result<String> {
+    let find = |title: &str| {
+        report
+            .tables
+            .iter()
+            .find(|t| t.title == title)
+            .with_context(|| format!("no table '{title}' in the report"))
+    };
+    let (zoo, quiet) = (find(ZOO_TITLE)?, find(QUIET_TITLE)?);
+    let cell = |table: &Table, row: &[String], column: &str| -> Result<String> {
+        let at = table
+            .column(column)
+            .with_context(|| format!("no column '{column}' in '{}'", table.title))?;
+        // A '|' in a cell would end it.
+        Ok(row[at].replace('|', "\\|"))
+    };
+    let counted = ["ghost", "lost", "duplicate", "order", "liveness"];
+    let mut text = format!(
+        "| entry | library | registry | {} | verdict | p50 / p99 ms, no faults |\n|---|---|---|{}---|---|\n",
+        counted.join(" | "),
+        "---|".repeat(counted.len())
+    );
+    for row in &zoo.rows {
+        let entry = cell(zoo, row, "entry")?;
+        let latency = match quiet.rows.iter().find(|q| q[0] == row[0]) {
+            Some(q) => format!(
+                "{} / {}",
+                cell(quiet, q, "p50 ms")?,
+                cell(quiet, q, "p99 ms")?
+            ),
+            None => "-".into(),
+        };
+        let counts = counted
+            .iter()
+            .map(|c| cell(zoo, row, c))
+            .collect::<Result<Vec<_>>>()?;
+        text.push_str(&format!(
+            "| {entry} | {} {} | {} | {} | {} | {latency} |\n",
+            cell(zoo, row, "library")?,
+            cell(zoo, row, "version")?,
+            cell(zoo, row, "registry")?,
+            counts.join(" | "),
+            cell(zoo, row, "verdict")?,
+        ));
+    }
+    Ok(text)
 }
 
 /// The entry's documented run held against the verdict it documents: every invariant it
@@ -526,4 +583,85 @@ fn failover_row(entry: &Entry, judged: &Judged, metrics: &mut Metrics) -> Vec<St
         (true, false) => format!("broke its promise: {}", broken.join(", ")),
     });
     row
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(cells: &[&str]) -> Vec<String> {
+        cells.iter().map(|c| c.to_string()).collect()
+    }
+
+    /// Two entries, one without its run without faults (it could not run): each a row, its
+    /// counts and verdict as the zoo table has them, a '|' of a verdict escaped.
+    #[test]
+    fn the_markdown_table_is_the_zoo_tables_rows() {
+        let columns = [
+            "entry",
+            "library",
+            "version",
+            "registry",
+            "ghost",
+            "lost",
+            "duplicate",
+            "order",
+            "liveness",
+            "verdict",
+        ];
+        let mut zoo = Table::new(ZOO_TITLE, &columns);
+        zoo.push(strings(&[
+            "pg_boss",
+            "pg-boss",
+            "10.4.2",
+            "npm",
+            "0/2*",
+            "0/2*",
+            "1/2",
+            "2/2",
+            "0/2*",
+            "keeps its promises",
+        ]));
+        zoo.push(strings(&[
+            "sqlxmq",
+            "sqlxmq",
+            "0.6.0",
+            "crates.io",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            "could not run (naive): a|b",
+        ]));
+        let mut quiet = Table::new(QUIET_TITLE, &["entry", "p50 ms", "p99 ms", "events/s"]);
+        quiet.push(strings(&["pg_boss", "411.0", "844.5", "380"]));
+        let report = Report {
+            scenario: "zoo".into(),
+            section: String::new(),
+            params: json!({}),
+            metrics: Metrics::default(),
+            tables: vec![zoo, quiet],
+            checks: Vec::new(),
+            targets: Vec::new(),
+            notes: Vec::new(),
+            environment: Environment {
+                postgres_version: String::new(),
+                outbox_lab_version: String::new(),
+                started_at: String::new(),
+                elapsed_ms: 0,
+                server: String::new(),
+            },
+        };
+        assert_eq!(
+            markdown(&report).unwrap(),
+            "| entry | library | registry | ghost | lost | duplicate | order | liveness | verdict \
+             | p50 / p99 ms, no faults |\n\
+             |---|---|---|---|---|---|---|---|---|---|\n\
+             | pg_boss | pg-boss 10.4.2 | npm | 0/2* | 0/2* | 1/2 | 2/2 | 0/2* | keeps its \
+             promises | 411.0 / 844.5 |\n\
+             | sqlxmq | sqlxmq 0.6.0 | crates.io | - | - | - | - | - | could not run (naive): \
+             a\\|b | - |\n"
+        );
+    }
 }
