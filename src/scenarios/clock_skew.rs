@@ -6,10 +6,10 @@
 //! may be the user's, whose clock is not ours to step).
 //!
 //! Step by step, every design's relays ([`designs`]) run at once, each into a naive consumer of
-//! its own; relay 0 of each on a clock of the step's. The lease designs' two relays drain a
-//! backlog, the second half a batch behind the first (so that their batches end apart); the
-//! clock steps once each lease design has delivered a few events (leases are live); the
-//! retrying designs' relay is then given a poison event and one whose first delivery fails.
+//! its own; relay 0 of each on a clock of the step's. The lease designs' three relays drain a
+//! backlog, each a third of a batch behind the one before (so that their batches end apart);
+//! the clock steps once every lease relay holds a lease on a row it is sending; the retrying
+//! designs' relay is then given a poison event and one whose first delivery fails.
 //! `watch_ms` after the step the relays are stopped and each database says:
 //! - `duplicates`: shipments beyond each event's first (the naive consumer ships each receipt);
 //! - `stalled`: events that could be delivered (all but the poison one) not received by then;
@@ -32,7 +32,6 @@ use crate::judge::invariants::lost;
 use crate::outbox::relay::sql::DEAD_LETTERS;
 use crate::report::plots::{category_grid, table_with, Category, Plot};
 use crate::report::{Report, Table};
-use crate::wait;
 use designs::{Bench, Design, POISON};
 
 #[derive(Debug, Deserialize)]
@@ -48,8 +47,6 @@ pub struct Params {
     pub send_ms: u64,
     /// Events waiting for the lease designs' relays when they start.
     pub backlog: u32,
-    /// The clock steps once each lease design's consumer has received this many events.
-    pub step_after_events: i64,
     /// The retrying designs' first retry waits this long, each further one twice as long.
     pub backoff_base_ms: u64,
     /// Attempts after which an event is a dead letter.
@@ -59,10 +56,6 @@ pub struct Params {
     /// Every relay's polling interval.
     pub poll_ms: u64,
 }
-
-/// Bounds the wait for the lease designs to deliver their first events.
-const STARTED_LIMIT: Duration = Duration::from_secs(20);
-const STARTED_POLL: Duration = Duration::from_millis(5);
 
 /// A step of a clock: whose, and which way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,9 +121,11 @@ impl Experiment for Params {
                 self.step_ms
             );
         }
-        // Leases must be live at the step: both relays still have batches to send.
-        if self.step_after_events + 2 * self.batch >= i64::from(self.backlog) {
-            bail!("backlog must exceed step_after_events + 2 * batch: leases live at the step");
+        // Leases must be live at the step: every relay still has batches to send after its
+        // first two.
+        let relays = i64::from(Design::AppClockLease.relays());
+        if i64::from(self.backlog) < 3 * relays * self.batch {
+            bail!("backlog must be at least 3 * batch for each of the {relays} lease relays");
         }
         // On the server's clock the poison event is not yet a dead letter by the end of the
         // watch, and the retried one is delivered well within it.
@@ -225,12 +220,17 @@ async fn round(
     let relay_clock = FakeClock::new(None)?;
     let consumers = try_join_all(benches.iter().map(|b| b.prepare(ctx, params))).await?;
     let mut relays = Vec::new();
-    for index in 0..2 {
-        if index == 1 {
-            // Half a batch behind: the two lease relays' batches end apart, so that one
-            // claims again while the other is still sending.
-            let half_batch = params.send_ms * params.batch as u64 / 2;
-            tokio::time::sleep(Duration::from_millis(half_batch)).await;
+    let most = Design::ALL
+        .map(Design::relays)
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+    for index in 0..most {
+        if index > 0 {
+            // Each relay a share of a batch behind the one before: the lease relays' batches
+            // end apart, so that one claims again while the others are still sending.
+            let batch_ms = params.send_ms * params.batch as u64;
+            tokio::time::sleep(Duration::from_millis(batch_ms / u64::from(most))).await;
         }
         for (bench, consumer) in benches.iter().zip(&consumers) {
             if index < bench.design.relays() {
@@ -238,18 +238,7 @@ async fn round(
             }
         }
     }
-    let leasing = benches.iter().filter(|b| b.design.leases());
-    try_join_all(leasing.map(|bench| {
-        let what = format!("{} to deliver its first events", bench.design.name());
-        wait::until(what, STARTED_LIMIT, STARTED_POLL, async || {
-            let row = bench
-                .client
-                .query_one(counts::RECEIVED_AT_LEAST, &[&params.step_after_events])
-                .await?;
-            Ok(row.get::<_, bool>(0))
-        })
-    }))
-    .await?;
+    try_join_all(benches.iter().map(Bench::wait_every_relay_sending)).await?;
     let offset = step.offset_ms(params.step_ms);
     let stepped = match step {
         Step::DbForward => server_clock,
@@ -335,12 +324,11 @@ fn report(params: &Params, cells: &[Vec<Cell>], outcome: &mut Outcome) {
     outcome.tables.push(outcomes);
     outcome.tables.push(figures);
     outcome.notes.push(format!(
-        "steps: relay 0's clock {s} ms ahead or behind, the server's {s} ms ahead, once each \
-         lease design has received {} events; the relays then run {} ms. Lease designs: two \
-         relays, a lease of {} ms, batches of {}, a consumer taking {} ms over each of {} \
+        "steps: relay 0's clock {s} ms ahead or behind, the server's {s} ms ahead, once every \
+         lease relay holds a lease on a row it is sending; the relays then run {} ms. Lease \
+         designs: three relays, a lease of {} ms, batches of {}, a consumer taking {} ms over each of {} \
          events. Retrying designs: one relay, retries {} ms apart doubling, {} attempts, a \
          poison event and one failed once, written after the step",
-        params.step_after_events,
         params.watch_ms,
         params.lease_ms,
         params.batch,

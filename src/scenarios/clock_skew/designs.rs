@@ -18,6 +18,7 @@ use crate::outbox::relay::{LeaseClock, RelayConfig, RelayDesign, Wakeup};
 use crate::outbox::schema;
 use crate::outbox::writer::{event_type, INSERT_OUTBOX};
 use crate::scenarios::Ctx;
+use crate::wait;
 
 /// Whose clock sets what.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,17 +58,19 @@ impl Design {
         }
     }
 
-    /// The lease designs: two relays drain a backlog (a lease is only taken from another
+    /// The lease designs: three relays drain a backlog (a lease is only taken from another
     /// relay); the retrying ones: one relay, a poison event and one that fails once.
     pub fn leases(self) -> bool {
         matches!(self, Design::AppClockLease | Design::DbClockLease)
     }
 
-    /// Its relays: two for a lease, one for a retry schedule (a second relay, on the true
-    /// clock, would write the due times of the rows it happened to fetch).
+    /// Its relays: three for a lease, one for a retry schedule (a second relay, on the true
+    /// clock, would write the due times of the rows it happened to fetch). A lease taken after
+    /// the server's step needs a relay still sending when another claims again: with two, the
+    /// other may be between its mark and its next claim; with three, both others must be.
     pub fn relays(self) -> u32 {
         match self.leases() {
-            true => 2,
+            true => 3,
             false => 1,
         }
     }
@@ -129,6 +132,14 @@ pub const RETRIED: Retried = Retried {
     aggregate: "retried",
 };
 
+/// Whether $1 relays each hold a lease on a row not marked yet.
+const EVERY_RELAY_SENDING: &str = "
+SELECT count(DISTINCT claimed_by) >= $1 FROM outbox
+ WHERE published_at IS NULL AND claimed_by IS NOT NULL";
+/// Bounds the wait for every lease relay to be sending.
+const SENDING_LIMIT: Duration = Duration::from_secs(20);
+const SENDING_POLL: Duration = Duration::from_millis(2);
+
 /// A design's database, for the whole scenario.
 pub struct Bench {
     pub design: Design,
@@ -187,6 +198,25 @@ impl Bench {
             .with(|relay| relay.follow = Some(Wakeup::Poll(poll)))
             .env(env)
             .spawn()
+    }
+
+    /// Waits until each of a lease design's relays holds a lease on a row it has not marked
+    /// yet (it is sending): the clock steps then. A relay started late on a busy machine would
+    /// otherwise claim for the first time after the step, on the new time.
+    pub async fn wait_every_relay_sending(&self) -> Result<()> {
+        if !self.design.leases() {
+            return Ok(());
+        }
+        let what = format!("every {} relay to hold a lease", self.design.name());
+        let relays = i64::from(self.design.relays());
+        wait::until(what, SENDING_LIMIT, SENDING_POLL, async || {
+            let row = self
+                .client
+                .query_one(EVERY_RELAY_SENDING, &[&relays])
+                .await?;
+            Ok(row.get::<_, bool>(0))
+        })
+        .await
     }
 
     /// The retrying designs' events, written after the step: the poison one, then the one
