@@ -10,7 +10,9 @@
 //! backlog, each a third of a batch behind the one before (so that their batches end apart);
 //! the clock steps once every lease relay holds a lease on a row it is sending; the retrying
 //! designs' relay is then given a poison event and one whose first delivery fails.
-//! `watch_ms` after the step the relays are stopped and each database says:
+//! The retrying designs' relays are stopped `watch_ms` after the step, the lease designs' once
+//! every event was received (at most [`designs::DRAIN_LIMIT`] after the step: a busy machine
+//! only slows a backlog down, what a clock stalls waits a minute), and each database says:
 //! - `duplicates`: shipments beyond each event's first (the naive consumer ships each receipt);
 //! - `stalled`: events that could be delivered (all but the poison one) not received by then;
 //! - `dead_letters`: events whose attempts ran out by then.
@@ -25,6 +27,7 @@ use plotters::style::RGBColor;
 use serde::Deserialize;
 
 use super::{metric_names, Ctx, Experiment, Outcome};
+use crate::harness::child::RunningChild;
 use crate::harness::clock::FakeClock;
 use crate::harness::db::PgServer;
 use crate::judge::counts;
@@ -51,7 +54,8 @@ pub struct Params {
     pub backoff_base_ms: u64,
     /// Attempts after which an event is a dead letter.
     pub max_attempts: i32,
-    /// After the step, the relays run this long.
+    /// After the step, the retrying designs' relays run this long (the lease designs' until
+    /// every event was received once).
     pub watch_ms: u64,
     /// Every relay's polling interval.
     pub poll_ms: u64,
@@ -208,7 +212,7 @@ async fn run(ctx: &Ctx<'_>, server: &PgServer, params: &Params) -> Result<Outcom
 }
 
 /// One step: every design's relays started, the clock stepped once the lease designs' leases
-/// are live, the relays stopped `watch_ms` later, and what each design made of it.
+/// are live, each design's relays stopped when its watch ends, and what each made of it.
 async fn round(
     ctx: &Ctx<'_>,
     benches: &[Bench],
@@ -219,7 +223,7 @@ async fn round(
     // Relay 0's clock, true until the step (a new one each step: its offset starts at 0).
     let relay_clock = FakeClock::new(None)?;
     let consumers = try_join_all(benches.iter().map(|b| b.prepare(ctx, params))).await?;
-    let mut relays = Vec::new();
+    let mut relays: Vec<Vec<RunningChild>> = benches.iter().map(|_| Vec::new()).collect();
     let most = Design::ALL
         .map(Design::relays)
         .into_iter()
@@ -232,7 +236,7 @@ async fn round(
             let batch_ms = params.send_ms * params.batch as u64;
             tokio::time::sleep(Duration::from_millis(batch_ms / u64::from(most))).await;
         }
-        for (bench, consumer) in benches.iter().zip(&consumers) {
+        for ((bench, consumer), relays) in benches.iter().zip(&consumers).zip(&mut relays) {
             if index < bench.design.relays() {
                 relays.push(bench.spawn_relay(ctx, consumer, index, &relay_clock, params)?);
             }
@@ -246,8 +250,14 @@ async fn round(
     };
     stepped.step(offset)?;
     try_join_all(benches.iter().map(Bench::write_retried)).await?;
-    tokio::time::sleep(Duration::from_millis(params.watch_ms)).await;
-    try_join_all(relays.into_iter().map(|relay| relay.stop())).await?;
+    let watched = benches
+        .iter()
+        .zip(relays)
+        .map(|(bench, relays)| async move {
+            bench.watch(params).await?;
+            try_join_all(relays.into_iter().map(RunningChild::stop)).await
+        });
+    try_join_all(watched).await?;
     try_join_all(consumers.into_iter().map(|consumer| consumer.stop())).await?;
     // The next step starts from true clocks.
     stepped.step(-offset)?;

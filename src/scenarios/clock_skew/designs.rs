@@ -13,6 +13,7 @@ use super::Params;
 use crate::harness::child::{ConsumerProcess, RunningChild};
 use crate::harness::clock::FakeClock;
 use crate::harness::db::{Database, PgServer};
+use crate::judge::counts;
 use crate::outbox::consumer::{ConsumerKind, Faults};
 use crate::outbox::relay::{LeaseClock, RelayConfig, RelayDesign, Wakeup};
 use crate::outbox::schema;
@@ -136,6 +137,9 @@ pub const RETRIED: Retried = Retried {
 const EVERY_RELAY_SENDING: &str = "
 SELECT count(DISTINCT claimed_by) >= $1 FROM outbox
  WHERE published_at IS NULL AND claimed_by IS NOT NULL";
+/// How long after the step a lease design's relays have to deliver every event once.
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(20);
+const DRAIN_POLL: Duration = Duration::from_millis(20);
 /// Bounds the wait for every lease relay to be sending.
 const SENDING_LIMIT: Duration = Duration::from_secs(20);
 const SENDING_POLL: Duration = Duration::from_millis(2);
@@ -217,6 +221,22 @@ impl Bench {
             Ok(row.get::<_, bool>(0))
         })
         .await
+    }
+
+    /// How long its relays run after the step: a retrying design's `watch_ms` (its schedule is
+    /// judged within it); a lease design's until every event was received once, at most
+    /// [`DRAIN_LIMIT`].
+    pub async fn watch(&self, params: &Params) -> Result<()> {
+        if !self.design.leases() {
+            tokio::time::sleep(Duration::from_millis(params.watch_ms)).await;
+            return Ok(());
+        }
+        wait::up_to(DRAIN_LIMIT, DRAIN_POLL, async || {
+            let row = self.client.query_one(counts::ALL_RECEIVED, &[]).await?;
+            Ok(row.get::<_, bool>(0))
+        })
+        .await?;
+        Ok(())
     }
 
     /// The retrying designs' events, written after the step: the poison one, then the one
