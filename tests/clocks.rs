@@ -16,16 +16,28 @@ fn verify_on_own_cluster(name: &str, args: &[&str]) -> Run {
     Run::from(verify_alone(&results, args).output().unwrap())
 }
 
-/// outbox-lab's relay (two of them) with relay 0's clock a minute ahead, the article's with it
-/// a minute behind, and with the server's a minute ahead: each keeps every claim, since its
-/// lock, its retries' due times and its marks are the database's, on one clock; and every step
-/// fired.
+/// outbox-lab's relay (two of them) and the article's, each with relay 0's clock a minute ahead
+/// and a minute behind, and the article's with the server's a minute ahead: each keeps every
+/// claim, since its lock, its retries' due times and its marks are the database's, on one
+/// clock; and every step fired (issue 46's "done when").
 #[test]
 fn relays_on_the_databases_clock_hold_when_clocks_step() {
     let relay = our_relay("");
     let article = example("article.py");
     for (name, relay, relays, nemesis) in [
         ("clock-ours-ahead", relay.as_str(), "2", "clock-step-relay"),
+        (
+            "clock-ours-behind",
+            relay.as_str(),
+            "2",
+            "clock-step-relay-back",
+        ),
+        (
+            "clock-article-ahead",
+            article.as_str(),
+            "1",
+            "clock-step-relay",
+        ),
         (
             "clock-article-behind",
             article.as_str(),

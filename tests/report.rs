@@ -14,7 +14,7 @@ use common::{assert_usage_error, outbox_lab, scratch_dir, server_url, Run};
 
 /// The scenarios that draw a plot, their plot, and what shortens them further (the page only
 /// needs their tables; cleanup has no [quick] parameters).
-const PLOTTED: [(&str, &str, &[&str]); 7] = [
+const PLOTTED: [(&str, &str, &[&str]); 8] = [
     ("notify-latency", "latency-cdf", &[]),
     ("broker-dedup", "broker-dedup", &[]),
     ("kafka-retries", "kafka-retries", &[]),
@@ -27,6 +27,8 @@ const PLOTTED: [(&str, &str, &[&str]); 7] = [
     ),
     // On the suite's shared server: its crash is not run there (a cell says so).
     ("horizon", "horizon-outcomes", &[]),
+    // On a cluster of its own on a clock of the run's, whichever server it is given.
+    ("clock-skew", "clock-skew-outcomes", &[]),
 ];
 
 /// The scenarios' results in one run directory, and its page, for the whole test binary.

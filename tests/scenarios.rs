@@ -367,6 +367,46 @@ fn horizon_names_what_each_design_skips_and_where_it_waits() {
     assert_eq!(run.metric("sequence_jump"), 30);
 }
 
+/// clock-skew (on a cluster of its own on a clock of the run's, whichever server the run is
+/// given): what each design does under each step, cell by cell. A lease on the relay's clock
+/// is taken by a relay ahead or from a relay behind, one on the server's clock only when the
+/// server's steps; retries due on the relay's clock fire at once (a dead letter) when it is
+/// behind the server's, or wait for the minute when it is ahead; on the server's clock they
+/// keep their schedule. How many events a taken lease sends twice depends on where the relays
+/// were in their batches: only "at least one" is held.
+#[test]
+fn clock_skew_names_whose_clock_takes_a_lease_or_fires_a_retry() {
+    let _timed = common::timed(); // a lease is taken between two relays' batches
+    let run = scenario("clock-skew", &[]);
+    assert_passed(&run);
+    let steps = ["relay_step_forward", "relay_step_back", "db_step_forward"];
+    let expected = [
+        ("app_clock_lease", ["sent twice", "sent twice", "fine"]),
+        ("db_clock_lease", ["fine", "fine", "sent twice"]),
+        (
+            "app_clock_retry",
+            ["stalled: 1", "dead letter: 1", "dead letter: 1"],
+        ),
+        ("db_clock_retry", ["fine", "fine", "fine"]),
+    ];
+    let outcomes = run.table("what each design does when a clock steps");
+    let rows = outcomes["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), expected.len(), "{outcomes}");
+    for (row, (design, cells)) in rows.iter().zip(expected) {
+        assert_eq!(row[0], design, "{outcomes}");
+        for ((step, cell), want) in steps.iter().zip(&row.as_array().unwrap()[1..]).zip(cells) {
+            let cell = cell.as_str().unwrap();
+            let what = format!("{design} under {step}: {cell}");
+            match want {
+                "sent twice" => assert!(cell.starts_with("sent twice: "), "{what}"),
+                exact => assert_eq!(cell, exact, "{what}"),
+            }
+            let duplicates = run.metric(&format!("{design}.{step}.duplicates"));
+            assert_eq!(duplicates > 0, want == "sent twice", "{what}");
+        }
+    }
+}
+
 /// `requeue` as a user runs it: dead letters get their attempts back.
 #[test]
 fn requeue_command_resets_attempts() {

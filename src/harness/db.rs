@@ -263,14 +263,15 @@ impl PgServer {
     }
 
     /// A throwaway cluster of this run's own beside this server (the same binaries): where a
-    /// lab keeps what no relay on the user's server may reach.
-    pub async fn private_cluster(&self) -> Result<PgServer> {
+    /// lab keeps what no relay on the user's server may reach, or where a scenario steps the
+    /// server's clock (`fake_clock`: see [`ServerChoice::fake_clock`]).
+    pub async fn private_cluster(&self, fake_clock: bool) -> Result<PgServer> {
         let choice = ServerChoice {
             database_url: None,
             pg_bin: self.pg_bin.as_deref(),
             keep: false,
             commit_timestamps: false,
-            fake_clock: false,
+            fake_clock,
         };
         PgServer::open(&choice, &self.run_id)
             .await

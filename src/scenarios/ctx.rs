@@ -57,8 +57,13 @@ impl Ctx<'_> {
 
     /// A fresh database with the article's schema, named after the scenario and `part`.
     pub async fn database(&self, part: &str) -> Result<Database> {
+        self.database_on(self.server, part).await
+    }
+
+    /// [`Ctx::database`] on `server`, a server of the scenario's own.
+    pub async fn database_on(&self, server: &PgServer, part: &str) -> Result<Database> {
         let label = format!("{}_{part}", self.scenario.name());
-        let db = self.server.create_database(&label).await?;
+        let db = server.create_database(&label).await?;
         schema::create(&db.connect().await?).await?;
         Ok(db)
     }

@@ -15,6 +15,7 @@ pub mod broker_dedup;
 pub mod cdc;
 pub mod claim_vs_lock;
 pub mod cleanup;
+pub mod clock_skew;
 pub mod commit_unknown;
 mod ctx;
 pub mod dual_write;
@@ -79,6 +80,7 @@ registry! {
     broker_cluster => "broker-cluster",
     kafka_retries => "kafka-retries",
     horizon => "horizon",
+    clock_skew => "clock-skew",
 }
 
 /// No child of these scenarios needs more than a few seconds; this bounds a hang.

@@ -154,7 +154,7 @@ impl<'s> Lab<'s> {
         let (judge_server, consumer_db) = if !strangers && pair.is_none() {
             (None, db.clone())
         } else if strangers && pair.is_none() && roles.is_none() {
-            let private = server.private_cluster().await?;
+            let private = server.private_cluster(false).await?;
             let consumer_db = private.create_database(&label).await?;
             (Some(private), consumer_db)
         } else {

@@ -15,11 +15,12 @@ impl Relay {
     /// The lease: claim (committed), deliver outside any transaction, mark what was delivered.
     pub(super) async fn deliver_claimed_batch(&mut self) -> Result<Pass> {
         let lease_ms = self.config.lease.as_secs_f64() * 1000.0;
-        let params: [&(dyn ToSql + Sync); 4] = [
+        let params: [&(dyn ToSql + Sync); 5] = [
             &self.config.max_attempts,
             &self.config.batch,
             &self.claimant,
             &lease_ms,
+            &self.config.lease_clock.now(),
         ];
         let mut rows = self.client.query(&self.fetch, &params).await?;
         // UPDATE ... RETURNING has no order; deliver oldest first, as the lock design does.

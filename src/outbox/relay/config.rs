@@ -50,6 +50,31 @@ impl RelayDesign {
     }
 }
 
+/// Whose wall clock sets a relay's leases (the claim designs) and its retries' due times.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LeaseClock {
+    /// The database server's (`clock_timestamp()`), one clock for every relay: the article's.
+    #[default]
+    Database,
+    /// Broken on purpose (the clock-skew scenario): the relay process's own, passed in with each
+    /// statement, as libraries that compute `now + lease` in the application do. The fetch still
+    /// compares due times with the server's clock: a relay whose clock is off by a step writes
+    /// due times that fire at once, or wait for the step; a relay ahead takes live leases.
+    Relay,
+}
+
+impl LeaseClock {
+    /// The time to write and compare leases and due times with: the relay's wall clock, or
+    /// none (the statements then read the server's).
+    pub fn now(self) -> Option<std::time::SystemTime> {
+        match self {
+            LeaseClock::Database => None,
+            LeaseClock::Relay => Some(std::time::SystemTime::now()),
+        }
+    }
+}
+
 /// Relay `index` of `count` relays that split the aggregates between them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Partition {
@@ -132,6 +157,9 @@ pub struct RelayConfig {
     pub design: RelayDesign,
     /// Claim design: another relay may take a claimed row once its claim is this old.
     pub lease: Duration,
+    /// Whose wall clock the lease and the retries' due times are taken from.
+    #[serde(default)]
+    pub lease_clock: LeaseClock,
     /// Rows per fetch (the article's LIMIT 100).
     pub batch: i64,
     /// Rows with this many attempts are dead letters (the article's `attempts < 5`).
@@ -188,6 +216,7 @@ impl Default for RelayConfig {
         RelayConfig {
             design: RelayDesign::Lock,
             lease: Duration::from_secs(30),
+            lease_clock: LeaseClock::Database,
             batch: 100,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff_base: Duration::from_millis(200),

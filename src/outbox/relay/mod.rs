@@ -37,7 +37,9 @@ use anyhow::{bail, Result};
 use tokio_postgres::Client;
 use tracing::info;
 
-pub use config::{Partition, RelayConfig, RelayDesign, RelayOptions, Wakeup, DEFAULT_MAX_ATTEMPTS};
+pub use config::{
+    LeaseClock, Partition, RelayConfig, RelayDesign, RelayOptions, Wakeup, DEFAULT_MAX_ATTEMPTS,
+};
 pub use polling::Relay;
 pub(crate) use timings::{BatchClock, BatchTimer};
 pub use timings::{BatchTimings, RelayStats};

@@ -400,7 +400,8 @@ async fn deliver_rows(
                 info!(relay = %name, "outbox id={id} failed: {error}");
                 let base_ms = config.backoff_base.as_secs_f64() * 1000.0;
                 let max_ms = config.backoff_max.as_secs_f64() * 1000.0;
-                db.execute(record_failure, &[&id, &error, &base_ms, &max_ms])
+                let now = config.lease_clock.now();
+                db.execute(record_failure, &[&id, &error, &base_ms, &max_ms, &now])
                     .await?;
                 outcome.failed += 1;
             }

@@ -61,12 +61,12 @@ UPDATE outbox
  WHERE id = ANY($1)";
 
 /// A failed delivery waits base * 2^(attempts so far): 200 ms, 400 ms, 800 ms, ..., at most
-/// $4 ms.
+/// $4 ms, from now: the relay's $5 where its lease clock is its own, else the server's.
 pub const MARK_FAILED: &str = "
 UPDATE outbox
    SET attempts = attempts + 1,
        last_error = $2,
-       next_attempt_at = clock_timestamp()
+       next_attempt_at = COALESCE($5::timestamptz, clock_timestamp())
                          + LEAST($3::float8 * (2 ^ attempts), $4::float8) * interval '1 millisecond'
  WHERE id = $1";
 
@@ -76,13 +76,14 @@ pub const UNMARK_FAILED: &str = "
 UPDATE outbox
    SET published_at = NULL,
        last_error = $2,
-       next_attempt_at = clock_timestamp()
+       next_attempt_at = COALESCE($5::timestamptz, clock_timestamp())
                          + LEAST($3::float8 * (2 ^ (attempts - 1)), $4::float8)
                            * interval '1 millisecond'
  WHERE id = $1";
 
-/// The rows a claim may take: due, undelivered, and covered by no live lease ($1 max attempts,
-/// $2 batch, $4 lease in ms); written once for [`CLAIM_BATCH`] and [`CLAIM_BATCH_FENCED`].
+/// The rows a claim may take: due (on the server's clock), undelivered, and covered by no live
+/// lease ($1 max attempts, $2 batch, $4 lease in ms, $5 the relay's now where its lease clock is
+/// its own, else the server's); written once for [`CLAIM_BATCH`] and [`CLAIM_BATCH_FENCED`].
 macro_rules! claimable_ids {
     () => {
         "
@@ -92,7 +93,8 @@ macro_rules! claimable_ids {
                  AND next_attempt_at <= clock_timestamp()
                  AND attempts < $1
                  AND (claimed_at IS NULL
-                      OR claimed_at < clock_timestamp() - $4::float8 * interval '1 millisecond')
+                      OR claimed_at < COALESCE($5::timestamptz, clock_timestamp())
+                                      - $4::float8 * interval '1 millisecond')
                ORDER BY id
                LIMIT $2
                  FOR UPDATE SKIP LOCKED)"
@@ -104,7 +106,7 @@ macro_rules! claimable_ids {
 pub const CLAIM_BATCH: &str = concat!(
     "
 UPDATE outbox
-   SET claimed_at = clock_timestamp(), claimed_by = $3",
+   SET claimed_at = COALESCE($5::timestamptz, clock_timestamp()), claimed_by = $3",
     claimable_ids!(),
     "
 RETURNING id, event_id, aggregate_type, aggregate_id, event_type, payload"
@@ -122,7 +124,8 @@ pub const CLAIM_BATCH_FENCED: &str = concat!(
     "
 WITH token AS (SELECT nextval('outbox_claim_token') AS token)
 UPDATE outbox
-   SET claimed_at = clock_timestamp(), claimed_by = $3, claim_token = (SELECT token FROM token)",
+   SET claimed_at = COALESCE($5::timestamptz, clock_timestamp()), claimed_by = $3,
+       claim_token = (SELECT token FROM token)",
     claimable_ids!(),
     "
 RETURNING id, event_id, aggregate_type, aggregate_id, event_type, payload, claim_token"
