@@ -169,9 +169,14 @@ fn a_failed_delivery_unmarked_ends_as_if_never_marked() {
             .await
             .unwrap();
         let (base_ms, max_ms) = (200.0f64, 1_000_000.0f64);
+        // Due times on the server's clock (the relay's lease clock, the article's).
+        let server_clock: Option<std::time::SystemTime> = None;
         // Row 1 the article's way, row 2 marked first and unmarked.
         client
-            .execute(sql::MARK_FAILED, &[&1i64, &"refused", &base_ms, &max_ms])
+            .execute(
+                sql::MARK_FAILED,
+                &[&1i64, &"refused", &base_ms, &max_ms, &server_clock],
+            )
             .await
             .unwrap();
         client.batch_execute("BEGIN").await.unwrap();
@@ -180,7 +185,10 @@ fn a_failed_delivery_unmarked_ends_as_if_never_marked() {
             .await
             .unwrap();
         client
-            .execute(sql::UNMARK_FAILED, &[&2i64, &"refused", &base_ms, &max_ms])
+            .execute(
+                sql::UNMARK_FAILED,
+                &[&2i64, &"refused", &base_ms, &max_ms, &server_clock],
+            )
             .await
             .unwrap();
         client.batch_execute("COMMIT").await.unwrap();
