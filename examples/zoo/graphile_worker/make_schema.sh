@@ -20,3 +20,7 @@ pg_dump -d "$url" -n graphile_worker --no-owner --no-privileges --inserts --no-c
 # after the first job of each queue.
 echo "INSERT INTO graphile_worker._private_tasks (identifier) VALUES ('outbox');"
 echo "INSERT INTO graphile_worker._private_job_queues (queue_name) SELECT 'orders-' || g FROM generate_series(0, 15) g;"
+# The supervisor's record of each relay's pools (relay.js: the documented recovery unlocks a dead
+# pool's jobs when its relay starts again). Here, not in relay.js: two relays starting at once
+# would race on CREATE TABLE IF NOT EXISTS, and one would die of a duplicate pg_type row.
+echo "CREATE TABLE public.zoo_supervisor_pools (relay text NOT NULL, pool_id text NOT NULL);"

@@ -16,7 +16,8 @@
 // records its pool's id (the jobs' and queues' locked_by) under its relay name, and when it
 // starts again it unlocks the ids of its previous incarnations with the library's own
 // workerUtils.forceUnlockWorkers before its pool starts. Without it a dead worker's jobs wait
-// the 4 hours the docs give. The record is a table of its own, zoo_supervisor_pools, in public.
+// the 4 hours the docs give. The record is a table of its own, zoo_supervisor_pools, in public
+// (made by the entry's schema.sql, once, before the relays start).
 // (A kill in the moment between the pool's creation and its record's commit would leave that
 // pool's jobs to the 4-hour sweep.)
 // Ours: the task 'outbox' (POST the job's payload, outbox-lab's event; a non-2xx answer throws),
@@ -54,11 +55,7 @@ const relayName = process.env.OUTBOX_LAB_RELAY_NAME || 'relay';
 // Unlocks what this relay's previous incarnations held, and returns how to record the new pool.
 async function recoverPreviousIncarnations(connectionString) {
   const utils = await makeWorkerUtils({ connectionString });
-  await utils.withPgClient((client) =>
-    client.query(
-      'CREATE TABLE IF NOT EXISTS zoo_supervisor_pools (relay text NOT NULL, pool_id text NOT NULL)',
-    ),
-  );
+  // (zoo_supervisor_pools is the schema's: make_schema.sh.)
   const { rows } = await utils.withPgClient((client) =>
     client.query('SELECT pool_id FROM zoo_supervisor_pools WHERE relay = $1', [relayName]),
   );

@@ -521,3 +521,4 @@ ALTER TABLE graphile_worker._private_tasks ENABLE ROW LEVEL SECURITY;
 
 INSERT INTO graphile_worker._private_tasks (identifier) VALUES ('outbox');
 INSERT INTO graphile_worker._private_job_queues (queue_name) SELECT 'orders-' || g FROM generate_series(0, 15) g;
+CREATE TABLE public.zoo_supervisor_pools (relay text NOT NULL, pool_id text NOT NULL);
