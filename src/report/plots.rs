@@ -53,6 +53,22 @@ pub fn table_with<'r>(report: &'r Report, columns: &[&str]) -> Option<&'r Table>
         .find(|t| columns.iter().all(|c| t.column(c).is_some()))
 }
 
+/// A grid of outcomes ([`category_grid`]) from the report's table of `rows` (its first column)
+/// by `columns`; nothing where the result has no such table.
+pub fn outcome_grid(
+    id: &'static str,
+    report: &Report,
+    rows: &'static str,
+    columns: impl IntoIterator<Item = &'static str>,
+    kinds: &[Category],
+) -> Result<Vec<Plot>> {
+    let columns: Vec<&str> = std::iter::once(rows).chain(columns).collect();
+    Ok(match table_with(report, &columns) {
+        Some(outcomes) => vec![category_grid(id, outcomes, kinds)?],
+        None => Vec::new(),
+    })
+}
+
 /// The words along a chart's axes.
 pub struct Axes<'a> {
     pub x: &'a str,

@@ -33,7 +33,7 @@ use crate::harness::db::PgServer;
 use crate::judge::counts;
 use crate::judge::invariants::lost;
 use crate::outbox::relay::sql::DEAD_LETTERS;
-use crate::report::plots::{category_grid, table_with, Category, Plot};
+use crate::report::plots::{outcome_grid, Category, Plot};
 use crate::report::{Report, Table};
 use designs::{Bench, Design, POISON};
 
@@ -163,13 +163,13 @@ impl Experiment for Params {
 
     /// The outcome table as a grid, designs × steps, coloured by outcome.
     fn plots(report: &Report) -> Result<Vec<Plot>> {
-        let columns: Vec<&str> = std::iter::once("design")
-            .chain(Step::ALL.map(Step::name))
-            .collect();
-        Ok(match table_with(report, &columns) {
-            Some(outcomes) => vec![category_grid("clock-skew-outcomes", outcomes, &OUTCOMES)?],
-            None => Vec::new(),
-        })
+        outcome_grid(
+            "clock-skew-outcomes",
+            report,
+            "design",
+            Step::ALL.map(Step::name),
+            &OUTCOMES,
+        )
     }
 }
 

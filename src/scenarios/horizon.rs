@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{metric_names, Ctx, Experiment, Outcome};
 use crate::judge::counts;
-use crate::report::plots::{category_grid, table_with, Category, Plot};
+use crate::report::plots::{outcome_grid, Category, Plot};
 use crate::report::{Report, Table};
 use crate::stats::round_ms;
 use crate::wait;
@@ -129,13 +129,13 @@ impl Experiment for Params {
 
     /// The outcome table as a grid, designs × faults, coloured by outcome.
     fn plots(report: &Report) -> Result<Vec<Plot>> {
-        let columns: Vec<&str> = std::iter::once("design")
-            .chain(Fault::ALL.map(Fault::name))
-            .collect();
-        Ok(match table_with(report, &columns) {
-            Some(outcomes) => vec![category_grid("horizon-outcomes", outcomes, &OUTCOMES)?],
-            None => Vec::new(),
-        })
+        outcome_grid(
+            "horizon-outcomes",
+            report,
+            "design",
+            Fault::ALL.map(Fault::name),
+            &OUTCOMES,
+        )
     }
 }
 

@@ -23,27 +23,26 @@ const FAULTED: [ZooRun; 2] = [ZooRun::Naive, ZooRun::Idempotent];
 /// The zoo table's title: how [`markdown`] finds it in a report.
 const ZOO_TITLE: &str =
     "the zoo: runs under every nemesis that broke each invariant (*: the library promises it)";
+/// The zoo table's columns: an entry's names, then what broke, then its verdict.
+const ZOO_COLUMNS: [&str; 10] = [
+    "entry",
+    "library",
+    "version",
+    "registry",
+    "ghost",
+    "lost",
+    "duplicate",
+    "order",
+    "liveness",
+    "verdict",
+];
 
 /// The table of the runs without faults' title: how [`markdown`] finds it in a report.
 const QUIET_TITLE: &str = "without faults: latency from commit to delivery, and throughput";
 
 pub fn report(results: &[EntryResult], settings: Settings, environment: Environment) -> Report {
     let mut metrics = Metrics::default();
-    let mut zoo = Table::new(
-        ZOO_TITLE,
-        &[
-            "entry",
-            "library",
-            "version",
-            "registry",
-            "ghost",
-            "lost",
-            "duplicate",
-            "order",
-            "liveness",
-            "verdict",
-        ],
-    );
+    let mut zoo = Table::new(ZOO_TITLE, &ZOO_COLUMNS);
     let mut quiet = Table::new(
         QUIET_TITLE,
         &["entry", "p50 ms", "p99 ms", "events/s", "delivered", "s"],
@@ -597,19 +596,7 @@ mod tests {
     /// counts and verdict as the zoo table has them, a '|' of a verdict escaped.
     #[test]
     fn the_markdown_table_is_the_zoo_tables_rows() {
-        let columns = [
-            "entry",
-            "library",
-            "version",
-            "registry",
-            "ghost",
-            "lost",
-            "duplicate",
-            "order",
-            "liveness",
-            "verdict",
-        ];
-        let mut zoo = Table::new(ZOO_TITLE, &columns);
+        let mut zoo = Table::new(ZOO_TITLE, &ZOO_COLUMNS);
         zoo.push(strings(&[
             "pg_boss",
             "pg-boss",

@@ -23,8 +23,8 @@ use crate::judge::invariants::pending;
 use crate::judge::invariants::Invariant;
 use crate::judge::record;
 
-/// A relay of the user's must have connected to the database within this time of the start.
-/// Generous: a Python relay importing its framework (faststream-outbox with aiokafka) took
+/// A relay of the user's must have connected to the database within this time of the start,
+/// or by the liveness bound if that comes first. Generous: a Python relay importing its framework (faststream-outbox with aiokafka) took
 /// over 10 s to connect on a 2-core machine at load 9, killed once at 250 ms on the way.
 const CONNECT_BOUND: Duration = Duration::from_secs(30);
 /// Drained: nothing pending, and the consumer received nothing new for this long (a relay that
@@ -82,6 +82,17 @@ impl Lab<'_> {
         self.identity.as_ref().map(RelayIdentity::user)
     }
 
+    /// The user's relays never connected to the database: bad input (the command, the URL it
+    /// reads), not a verdict. None for ours, or once one has.
+    pub(super) fn never_connected(&self, stage: &Stage<'_>) -> Option<anyhow::Error> {
+        if !matches!(self.relays, Relays::Foreign(_)) || stage.links.relay_connected() {
+            return None;
+        }
+        let tail = stage.relay_tail.lock().expect("not poisoned").lines();
+        let tail = tail.join(" | ");
+        Some(error::Error::Usage(ForeignRelayError::NeverConnects { tail }.into()).into())
+    }
+
     /// For the user's relays: fails the run if none connects within [`CONNECT_BOUND`]; once
     /// the writer is done, says when the outbox is drained (nothing pending, nothing left for
     /// our consumer at the broker, nothing new at the consumer for [`DRAIN_SETTLE`]), and
@@ -105,11 +116,10 @@ impl Lab<'_> {
             if !connected {
                 connected = stage.links.relay_connected();
                 stage.relay_connected.send_replace(connected);
-                if !connected && started.elapsed() > CONNECT_BOUND {
-                    let tail = stage.relay_tail.lock().expect("not poisoned").lines();
-                    let tail = tail.join(" | ");
-                    return error::Error::Usage(ForeignRelayError::NeverConnects { tail }.into())
-                        .into();
+                if started.elapsed() > CONNECT_BOUND {
+                    if let Some(never) = self.never_connected(stage) {
+                        return never;
+                    }
                 }
             }
             if !*stage.writer_done.borrow() || !*stage.nemeses_done.borrow() {

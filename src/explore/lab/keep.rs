@@ -69,6 +69,10 @@ impl Lab<'_> {
         let (consumer, (writer, relays)) = tokio::select! {
             ended = everything => ended?,
             why = liveness_watchdog(faults, writer_done, self.bounds.liveness) => {
+                // A relay that never connected is not judged: its command is wrong.
+                if let Some(never) = self.never_connected(stage) {
+                    return Err(never);
+                }
                 // The user's relay may say why: its last line goes with the verdict.
                 let last = stage.relay_tail.lock().expect("not poisoned").lines().pop();
                 return Ok(Some(match last {
