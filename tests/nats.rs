@@ -244,12 +244,14 @@ fn broker_cluster_loses_nothing_with_acks_and_no_node_left_behind() {
     // The failover, a Raft election: nats-server 2.9's followers wait 4 to 9 s without a
     // leader's heartbeat before one campaigns (0.1 to 0.8 s). 19 --quick runs beside `yes`,
     // other scenarios, verify runs and builds (load 7-9): 4,081-8,195 ms (median 5,621). Under
-    // 15 s holds a whole election timeout, a second campaign and a loaded machine's seconds,
-    // nearly twice the slowest seen (the scenario's own check, run side by side in `scenario
-    // all`, judges no duration by an upper bound; its run gives up at 60 s).
+    // 15 s held a whole election timeout, a second campaign and a loaded machine's seconds,
+    // but read 15,132 ms once in a whole suite on a slower machine of the same kind (2026-12-07
+    // evening): under 30 s, half the run's own limit, still fails a failover that waits a
+    // minute (the scenario's own check, run side by side in `scenario all`, judges no duration
+    // by an upper bound; its run gives up at 60 s).
     let failover_ms = run.metric_f64("failover_ms");
     assert!(
-        (1.0..15_000.0).contains(&failover_ms),
+        (1.0..30_000.0).contains(&failover_ms),
         "failover {failover_ms} ms: {}",
         run.stdout
     );
