@@ -31,6 +31,10 @@ pub const SERIES_COLOURS: [RGBColor; 6] = [
 /// For a count that shows nothing went wrong, and for one that shows damage.
 pub const GOOD: RGBColor = RGBColor(0, 158, 115);
 pub const BAD: RGBColor = RGBColor(213, 94, 0);
+/// For an outcome stuck for good without damage (a stall that never ends, a dead letter), and
+/// for one that waited and then went on (Okabe–Ito, beside the two above).
+pub const STUCK: RGBColor = RGBColor(204, 121, 167);
+pub const WAITED: RGBColor = RGBColor(240, 228, 66);
 const FONT: &str = "sans-serif";
 
 /// One plot of the page.

@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 use futures_util::future::try_join_all;
-use plotters::style::RGBColor;
 use serde::Deserialize;
 
 use super::{metric_names, Ctx, Experiment, Outcome};
@@ -33,7 +32,7 @@ use crate::harness::db::PgServer;
 use crate::judge::counts;
 use crate::judge::invariants::lost;
 use crate::outbox::relay::sql::DEAD_LETTERS;
-use crate::report::plots::{outcome_grid, Category, Plot};
+use crate::report::plots::{outcome_grid, Category, Plot, BAD, GOOD, STUCK, WAITED};
 use crate::report::{Report, Table};
 use designs::{Bench, Design, POISON};
 
@@ -94,22 +93,22 @@ const OUTCOMES: [Category; 4] = [
     Category {
         starts_with: "sent twice",
         label: "sent twice (a live lease taken)",
-        colour: RGBColor(213, 94, 0),
+        colour: BAD,
     },
     Category {
         starts_with: "dead letter",
         label: "dead letter (retries fired at once)",
-        colour: RGBColor(204, 121, 167),
+        colour: STUCK,
     },
     Category {
         starts_with: "stalled",
         label: "stalled (a retry waits for the step)",
-        colour: RGBColor(240, 228, 66),
+        colour: WAITED,
     },
     Category {
         starts_with: "fine",
         label: "fine",
-        colour: RGBColor(0, 158, 115),
+        colour: GOOD,
     },
 ];
 

@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 use futures_util::future::{join_all, try_join_all};
-use plotters::style::RGBColor;
 use serde::Deserialize;
 use tokio::time::Instant;
 use tokio_postgres::types::ToSql;
@@ -30,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{metric_names, Ctx, Experiment, Outcome};
 use crate::judge::counts;
-use crate::report::plots::{outcome_grid, Category, Plot};
+use crate::report::plots::{outcome_grid, Category, Plot, BAD, GOOD, STUCK, WAITED};
 use crate::report::{Report, Table};
 use crate::stats::round_ms;
 use crate::wait;
@@ -74,22 +73,22 @@ const OUTCOMES: [Category; 4] = [
     Category {
         starts_with: "skipped",
         label: "skipped (events lost)",
-        colour: RGBColor(213, 94, 0),
+        colour: BAD,
     },
     Category {
         starts_with: "stalled for good",
         label: "stalled for good",
-        colour: RGBColor(204, 121, 167),
+        colour: STUCK,
     },
     Category {
         starts_with: "stalled",
         label: "stalled, recovered",
-        colour: RGBColor(240, 228, 66),
+        colour: WAITED,
     },
     Category {
         starts_with: "fine",
         label: "fine",
-        colour: RGBColor(0, 158, 115),
+        colour: GOOD,
     },
 ];
 

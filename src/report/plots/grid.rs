@@ -166,6 +166,7 @@ fn heat(share: f64) -> RGBColor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::plots::{BAD, GOOD, STUCK};
 
     /// The matrix grid draws any rows × columns table of counts: a cell per count, its number
     /// written in it, non-numbers greyed.
@@ -220,17 +221,17 @@ mod tests {
             Category {
                 starts_with: "skipped",
                 label: "skipped",
-                colour: RGBColor(213, 94, 0),
+                colour: BAD,
             },
             Category {
                 starts_with: "stalled for good",
                 label: "stalled for good",
-                colour: RGBColor(204, 121, 167),
+                colour: STUCK,
             },
             Category {
                 starts_with: "fine",
                 label: "fine",
-                colour: RGBColor(0, 158, 115),
+                colour: GOOD,
             },
         ];
         let plot = category_grid("outcomes", &outcomes, &kinds).unwrap();
