@@ -15,7 +15,7 @@ use crate::harness::nemesis::parse_duration;
 use crate::harness::run::{new_run_id, on_server};
 use crate::harness::run_as::RunAs;
 use crate::report::Environment;
-use crate::zoo::entry::{Entry, ZooRun, ZOO_DIR};
+use crate::zoo::entry::{ClockStep, Entry, ZooRun, ZOO_DIR};
 use crate::zoo::{self, table, Outcome, Settings};
 
 pub const EXAMPLES: &str = "\
@@ -23,6 +23,7 @@ Examples:
   scripts/setup --zoo && outbox-lab zoo          # every entry of examples/zoo
   outbox-lab zoo txoutbox pg_boss                # two of them
   outbox-lab zoo --documented                    # each entry's documented run only (short)
+  outbox-lab zoo distributed_outbox --clocks     # also under its clocks stepped a minute
   outbox-lab zoo --list
   outbox-lab zoo --citations                     # each entry's citations, in its installed package
   outbox-lab zoo --format json > zoo.json
@@ -83,6 +84,12 @@ pub struct ZooArgs {
     /// (db:failover@250ms, the idempotent consumer): the failover table.
     #[arg(long)]
     failover: bool,
+    /// Also step each entry's clocks, one run a step, nothing else (naive consumer): relay 0's
+    /// wall clock a minute ahead, a minute behind, and the database server's a minute ahead
+    /// (not with --database-url): the clocks table. A step breaks a promise in the verdict
+    /// only where it broke it in each of its --runs.
+    #[arg(long)]
+    clocks: bool,
     /// The search's seed: the same seed draws the same schedules.
     #[arg(long, default_value_t = 1, value_name = "S", requires = "search")]
     seed: u64,
@@ -173,6 +180,10 @@ pub async fn run(args: ZooArgs) -> Result<ExitCode> {
     }
     if args.failover {
         runs.push(ZooRun::Failover);
+    }
+    if args.clocks {
+        let steps = ClockStep::available(args.run.database_url.is_some());
+        runs.extend(steps.into_iter().map(ZooRun::Clock));
     }
     let settings = Settings {
         events: args.events,

@@ -438,6 +438,7 @@ impl Entry {
             nemeses: match run {
                 ZooRun::NoFaults => vec!["none".into()],
                 ZooRun::Failover => vec!["db-failover".into()],
+                ZooRun::Clock(step) => vec![step.nemesis().into()],
                 _ => Vec::new(),
             },
             schedule: match run {
@@ -492,6 +493,64 @@ pub enum ZooRun {
     /// breaks is the library's (a relay that never reconnects, a position kept on the dead
     /// primary).
     Failover,
+    /// `--clocks`: a wall clock stepped a minute under the library's relays, and nothing else
+    /// (the naive consumer: a lease taken early shows as duplicates).
+    Clock(ClockStep),
+}
+
+/// A wall clock the zoo's `--clocks` runs step by a minute, 250 ms into the run, for the rest of
+/// it (verify's `clock-step-*` nemeses; monotonic clocks stay true).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockStep {
+    /// Relay 0's, a minute ahead: a lease it computes from its own clock is taken early.
+    RelayAhead,
+    /// Relay 0's, a minute behind: rows it compares with its own clock are not due yet.
+    RelayBehind,
+    /// The database server's, a minute ahead: leases held with `now()` expire under a sender.
+    DbAhead,
+}
+
+impl ClockStep {
+    pub const ALL: [ClockStep; 3] = [
+        ClockStep::RelayAhead,
+        ClockStep::RelayBehind,
+        ClockStep::DbAhead,
+    ];
+
+    /// The steps a run can make: the server's clock only on the throwaway cluster (outbox-lab
+    /// sets no clock of a server of the user's).
+    pub fn available(external_server: bool) -> Vec<ClockStep> {
+        ClockStep::ALL
+            .into_iter()
+            .filter(|step| !(external_server && *step == ClockStep::DbAhead))
+            .collect()
+    }
+
+    /// verify's nemesis.
+    pub fn nemesis(self) -> &'static str {
+        match self {
+            ClockStep::RelayAhead => "clock-step-relay",
+            ClockStep::RelayBehind => "clock-step-relay-back",
+            ClockStep::DbAhead => "clock-step-db",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ClockStep::RelayAhead => "clock_relay_ahead",
+            ClockStep::RelayBehind => "clock_relay_behind",
+            ClockStep::DbAhead => "clock_db_ahead",
+        }
+    }
+
+    /// How the table names it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ClockStep::RelayAhead => "relay +60s",
+            ClockStep::RelayBehind => "relay -60s",
+            ClockStep::DbAhead => "db +60s",
+        }
+    }
 }
 
 impl ZooRun {
@@ -510,13 +569,15 @@ impl ZooRun {
             ZooRun::Documented => "documented",
             ZooRun::Search => "search",
             ZooRun::Failover => "failover",
+            ZooRun::Clock(step) => step.label(),
         }
     }
 
-    /// How many times it is made: the faulted runs `--runs` times, the others once.
+    /// How many times it is made: the faulted runs and the clocks' `--runs` times, the others
+    /// once.
     pub fn takes(self, settings: Settings) -> u32 {
         match self {
-            ZooRun::Naive | ZooRun::Idempotent => settings.runs.max(1),
+            ZooRun::Naive | ZooRun::Idempotent | ZooRun::Clock(_) => settings.runs.max(1),
             ZooRun::NoFaults | ZooRun::Documented | ZooRun::Search | ZooRun::Failover => 1,
         }
     }
@@ -539,7 +600,7 @@ impl ZooRun {
 
     pub fn consumer(self, entry: &Entry) -> ConsumerKind {
         match self {
-            ZooRun::Naive | ZooRun::Search => ConsumerKind::Naive,
+            ZooRun::Naive | ZooRun::Search | ZooRun::Clock(_) => ConsumerKind::Naive,
             ZooRun::Idempotent | ZooRun::NoFaults | ZooRun::Failover => ConsumerKind::Idempotent,
             ZooRun::Documented => entry.documented.consumer,
         }

@@ -179,7 +179,13 @@ async fn run_entry(
                 run.take_label(take)
             );
         }
-        match verify::verify_with_sink(server, &plan, run_id, false, progress).await {
+        let verified = match plan.steps_the_databases_clock() {
+            // A step of the server's clock would outlast the run on the lane's cluster, under
+            // the next entry's relays: a cluster of the run's own, on a clock of its own.
+            true => on_private_clock(server, &plan, run_id, progress).await,
+            false => verify::verify_with_sink(server, &plan, run_id, false, progress).await,
+        };
+        match verified {
             Ok(verification) => judged.push(Judged {
                 run,
                 take,
@@ -195,6 +201,20 @@ async fn run_entry(
         }
     }
     Ok(Outcome::Ran(judged))
+}
+
+/// Verifies `plan` on a throwaway cluster of its own beside `server`, started on a wall clock of
+/// the run's, and stops it.
+async fn on_private_clock(
+    server: &PgServer,
+    plan: &Plan,
+    run_id: &str,
+    progress: bool,
+) -> Result<Verification> {
+    let private = server.private_cluster(true).await.map_err(error::harness)?;
+    let verified = verify::verify_with_sink(&private, plan, run_id, false, progress).await;
+    private.close().await.map_err(error::harness)?;
+    verified
 }
 
 fn failed(run: ZooRun, e: &anyhow::Error) -> Outcome {

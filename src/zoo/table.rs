@@ -37,6 +37,11 @@ const ZOO_COLUMNS: [&str; 10] = [
     "verdict",
 ];
 
+/// The clocks table's title (`--clocks`): how [`markdown`] finds it in a report.
+const CLOCKS_TITLE: &str = "clocks: relay 0's wall clock stepped a minute ahead or behind, or the \
+     database server's a minute ahead, 250 ms into the run and for the rest of it, nothing else \
+     (naive consumer; monotonic clocks true): what broke, in events (*: the library promises it)";
+
 /// The table of the runs without faults' title: how [`markdown`] finds it in a report.
 const QUIET_TITLE: &str = "without faults: latency from commit to delivery, and throughput";
 
@@ -82,6 +87,7 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
             "verdict",
         ],
     );
+    let mut clocks = Table::new(CLOCKS_TITLE, &["entry", "step", "broke", "fired", "replay"]);
     let mut designs = Table::new(
         "what each library promises, and how its loop works",
         &["entry", "promise", "design", "home"],
@@ -168,6 +174,9 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
         if let Some(judged) = judged.iter().find(|j| j.run == ZooRun::Failover) {
             failovers.push(failover_row(entry, judged, &mut metrics));
         }
+        for judged in judged.iter().filter(|j| matches!(j.run, ZooRun::Clock(_))) {
+            clocks.push(clock_row(entry, judged, &mut metrics));
+        }
         if let Some(judged) = judged.iter().find(|j| j.run == ZooRun::NoFaults) {
             let figures = &judged.verification.main().figures;
             let prefix = format!("zoo.{}.no_faults", entry.name);
@@ -227,6 +236,9 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
             if !failovers.rows.is_empty() {
                 tables.push(failovers);
             }
+            if !clocks.rows.is_empty() {
+                tables.push(clocks);
+            }
             tables.extend([quiet, designs]);
             tables
         },
@@ -256,10 +268,14 @@ pub fn markdown(report: &Report) -> Result<String> {
         Ok(row[at].replace('|', "\\|"))
     };
     let counted = ["ghost", "lost", "duplicate", "order", "liveness"];
+    // With --clocks, what each step broke, in a column of its own.
+    let clocks = report.tables.iter().find(|t| t.title == CLOCKS_TITLE);
     let mut text = format!(
-        "| entry | library | registry | {} | verdict | p50 / p99 ms, no faults |\n|---|---|---|{}---|---|\n",
+        "| entry | library | registry | {} | verdict | p50 / p99 ms, no faults |{}\n|---|---|---|{}---|---|{}\n",
         counted.join(" | "),
-        "---|".repeat(counted.len())
+        if clocks.is_some() { " clocks stepped |" } else { "" },
+        "---|".repeat(counted.len()),
+        if clocks.is_some() { "---|" } else { "" },
     );
     for row in &zoo.rows {
         let entry = cell(zoo, row, "entry")?;
@@ -275,8 +291,30 @@ pub fn markdown(report: &Report) -> Result<String> {
             .iter()
             .map(|c| cell(zoo, row, c))
             .collect::<Result<Vec<_>>>()?;
+        let steps = match clocks {
+            Some(clocks) => {
+                let steps = clocks
+                    .rows
+                    .iter()
+                    .filter(|c| c[0] == row[0])
+                    .map(|c| {
+                        let fired = cell(clocks, c, "fired")?;
+                        let broke = match fired.as_str() {
+                            "yes" => cell(clocks, c, "broke")?,
+                            _ => fired,
+                        };
+                        Ok(format!("{}: {broke}", cell(clocks, c, "step")?))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                match steps.is_empty() {
+                    true => " - |".to_string(),
+                    false => format!(" {} |", steps.join("; ")),
+                }
+            }
+            None => String::new(),
+        };
         text.push_str(&format!(
-            "| {entry} | {} {} | {} | {} | {} | {latency} |\n",
+            "| {entry} | {} {} | {} | {} | {} | {latency} |{steps}\n",
             cell(zoo, row, "library")?,
             cell(zoo, row, "version")?,
             cell(zoo, row, "registry")?,
@@ -481,6 +519,12 @@ fn promises(entry: &Entry, judged: &[Judged]) -> Promises {
         let counted = broke.iter().find(|j| match j.run {
             ZooRun::Naive | ZooRun::Idempotent => j.reproduced(invariant),
             ZooRun::Documented | ZooRun::Search => true,
+            // One nemesis already: broken in each time it was made (`--runs`), so that a
+            // verdict does not flip on noise.
+            ZooRun::Clock(_) => judged
+                .iter()
+                .filter(|k| k.run == j.run)
+                .all(|k| k.broken().contains(&invariant) && k.all_fired()),
             ZooRun::NoFaults | ZooRun::Failover => false,
         });
         match counted {
@@ -496,7 +540,10 @@ fn promises(entry: &Entry, judged: &[Judged]) -> Promises {
                     },
                 });
             }
-            None if broke.iter().any(|j| FAULTED.contains(&j.run)) => {
+            None if broke
+                .iter()
+                .any(|j| FAULTED.contains(&j.run) || matches!(j.run, ZooRun::Clock(_))) =>
+            {
                 found.unconfirmed.push(invariant)
             }
             None => {}
@@ -584,6 +631,50 @@ fn failover_row(entry: &Entry, judged: &Judged, metrics: &mut Metrics) -> Vec<St
     row
 }
 
+/// An entry's run under one clock step: what broke (each invariant with its events, `*` where
+/// promised), whether the step reached the relay (or the server), and the replay.
+fn clock_row(entry: &Entry, judged: &Judged, metrics: &mut Metrics) -> Vec<String> {
+    let ZooRun::Clock(step) = judged.run else {
+        unreachable!("a clock row is made of a clock run");
+    };
+    let history = &judged.verification.main().history;
+    let mut broke = Vec::new();
+    for invariant in Invariant::ALL {
+        let n = history.violations.get(invariant.name()).map_or(0, Vec::len);
+        metrics.set(
+            format!(
+                "zoo.{}.{}{}.{}",
+                entry.name,
+                step.label(),
+                judged.run.take_label(judged.take),
+                invariant.name()
+            ),
+            n as i64,
+        );
+        if n > 0 {
+            let promised = if entry.promises.contains(&invariant) {
+                "*"
+            } else {
+                ""
+            };
+            broke.push(format!("{}{promised} {n}", invariant.name()));
+        }
+    }
+    vec![
+        entry.name.clone(),
+        format!("{}{}", step.describe(), judged.run.take_label(judged.take)),
+        match broke.is_empty() {
+            true => "nothing".into(),
+            false => broke.join(", "),
+        },
+        match judged.all_fired() {
+            true => "yes".into(),
+            false => "NOT REACHED".into(),
+        },
+        verdict::replay_line(&judged.plan, &history.schedule),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -650,5 +741,31 @@ mod tests {
              | sqlxmq | sqlxmq 0.6.0 | crates.io | - | - | - | - | - | could not run (naive): \
              a\\|b | - |\n"
         );
+        // With --clocks, a column of what each step broke (or that it did not reach).
+        let mut report = report;
+        let mut clocks = Table::new(CLOCKS_TITLE, &["entry", "step", "broke", "fired", "replay"]);
+        clocks.push(strings(&[
+            "pg_boss",
+            "relay +60s",
+            "duplicate 3",
+            "yes",
+            "r",
+        ]));
+        clocks.push(strings(&[
+            "pg_boss",
+            "db +60s",
+            "nothing",
+            "NOT REACHED",
+            "r",
+        ]));
+        report.tables.push(clocks);
+        let text = markdown(&report).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].ends_with("| p50 / p99 ms, no faults | clocks stepped |"));
+        assert_eq!(lines[1].matches("---").count(), 11);
+        assert!(
+            lines[2].ends_with("| 411.0 / 844.5 | relay +60s: duplicate 3; db +60s: NOT REACHED |")
+        );
+        assert!(lines[3].ends_with("| - | - |"));
     }
 }
