@@ -9,8 +9,9 @@
 //     retry_delay, until retry_limit, then 'failed' (src/plans.js:559-620);
 //   - its supervisor (maintenance every maintenanceIntervalSeconds) fails jobs active past their
 //     expire_in (failJobsByTimeout, src/boss.js:163), so another worker fetches them again.
-// Ours: the handler (POST each job's data, outbox-lab's event, in fetch order; a non-2xx answer
-// throws, which fails the batch), the settings below, and SIGTERM.
+// Ours: the handler (POST each job's data, outbox-lab's event, the batch's POSTs side by side; a
+// non-2xx answer or a POST past its limit throws once all are settled, which fails the batch),
+// the settings below, and SIGTERM.
 //
 // The job's lease (expire_in), retry_limit and retry_delay are the queue's: schema.sql creates the
 // queue 'outbox' with pg-boss's create_queue, and --insert-sql copies them from pgboss.queue as
@@ -19,7 +20,7 @@
 //   --batch N             work()'s batchSize                         (default 10)
 //   --poll-s S            work()'s pollingIntervalSeconds (min 0.5)  (default 0.5)
 //   --maintenance-s S     maintenanceIntervalSeconds: how soon an expired job is retried (default 1)
-//   --timeout-ms N        one POST's time limit                      (default 5000)
+//   --timeout-ms N        one POST's time limit                      (default 2000)
 const PgBoss = require('pg-boss');
 
 const args = process.argv.slice(2);
@@ -32,7 +33,7 @@ const opt = (name, dflt) => {
 const batchSize = opt('--batch', 10);
 const pollingIntervalSeconds = opt('--poll-s', 0.5);
 const maintenanceIntervalSeconds = opt('--maintenance-s', 1);
-const timeoutMs = opt('--timeout-ms', 5000);
+const timeoutMs = opt('--timeout-ms', 2000);
 
 const url = process.env.OUTBOX_LAB_SINK_URL || process.env.OUTBOX_LAB_HTTP_URL;
 if (!url) throw new Error('OUTBOX_LAB_SINK_URL is not set');
@@ -51,8 +52,11 @@ boss.on('error', (e) => console.error('[pg-boss]', e.message));
 
 (async () => {
   await boss.start();
+  // The batch's POSTs go out side by side and are all settled before the handler ends: one
+  // batch is held at most one POST limit, inside the jobs' lease (expire_in), whatever the batch
+  // size; a batch sent one POST after another is held up to batch x limit.
   await boss.work('outbox', { batchSize, pollingIntervalSeconds }, async (jobs) => {
-    for (const job of jobs) {
+    const sent = await Promise.allSettled(jobs.map(async (job) => {
       const r = await fetch(url, {
         method: 'POST',
         headers: { 'content-type': 'application/json' },
@@ -61,7 +65,9 @@ boss.on('error', (e) => console.error('[pg-boss]', e.message));
       });
       await r.arrayBuffer();
       if (!r.ok) throw new Error(`sink answered ${r.status}`);
-    }
+    }));
+    const failed = sent.find((s) => s.status === 'rejected');
+    if (failed) throw failed.reason;
   });
 })().catch((e) => {
   console.error('[zoo-pg-boss] start:', e.message);
