@@ -44,6 +44,10 @@ struct EntryFile {
     relays: u32,
     /// The library inside its own documented constraints.
     relay_cmd: String,
+    /// Where the entry's own settings cannot be made to fit a rule of the library's
+    /// documentation in the worst case its runs produce: which, and why (its row says so).
+    #[serde(default)]
+    outside_its_rules: Option<String>,
     /// What its documentation says a crash costs and what it advises doing about it.
     #[serde(default)]
     recovery: Option<RecoveryFile>,
@@ -127,8 +131,8 @@ pub struct Entry {
     pub relays: u32,
     /// The relay command, `{entry}` and `{outbox_lab}` filled in.
     pub relay_cmd: String,
-    /// For the `_outside` row: its settings outside the library's documented constraints, and
-    /// the rule they break.
+    /// Its settings outside the library's documented constraints, and the rule they break: the
+    /// `_outside` row's, or an entry's whose settings cannot be made to fit.
     pub outside_rules: Option<String>,
     pub recovery: Option<Recovery>,
     pub installed: Option<PathBuf>,
@@ -307,7 +311,7 @@ impl Entry {
             sink,
             relays: file.relays,
             relay_cmd: fill(&file.relay_cmd),
-            outside_rules: None,
+            outside_rules: file.outside_its_rules,
             recovery: file
                 .recovery
                 .map(Recovery::from_file)
