@@ -33,10 +33,14 @@ fn reproduces_its_documented_verdict(name: &str) {
     );
     assert_passed(&run);
     assert_eq!(run.metric(&format!("zoo.{name}.documented.reproduced")), 1);
-    // An outside row says so where its verdict stands; an entry inside its rules does not.
+    // An outside row says so where its verdict stands, and so does an entry whose own settings
+    // cannot be made to fit (`outside_its_rules`); an entry inside its rules does not.
     let verdict = row[9].as_str().unwrap();
+    let toml = std::fs::read_to_string(zoo_dir().join(name).join("zoo.toml"));
+    let outside = name.ends_with("_outside")
+        || toml.is_ok_and(|toml| toml.contains("\noutside_its_rules = "));
     assert_eq!(
-        name.ends_with("_outside"),
+        outside,
         verdict.contains("OUTSIDE ITS DOCUMENTED RULES"),
         "{verdict}"
     );
@@ -280,6 +284,63 @@ fn the_failover_table_judges_each_entry_after_a_promotion() {
         assert_eq!(run.metric(&format!("zoo.article.failover.{invariant}")), 0);
     }
     assert_eq!(run.metric("zoo.article.failover.acknowledged_lost"), 0);
+}
+
+/// `--clocks`: each entry under relay 0's clock a minute ahead and behind and the server's a
+/// minute ahead. The article's relay keeps its leases and due times on the server's clock, one
+/// clock: nothing breaks. nats-outbox compares `scheduled_at`, the server's `now()`, with its
+/// relay's clock (relay/polling.py): a minute behind, or the server a minute ahead, it sends
+/// nothing written after the step, and its verdict names the step that broke its promise.
+#[test]
+fn the_clocks_table_shows_what_a_step_of_each_clock_breaks() {
+    let run = zoo(
+        &zoo_dir(),
+        &["--documented", "--clocks", "article", "nats_outbox"],
+    );
+    assert_passed(&run);
+    let rows = run.table("clocks")["rows"].clone();
+    let row = |entry: &str, step: &str| {
+        let rows = rows.as_array().unwrap();
+        let found = rows.iter().find(|r| r[0] == entry && r[1] == step);
+        found
+            .unwrap_or_else(|| panic!("no {entry} {step} row in {rows:?}"))
+            .clone()
+    };
+    for step in ["relay +60s", "relay -60s", "db +60s"] {
+        let article = row("article", step);
+        assert_eq!(
+            (&article[2], &article[3]),
+            (&"nothing".into(), &"yes".into()),
+            "{article}"
+        );
+    }
+    let behind = row("nats_outbox", "relay -60s");
+    assert_eq!(behind[3], "yes", "{behind}");
+    assert!(behind[2].as_str().unwrap().contains("lost*"), "{behind}");
+    assert!(
+        behind[4]
+            .as_str()
+            .unwrap()
+            .contains("--schedule \"clock:step:relay@250ms-60s\""),
+        "{behind}"
+    );
+    assert!(run.metric("zoo.nats_outbox.clock_relay_behind.lost") >= 1);
+    assert!(run.metric("zoo.nats_outbox.clock_db_ahead.lost") >= 1);
+    assert_eq!(run.metric("zoo.article.clock_relay_ahead.duplicate"), 0);
+    let verdicts = run.table("the zoo")["rows"].clone();
+    let verdict = |entry: &str| {
+        let rows = verdicts.as_array().unwrap();
+        rows.iter().find(|r| r[0] == entry).unwrap()[9]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(verdict("article"), "keeps its promises (promise quoted)");
+    assert!(
+        verdict("nats_outbox").starts_with("BREAKS ITS PROMISE (clock:step:relay@250ms-60s): lost"),
+        "{}",
+        verdict("nats_outbox")
+    );
 }
 
 /// A documented recovery honoured: graphile-worker without its supervisor's action
