@@ -114,11 +114,11 @@ fn claim_waits_for_its_lease_lock_holds_a_transaction() {
     // The timing bounds are the scenario's checks', relative to its parameters (lease_ms 2000,
     // sink_delay_ms 100 here, batch 10); their margins, from 20 runs of this very file beside
     // `yes`, retry-backoff's runs and a cargo build, are in scenarios/claim-vs-lock.toml:
-    // lock.recovery_ms 54-208 ms, claim.recovery_ms 1,357-1,928, claim.max_xact_ms 0-18.4,
-    // lock.max_xact_ms 1,059-1,464.
+    // lock.recovery_ms 54-208 ms (690 once in a whole suite), claim.recovery_ms 1,357-1,928,
+    // claim.max_xact_ms 0-18.4, lock.max_xact_ms 1,059-1,464.
     let (lease_ms, sink_delay_ms) = (2_000.0, 100.0);
     let lock_recovery = run.metric_f64("lock.recovery_ms");
-    assert!(lock_recovery <= lease_ms / 4.0, "{lock_recovery} ms");
+    assert!(lock_recovery <= lease_ms / 2.0, "{lock_recovery} ms");
     let claim_recovery = run.metric_f64("claim.recovery_ms");
     assert!(
         (lease_ms / 2.0..=2.0 * lease_ms).contains(&claim_recovery),
