@@ -296,6 +296,50 @@ fn several_runs_make_one_page() {
     }
 }
 
+/// A zoo's run directory joins scenarios' on one page (`report SCENARIO_RUN ZOO_RUN`): the
+/// article's figures and the zoo's table, verdicts and checks side by side.
+#[test]
+fn a_zoo_run_and_a_scenario_run_make_one_page() {
+    let quick = quick_run();
+    let scenario = copy_results_of(&quick.runs[0], "report-with-zoo");
+    let results = scratch_dir("report-zoo-results");
+    let zoo = outbox_lab_run(&[
+        "zoo",
+        "--documented",
+        "outbox_lab",
+        "--format",
+        "json",
+        "--database-url",
+        server_url(),
+        "--results-dir",
+        results.to_str().unwrap(),
+    ]);
+    assert_eq!(zoo.code, 0, "stderr: {}", zoo.stderr);
+    let zoo_run = std::fs::read_dir(&results)
+        .unwrap()
+        .next()
+        .expect("the zoo's run directory")
+        .unwrap()
+        .path();
+    let zoo_copy = copy_results_of(&zoo_run, "report-with-zoo");
+    let run = outbox_lab_run(&[
+        "report",
+        scenario.to_str().unwrap(),
+        zoo_copy.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code, 0, "stderr: {}", run.stderr);
+    let page = read(&scenario.join("report.html"));
+    assert!(page.contains(&format!("data-scenario=\"{}\"", quick.scenarios[0])));
+    assert!(page.contains("data-scenario=\"zoo\""), "no zoo section");
+    for zoo_text in [
+        "outbox_lab",
+        "keeps its promises",
+        "outbox-lab verify --relay-cmd",
+    ] {
+        assert!(page.contains(zoo_text), "'{zoo_text}' is not on the page");
+    }
+}
+
 /// `compare` puts every metric of two runs side by side with the change from A to B.
 #[test]
 fn compare_shows_each_metric_of_two_runs_and_the_change() {
