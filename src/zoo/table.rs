@@ -237,6 +237,13 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
                 tables.push(failovers);
             }
             if !clocks.rows.is_empty() {
+                if settings.external_server {
+                    notes.push(
+                        "clocks: the database server's clock is not stepped on a server of \
+                         yours (--database-url): relay 0's only"
+                            .into(),
+                    );
+                }
                 tables.push(clocks);
             }
             tables.extend([quiet, designs]);
