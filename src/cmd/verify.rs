@@ -143,7 +143,8 @@ pub struct VerifyArgs {
     /// The statement the writer runs in its business transaction instead of the article's
     /// outbox insert, for a relay with a table of its own (with --pending-sql): $1 the event
     /// id (uuid), $2 the aggregate id, $3 the aggregate type, $4 the event type (text), $5 the
-    /// payload (jsonb).
+    /// payload (jsonb), $6 the writer's wall clock (timestamptz: for a time your application
+    /// stamps, not the database's now()).
     #[arg(long, value_name = "SQL", requires = "pending_sql")]
     insert_sql: Option<String>,
     /// How the primary of a db-failover replicates to its standby: async (PostgreSQL's

@@ -25,9 +25,18 @@ VALUES ('orders', $1, $2, $3)
 RETURNING id, event_id";
 
 /// The types of the parameters of a user's insert (`verify --insert-sql`): the event id, the
-/// aggregate id, the aggregate type, the event type, the payload.
-pub const INSERT_SQL_TYPES: [Type; 5] =
-    [Type::UUID, Type::TEXT, Type::TEXT, Type::TEXT, Type::JSONB];
+/// aggregate id, the aggregate type, the event type, the payload, and the writer's wall clock
+/// (`$6`, for a library whose own writer stamps a row with its process's clock, not the
+/// database's: under `clock:step:db` the two differ, and the insert must take the library's).
+/// A statement may leave any of them unused.
+pub const INSERT_SQL_TYPES: [Type; 6] = [
+    Type::UUID,
+    Type::TEXT,
+    Type::TEXT,
+    Type::TEXT,
+    Type::JSONB,
+    Type::TIMESTAMPTZ,
+];
 
 /// The Debezium-style outbox: the rows go again in the transaction that wrote them; only the
 /// WAL (and so a log-tailing relay) ever carries them.
@@ -259,8 +268,16 @@ pub async fn insert_order_with_events(
             .await?;
         let event_id: Uuid = row.get("event_id");
         if let Some(statement) = &theirs {
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-                [&event_id, &aggregate_id, &"orders", &event_type, &payload];
+            // The harness's clock, which no nemesis steps: an application's process's.
+            let written_at = chrono::Utc::now();
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [
+                &event_id,
+                &aggregate_id,
+                &"orders",
+                &event_type,
+                &payload,
+                &written_at,
+            ];
             tx.execute(statement, &params).await?;
         }
         events.push(WrittenEvent {
