@@ -246,8 +246,11 @@ impl<R: Into<Role> + Clone> ChildCommand<R> {
 
     /// Starts a consumer and waits until it says where it listens.
     pub async fn spawn_consumer(self) -> Result<ConsumerProcess> {
+        // The consumer is outbox-lab's own: a failure to start it (its binary replaced by a
+        // build mid-run) is the harness's, never the relay's under test.
         let mut process = GroupLeader::spawn(&mut self.command(Stdio::null())?)
-            .context("cannot start the consumer")?;
+            .context("cannot start the consumer")
+            .map_err(crate::error::harness)?;
         let stdout = process.child_mut().stdout.take().expect("piped");
         let mut lines = BufReader::new(stdout).lines();
         let ready = tokio::time::timeout(CONSUMER_READY_TIMEOUT, lines.next_line()).await;
