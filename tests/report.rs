@@ -334,7 +334,7 @@ fn a_zoo_run_and_a_scenario_run_make_one_page() {
     for zoo_text in [
         "outbox_lab",
         "keeps its promises",
-        "outbox-lab verify --relay-cmd",
+        "zoo.outbox_lab.documented.broken",
     ] {
         assert!(page.contains(zoo_text), "'{zoo_text}' is not on the page");
     }

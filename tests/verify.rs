@@ -264,12 +264,15 @@ fn holds_through(sink: &str, relay: &str, relays: &str, events: i64) -> Run {
     ];
     let run = Run::from(verify_alone(&results, &args).output().unwrap());
     assert_passed(&run);
-    // Its events, and the slow commit's order (a transaction of the workload's, in `all`).
-    assert_eq!(
-        run.metric("verify.delivered_distinct"),
-        events + 2,
-        "{sink}"
+    // Every event written (the writer's own record): its events, and the slow commit's order
+    // (a transaction of the workload's, in `all`) unless its COMMIT was lost with its session
+    // (once in a whole suite on 2 cores, beside the database restart: 200 written, not 202).
+    let written = run.metric("verify.written");
+    assert!(
+        written == events || written == events + 2,
+        "{sink}: {written}"
     );
+    assert_eq!(run.metric("verify.delivered_distinct"), written, "{sink}");
     assert_eq!(run.metric("verify.lost.violating"), 0, "{sink}");
     // kill, pause, db-kill-backend, db-restart, the three on the database link and the
     // workload's three transactions; those on a delivery need outbox-lab in the path (HTTP's
