@@ -20,7 +20,7 @@
 //   --batch N             work()'s batchSize                         (default 10)
 //   --poll-s S            work()'s pollingIntervalSeconds (min 0.5)  (default 0.5)
 //   --maintenance-s S     maintenanceIntervalSeconds: how soon an expired job is retried (default 1)
-//   --timeout-ms N        one POST's time limit                      (default 2000)
+//   --timeout-ms N        one POST's time limit                      (default 3000)
 const PgBoss = require('pg-boss');
 
 const args = process.argv.slice(2);
@@ -33,7 +33,7 @@ const opt = (name, dflt) => {
 const batchSize = opt('--batch', 10);
 const pollingIntervalSeconds = opt('--poll-s', 0.5);
 const maintenanceIntervalSeconds = opt('--maintenance-s', 1);
-const timeoutMs = opt('--timeout-ms', 2000);
+const timeoutMs = opt('--timeout-ms', 3000);
 
 const url = process.env.OUTBOX_LAB_SINK_URL || process.env.OUTBOX_LAB_HTTP_URL;
 if (!url) throw new Error('OUTBOX_LAB_SINK_URL is not set');
