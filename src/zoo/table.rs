@@ -118,7 +118,6 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
                 .iter()
                 .filter(|j| j.broken().contains(&invariant))
                 .count();
-            let promised = entry.promises.contains(&invariant);
             let late = match (&entry.recovery, broke > 0 && is_late(entry, invariant)) {
                 (Some(recovery), true) => format!(" late (documented: {})", recovery.label),
                 _ => String::new(),
@@ -128,7 +127,7 @@ pub fn report(results: &[EntryResult], settings: Settings, environment: Environm
                 false => format!(
                     "{broke}/{}{}{late}",
                     faulted.len(),
-                    if promised { "*" } else { "" }
+                    promised_mark(entry, invariant)
                 ),
             });
             if !faulted.is_empty() {
@@ -594,17 +593,7 @@ fn yes_no(yes: bool) -> String {
 fn failover_row(entry: &Entry, judged: &Judged, metrics: &mut Metrics) -> Vec<String> {
     let history = &judged.verification.main().history;
     let mut row = vec![entry.name.clone()];
-    for invariant in Invariant::ALL {
-        let n = history.violations.get(invariant.name()).map_or(0, Vec::len);
-        let promised = if entry.promises.contains(&invariant) {
-            "*"
-        } else {
-            ""
-        };
-        metrics.set(
-            format!("zoo.{}.failover.{}", entry.name, invariant.name()),
-            n as i64,
-        );
+    for (_, n, promised) in violations(entry, judged, "failover", metrics) {
         row.push(format!("{n}{promised}"));
     }
     let lost = history.acknowledged_lost.len();
@@ -638,6 +627,36 @@ fn failover_row(entry: &Entry, judged: &Judged, metrics: &mut Metrics) -> Vec<St
     row
 }
 
+/// Each invariant's violations in `judged`'s main run, set as the metric
+/// `zoo.<entry>.<run>.<invariant>`, with `*` where the entry promises it.
+fn violations(
+    entry: &Entry,
+    judged: &Judged,
+    run: &str,
+    metrics: &mut Metrics,
+) -> Vec<(Invariant, usize, &'static str)> {
+    let history = &judged.verification.main().history;
+    Invariant::ALL
+        .into_iter()
+        .map(|invariant| {
+            let n = history.violations.get(invariant.name()).map_or(0, Vec::len);
+            metrics.set(
+                format!("zoo.{}.{run}.{}", entry.name, invariant.name()),
+                n as i64,
+            );
+            (invariant, n, promised_mark(entry, invariant))
+        })
+        .collect()
+}
+
+/// `*` where the entry promises `invariant` (the tables' mark), else nothing.
+fn promised_mark(entry: &Entry, invariant: Invariant) -> &'static str {
+    match entry.promises.contains(&invariant) {
+        true => "*",
+        false => "",
+    }
+}
+
 /// An entry's run under one clock step: what broke (each invariant with its events, `*` where
 /// promised), whether the step reached the relay (or the server), and the replay.
 fn clock_row(entry: &Entry, judged: &Judged, metrics: &mut Metrics) -> Vec<String> {
@@ -645,28 +664,12 @@ fn clock_row(entry: &Entry, judged: &Judged, metrics: &mut Metrics) -> Vec<Strin
         unreachable!("a clock row is made of a clock run");
     };
     let history = &judged.verification.main().history;
-    let mut broke = Vec::new();
-    for invariant in Invariant::ALL {
-        let n = history.violations.get(invariant.name()).map_or(0, Vec::len);
-        metrics.set(
-            format!(
-                "zoo.{}.{}{}.{}",
-                entry.name,
-                step.label(),
-                judged.run.take_label(judged.take),
-                invariant.name()
-            ),
-            n as i64,
-        );
-        if n > 0 {
-            let promised = if entry.promises.contains(&invariant) {
-                "*"
-            } else {
-                ""
-            };
-            broke.push(format!("{}{promised} {n}", invariant.name()));
-        }
-    }
+    let run = format!("{}{}", step.label(), judged.run.take_label(judged.take));
+    let broke: Vec<String> = violations(entry, judged, &run, metrics)
+        .into_iter()
+        .filter(|&(_, n, _)| n > 0)
+        .map(|(invariant, n, promised)| format!("{}{promised} {n}", invariant.name()))
+        .collect();
     vec![
         entry.name.clone(),
         format!("{}{}", step.describe(), judged.run.take_label(judged.take)),
