@@ -45,6 +45,7 @@ use crate::outbox::sink::HttpBody;
 use crate::outbox::writer;
 use crate::report::plots::Plot;
 use crate::report::Report;
+use crate::stats::round_to;
 use cells::Cell;
 use tables::Runs;
 use target::Target;
@@ -132,7 +133,21 @@ pub struct Params {
     /// (as under `verify`), not straight: what the extra hop costs, cell by cell.
     #[serde(default)]
     pub database_link: bool,
+    /// The ceiling (events per second at batch 100, one worker) the cells' events are sized
+    /// for: where a probe before the rounds measures less, every cell's events are scaled by
+    /// the probe over this (at least [`MIN_PACE`]), so that a cell takes about as long on a
+    /// slower machine as here. 0: every cell's events as the parameters say.
+    #[serde(default)]
+    pub sized_for_ceiling: i64,
 }
+
+/// The smallest scale of a cell's events on a slow machine: a quarter of its events still
+/// measures a pace rather than a start.
+const MIN_PACE: f64 = 0.25;
+
+/// The probe of this machine's pace: the ceiling at batch 100, one worker, its events as the
+/// parameters say, run this many times (the best: a stall of a shared machine slows one).
+const PACE_PROBES: usize = 2;
 
 impl Experiment for Params {
     fn metrics(&self) -> Vec<String> {
@@ -143,10 +158,16 @@ impl Experiment for Params {
         );
         let fractions = cells.iter().filter(|cell| cell.ceiling(&cells).is_some());
         metrics.extend(metric_names(fractions.map(Cell::metric), &["of_ceiling"]));
+        if self.sized_for_ceiling > 0 {
+            metrics.extend(metric_names(["pace"], &["ceiling_events_per_s", "scale"]));
+        }
         metrics
     }
 
     fn validate(&self) -> Result<()> {
+        if self.sized_for_ceiling < 0 {
+            bail!("sized_for_ceiling must be 0 (no scaling) or events per second");
+        }
         let limits = [self.batches_per_cell, self.max_events, self.serial_events];
         if limits
             .iter()
@@ -189,11 +210,18 @@ impl Experiment for Params {
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let cells = Cell::all(params);
     let mut targets: Vec<(SinkKind, Target)> = Vec::new();
-    for server in params.sinks.iter().map(|sink| sink.server()) {
+    let paced = params.sized_for_ceiling > 0;
+    let servers = params.sinks.iter().map(|sink| sink.server());
+    for server in servers.chain(paced.then_some(SinkKind::DbOnly)) {
         if targets.iter().all(|(started, _)| *started != server) {
             targets.push((server, Target::start(ctx, server).await?));
         }
     }
+    let pace = match paced {
+        true => Some(Pace::probe(ctx, params, target_of(&mut targets, SinkKind::DbOnly)).await?),
+        false => None,
+    };
+    let scale = pace.as_ref().map_or(1.0, |pace| pace.scale);
     let mut runs: Vec<Runs> = vec![Runs::default(); cells.len()];
     let bar = ctx.progress().bar(
         (cells.len() * params.runs as usize) as u64,
@@ -210,11 +238,11 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
         for &i in &order {
             let cell = &cells[i];
             bar.set_message(format!("{}, round {round}", cell.metric()));
-            let (_, target) = targets
-                .iter_mut()
-                .find(|(server, _)| *server == cell.sink.server())
-                .expect("a target per sink");
-            runs[i].0.push(measure(ctx, params, cell, target).await?);
+            let target = target_of(&mut targets, cell.sink);
+            let events = cell.events(params, scale);
+            runs[i]
+                .0
+                .push(measure(ctx, params, cell, events, target).await?);
             bar.inc(1);
         }
     }
@@ -222,20 +250,77 @@ pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     for (_, target) in targets {
         target.stop().await?;
     }
-    Ok(tables::outcome(params, &cells, &runs))
+    let mut outcome = tables::outcome(params, &cells, &runs);
+    if let Some(pace) = pace {
+        pace.record(params, &mut outcome);
+    }
+    Ok(outcome)
 }
 
-/// One run of a cell: a fresh outbox of the cell's events, drained by a relay child, every event
+/// Where `sink`'s cells deliver, of the targets started.
+fn target_of(targets: &mut [(SinkKind, Target)], sink: SinkKind) -> &mut Target {
+    let at = targets
+        .iter()
+        .position(|(server, _)| *server == sink.server());
+    at.map(|at| &mut targets[at].1).expect("a target per sink")
+}
+
+/// This machine's pace against the one the cells are sized for: the ceiling at batch 100 (one
+/// worker), the best of [`PACE_PROBES`] runs, and the scale of every cell's events it gives.
+struct Pace {
+    ceiling: f64,
+    scale: f64,
+}
+
+impl Pace {
+    async fn probe(ctx: &Ctx<'_>, params: &Params, target: &mut Target) -> Result<Pace> {
+        let cell = Cell {
+            sink: SinkKind::DbOnly,
+            batch: 100,
+            in_flight: 100,
+            workers: 1,
+        };
+        let mut ceiling: f64 = 0.0;
+        for _ in 0..PACE_PROBES {
+            let timings = measure(ctx, params, &cell, cell.events(params, 1.0), target).await?;
+            ceiling = ceiling.max(timings.events as f64 / timings.busy.as_secs_f64());
+        }
+        let scale = (ceiling / params.sized_for_ceiling as f64).clamp(MIN_PACE, 1.0);
+        Ok(Pace { ceiling, scale })
+    }
+
+    fn record(&self, params: &Params, outcome: &mut Outcome) {
+        let metrics = &mut outcome.metrics;
+        metrics.set("pace.ceiling_events_per_s", self.ceiling.round());
+        metrics.set("pace.scale", round_to(self.scale, 100.0));
+        outcome.notes.push(format!(
+            "Cells sized for a ceiling of {} events/s at batch 100 (one worker); this machine's, \
+             the best of {PACE_PROBES} probes before the rounds: {:.0}. {}",
+            params.sized_for_ceiling,
+            self.ceiling,
+            match self.scale < 1.0 {
+                true => format!(
+                    "Every cell's events were scaled by {:.2} (at least {MIN_PACE}), so that a \
+                     cell takes about as long as where the ceiling is met",
+                    self.scale
+                ),
+                false => "Every cell's events as the parameters say".to_string(),
+            }
+        ));
+    }
+}
+
+/// One run of a cell: a fresh outbox of `events` events, drained by a relay child, every event
 /// counted delivered and published from the sink and the database; the relay's timings.
 async fn measure(
     ctx: &Ctx<'_>,
     params: &Params,
     cell: &Cell,
+    events: i64,
     target: &mut Target,
 ) -> Result<BatchTimings> {
     target.client.batch_execute(schema::RESET).await?;
     target.clear().await?;
-    let events = cell.events(params);
     target
         .client
         .execute(writer::LOAD_EVENTS, &[&events])

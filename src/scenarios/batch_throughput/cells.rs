@@ -63,14 +63,16 @@ impl Cell {
         cells
     }
 
-    /// How many events it delivers.
-    pub(super) fn events(&self, params: &Params) -> i64 {
+    /// How many events it delivers: as the parameters say, times `scale` (this machine's pace,
+    /// 1 where it meets the one the parameters are sized for).
+    pub(super) fn events(&self, params: &Params, scale: f64) -> i64 {
         let sink_bound = params.max_events_by_sink.get(&self.sink).copied();
         let serial = (self.in_flight == 1).then_some(params.serial_events);
-        [sink_bound, serial].into_iter().flatten().fold(
+        let events = [sink_bound, serial].into_iter().flatten().fold(
             (self.batch * params.batches_per_cell).min(params.max_events),
             i64::min,
-        )
+        );
+        ((events as f64 * scale).round() as i64).max(1)
     }
 
     /// The ceiling cell of its batch size and workers, where `cells` has one (and it is not

@@ -125,7 +125,7 @@ pub(super) fn outcome(params: &Params, cells: &[Cell], runs: &[Runs]) -> Outcome
                 .iter()
                 .cloned()
                 .chain([
-                    cell.events(params).to_string(),
+                    runs.middle().events.to_string(),
                     format!("{rate:.0}"),
                     spread(rates, 0),
                     of_ceiling,
