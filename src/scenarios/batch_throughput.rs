@@ -287,8 +287,13 @@ impl Pace {
             let timings = measure(ctx, params, &cell, cell.events(params, 1.0), target).await?;
             ceiling = ceiling.max(timings.events as f64 / timings.busy.as_secs_f64());
         }
-        let scale = (ceiling / params.sized_for_ceiling as f64).clamp(MIN_PACE, 1.0);
+        let scale = Pace::scale(ceiling, params.sized_for_ceiling);
         Ok(Pace { ceiling, scale })
+    }
+
+    /// The scale of every cell's events where the probe measured `ceiling` against `sized_for`.
+    fn scale(ceiling: f64, sized_for: i64) -> f64 {
+        (ceiling / sized_for as f64).clamp(MIN_PACE, 1.0)
     }
 
     fn record(&self, params: &Params, outcome: &mut Outcome) {
@@ -376,4 +381,28 @@ async fn measure(
         );
     }
     Ok(timings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A machine at the ceiling the cells are sized for runs them as the parameters say; a
+    /// slower one scales them by its pace, never below [`MIN_PACE`].
+    #[test]
+    fn cells_are_scaled_by_the_machines_pace() {
+        assert_eq!(Pace::scale(120_000.0, 100_000), 1.0);
+        assert_eq!(Pace::scale(50_000.0, 100_000), 0.5);
+        assert_eq!(Pace::scale(10_000.0, 100_000), MIN_PACE);
+        let toml = include_str!("../../scenarios/batch-throughput.toml");
+        let file: toml::Table = toml.parse().unwrap();
+        let params: Params = file["params"].clone().try_into().unwrap();
+        for cell in Cell::all(&params) {
+            let events = cell.events(&params, 1.0);
+            assert_eq!(
+                cell.events(&params, 0.5),
+                (events as f64 * 0.5).round() as i64
+            );
+        }
+    }
 }
