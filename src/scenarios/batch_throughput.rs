@@ -142,9 +142,8 @@ pub struct Params {
 }
 
 /// The smallest scale of a cell's events, however slow the probe: the slowest machine of this
-/// kind measured 0.41, and a probe slower still is a busy moment, when the plateau's ratios need
-/// cells long enough to outlast a stall (at 0.25, beside a build, Redis batch 1000 read 3.55
-/// times batch 100 once, against the check's 3).
+/// kind measured 0.41, and the checks' margins were studied at 0.4 (docs/scenarios.md); a probe
+/// slower still is a busy moment, not a machine's pace.
 const MIN_PACE: f64 = 0.4;
 
 /// The probe of this machine's pace: the ceiling at batch 100, one worker, its events as the
