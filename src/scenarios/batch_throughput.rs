@@ -1,9 +1,11 @@
 //! batch-throughput (バッチサイズと処理量): events delivered by one relay at batch sizes 1, 10,
-//! 100 and 1000, about a second of work per cell (more events at larger batches: `batches_per_cell`
-//! batches, at most `max_events`, fewer where the sink or a round trip per event bounds the
-//! cell) — nowhere (`db_only`, the ceiling: the relay's database work alone), to a Redis Stream (a pipeline per batch), to the HTTP consumer one event per request as
-//! the article's relay posts them, or a batch per request (an array body the consumer applies
-//! in one transaction), to NATS JetStream and to RabbitMQ (the batch's publishes in flight,
+//! 100 and 1000, about a second of work per cell (more events at larger batches:
+//! `batches_per_cell` batches, at most `max_events`, fewer where the sink or a round trip per
+//! event bounds the cell; scaled down on a machine slower than the one they are sized for,
+//! [`Pace`]) — nowhere (`db_only`, the ceiling: the relay's database work alone), to a Redis
+//! Stream (a pipeline per batch), to the HTTP consumer one event per request as the article's
+//! relay posts them, or a batch per request (an array body the consumer applies in one
+//! transaction), to NATS JetStream, to RabbitMQ and to Kafka (the batch's publishes in flight,
 //! each acked or confirmed). A batch of 1 pays a fetch, an UPDATE and a COMMIT per event; throughput
 //! levels off around 100.
 //!
