@@ -278,6 +278,21 @@ impl PgServer {
             .context("cannot start a private cluster for the judge's records")
     }
 
+    /// `work` on a [private cluster](Self::private_cluster) of its own, closed however `work`
+    /// ends (`work`'s error first, then the close's).
+    pub async fn on_private_cluster<T>(
+        &self,
+        fake_clock: bool,
+        work: impl AsyncFnOnce(&PgServer) -> Result<T>,
+    ) -> Result<T> {
+        let private = self.private_cluster(fake_clock).await?;
+        let outcome = work(&private).await;
+        let closed = private.close().await;
+        let outcome = outcome?;
+        closed?;
+        Ok(outcome)
+    }
+
     /// "throwaway cluster" or "external server", for the report.
     pub fn kind(&self) -> &'static str {
         if self.cluster.is_some() {

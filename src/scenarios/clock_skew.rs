@@ -154,10 +154,9 @@ impl Experiment for Params {
 
     async fn run(&self, ctx: &Ctx<'_>) -> Result<Outcome> {
         // The server's clock is stepped: a throwaway cluster of its own on a clock of the run's.
-        let server = ctx.server.private_cluster(true).await?;
-        let ran = run(ctx, &server, self).await;
-        server.close().await?;
-        ran
+        ctx.server
+            .on_private_cluster(true, async |server| run(ctx, server, self).await)
+            .await
     }
 
     /// The outcome table as a grid, designs × steps, coloured by outcome.

@@ -204,17 +204,19 @@ async fn run_entry(
 }
 
 /// Verifies `plan` on a throwaway cluster of its own beside `server`, started on a wall clock of
-/// the run's, and stops it.
+/// the run's, and stops it: the cluster's failures are the harness's, the verification's its own.
 async fn on_private_clock(
     server: &PgServer,
     plan: &Plan,
     run_id: &str,
     progress: bool,
 ) -> Result<Verification> {
-    let private = server.private_cluster(true).await.map_err(error::harness)?;
-    let verified = verify::verify_with_sink(&private, plan, run_id, false, progress).await;
-    private.close().await.map_err(error::harness)?;
-    verified
+    server
+        .on_private_cluster(true, async |private| {
+            Ok(verify::verify_with_sink(private, plan, run_id, false, progress).await)
+        })
+        .await
+        .map_err(error::harness)?
 }
 
 fn failed(run: ZooRun, e: &anyhow::Error) -> Outcome {
