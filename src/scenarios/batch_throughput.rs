@@ -143,6 +143,13 @@ pub struct Params {
     pub sized_for_ceiling: i64,
 }
 
+impl Params {
+    /// Whether the cells are sized to this machine's pace (a probe runs before the rounds).
+    fn paced(&self) -> bool {
+        self.sized_for_ceiling > 0
+    }
+}
+
 /// The smallest scale of a cell's events, however slow the probe: the slowest machine of this
 /// kind measured 0.41, and the checks' margins were studied at 0.4 (docs/scenarios.md); a probe
 /// slower still is a busy moment, not a machine's pace.
@@ -161,7 +168,7 @@ impl Experiment for Params {
         );
         let fractions = cells.iter().filter(|cell| cell.ceiling(&cells).is_some());
         metrics.extend(metric_names(fractions.map(Cell::metric), &["of_ceiling"]));
-        if self.sized_for_ceiling > 0 {
+        if self.paced() {
             metrics.extend(metric_names(["pace"], &["ceiling_events_per_s", "scale"]));
         }
         metrics
@@ -213,7 +220,7 @@ impl Experiment for Params {
 pub async fn run(ctx: &Ctx<'_>, params: &Params) -> Result<Outcome> {
     let cells = Cell::all(params);
     let mut targets: Vec<(SinkKind, Target)> = Vec::new();
-    let paced = params.sized_for_ceiling > 0;
+    let paced = params.paced();
     let servers = params.sinks.iter().map(|sink| sink.server());
     for server in servers.chain(paced.then_some(SinkKind::DbOnly)) {
         if targets.iter().all(|(started, _)| *started != server) {
